@@ -1,0 +1,126 @@
+"""Request bodies of the OpenAI routes, decoded strictly by msgspec.
+
+Unknown fields are ignored (clients send many), but a field we read must have
+the right type, and parameters we cannot honour are refused by name rather
+than silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+MAX_BODY = 8 * 1024 * 1024
+_Str = Annotated[str, msgspec.Meta(max_length=MAX_BODY)]
+_Name = Annotated[str, msgspec.Meta(max_length=512)]
+
+
+class ContentPart(msgspec.Struct):
+    type: _Name
+    text: _Str | None = None
+
+
+class ToolCallFunction(msgspec.Struct):
+    name: _Name
+    arguments: _Str = ""
+
+
+class ToolCall(msgspec.Struct):
+    function: ToolCallFunction
+    id: _Name = ""
+    type: _Name = "function"
+
+
+class Message(msgspec.Struct):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: _Str | list[ContentPart] | None = None
+    name: _Name | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: _Name | None = None
+    reasoning_content: _Str | None = None
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+_Temp = Annotated[float, msgspec.Meta(ge=0.0, le=100.0)]
+_Prob = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+_Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+_MaxTok = Annotated[int, msgspec.Meta(ge=1, lt=1 << 31)]
+
+
+class ChatRequest(msgspec.Struct):
+    model: _Name
+    messages: Annotated[list[Message], msgspec.Meta(min_length=1, max_length=100_000)]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: _MaxTok | None = None
+    max_completion_tokens: _MaxTok | None = None
+    temperature: _Temp | None = None
+    top_p: _Prob | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
+    min_p: _Prob | None = None
+    seed: int | None = None
+    stop: _Str | Annotated[list[_Str], msgspec.Meta(max_length=16)] | None = None
+    n: int | None = None
+    presence_penalty: _Penalty | None = None
+    frequency_penalty: _Penalty | None = None
+    repeat_penalty: Annotated[float, msgspec.Meta(ge=0.0, le=10.0)] | None = None
+    tools: Annotated[list[dict[str, Any]], msgspec.Meta(max_length=512)] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    user: _Name | None = None
+    reasoning_effort: _Name | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+def unsupported(req: ChatRequest) -> str | None:
+    """Name the first parameter we cannot honour, or None."""
+    if req.n is not None and req.n != 1:
+        return "n other than 1 is not supported; send one request per completion"
+    if req.logprobs:
+        return "logprobs is not supported"
+    if req.top_logprobs:
+        return "top_logprobs is not supported"
+    if req.logit_bias:
+        return "logit_bias is not supported"
+    if req.response_format and req.response_format.get("type") not in (None, "text"):
+        return "response_format other than text is not supported"
+    for msg in req.messages:
+        if isinstance(msg.content, list):
+            for part in msg.content:
+                if part.type != "text":
+                    return f"content parts of type '{part.type}' are not supported; send text"
+                if part.text is None:
+                    return "a text content part needs a 'text' string"
+    return None
+
+
+_chat_decoder = msgspec.json.Decoder(ChatRequest)
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def decode_chat(body: bytes) -> ChatRequest:
+    try:
+        return _chat_decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from None
+
+
+def message_text(content: str | list[ContentPart] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(p.text or "" for p in content)

@@ -1,0 +1,137 @@
+"""Argument parsing only: every command calls into engine.core."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from engine import __version__
+from engine.core import (
+    NodeOptions,
+    ServeOptions,
+    StartError,
+    run_node,
+    run_serve,
+    setup_logging,
+)
+from engine.secrets import TokenError, default_home, ensure_token, token_path
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"{value} must be between 0 and 100")
+    return value
+
+
+def _node_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="a GGUF path or org/repo[:QUANT]")
+    p.add_argument("--listen", default="0.0.0.0:8455", help="where heads dial this node")
+    p.add_argument("--runtime", choices=["llamacpp", "mlx", "mock"])
+    p.add_argument("--model-name", help="the name heads match on (default: the model's id)")
+    p.add_argument("--max-context", type=_positive, help="tokens one session can hold")
+    p.add_argument("--max-batch", type=_positive, default=8, help="lanes (default 8)")
+    p.add_argument("--identity", help="the name in the heads' logs (default: host name)")
+    p.add_argument("--offline", action="store_true", help="pull nothing")
+    p.add_argument("--auth-file", type=Path, help="the fleet token file")
+    p.add_argument("--insecure-no-auth", action="store_true",
+                   help="listen off loopback without a token (plaintext link)")
+    p.add_argument("--handshake-timeout-ms", type=_positive, default=10_000)
+    p.add_argument("--idle-timeout-ms", type=_positive, default=120_000)
+    p.add_argument("--mock-speed", type=float, default=0.0,
+                   help="mock runtime: tokens/s per lane (0 = unlimited)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shoal", description="Pool your machines into one "
+                                     "private LLM endpoint.")
+    parser.add_argument("--version", action="version", version=f"shoal {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    fleet = sub.add_parser("fleet", help="the fleet token")
+    fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
+    tok = fleet_sub.add_parser("token", help="print the fleet token (make it if absent)")
+    tok.add_argument("--rotate", action="store_true", help="replace it with a new one")
+
+    serve = sub.add_parser("serve", help="run a head (and a local node unless --fleet)")
+    serve.add_argument("model", nargs="?", help="model id or path (default: the embedded one)")
+    serve.add_argument("--http", default="127.0.0.1:8453")
+    serve.add_argument("--fleet", default="", help="nodes to dial: HOST:PORT,...")
+    serve.add_argument("--fleet-auth", type=Path, help="the fleet token file")
+    serve.add_argument("--fleet-policy", default="load-aware",
+                       choices=["load-aware", "least-loaded", "round-robin"])
+    serve.add_argument("--fleet-pool-high", type=_percent, default=90.0)
+    serve.add_argument("--fleet-conns-per-node", type=_positive, default=None)
+    serve.add_argument("--runtime", choices=["llamacpp", "mlx", "mock"])
+    serve.add_argument("--max-context", type=_positive)
+    serve.add_argument("--max-batch", type=_positive, default=8)
+    serve.add_argument("--offline", action="store_true")
+    serve.add_argument("--local-node", action="store_true",
+                       help="with --fleet: also run a node in this process")
+    serve.add_argument("--queue-timeout", type=float, default=20.0,
+                       help="seconds a request waits for a free lane before 429")
+    serve.add_argument("--tool-call-parser", choices=["hermes", "llama3", "mistral", "none"])
+    serve.add_argument("--mock-speed", type=float, default=0.0)
+
+    node = sub.add_parser("node", help="serve a model to the fleet's heads")
+    _node_options(node)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    home = default_home()
+    try:
+        if args.command == "fleet":
+            path = token_path(home)
+            token = ensure_token(path, rotate=args.rotate)
+            print(token.hex())
+            return 0
+        if args.command == "serve":
+            setup_logging("shoal")
+            fleet = [p.strip() for p in args.fleet.split(",") if p.strip()]
+            opts = ServeOptions(
+                model=args.model, http=args.http, fleet=fleet, fleet_auth=args.fleet_auth,
+                fleet_policy=args.fleet_policy, fleet_pool_high=args.fleet_pool_high,
+                fleet_conns_per_node=args.fleet_conns_per_node or 0, runtime=args.runtime,
+                max_context=args.max_context, max_batch=args.max_batch, offline=args.offline,
+                local_node=args.local_node, mock_speed=args.mock_speed,
+                queue_timeout_s=args.queue_timeout, tool_call_parser=args.tool_call_parser,
+                home=home)
+            return asyncio.run(run_serve(opts))
+        if args.command == "node":
+            setup_logging("shoal-node")
+            nopts = NodeOptions(
+                model=args.model, listen=args.listen, runtime=args.runtime,
+                model_name=args.model_name, max_context=args.max_context,
+                max_batch=args.max_batch, identity=args.identity, offline=args.offline,
+                auth_file=args.auth_file, insecure_no_auth=args.insecure_no_auth,
+                handshake_timeout_ms=args.handshake_timeout_ms,
+                idle_timeout_ms=args.idle_timeout_ms, mock_speed=args.mock_speed, home=home)
+            return asyncio.run(run_node(nopts))
+    except (StartError, TokenError) as exc:
+        print(f"shoal: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,368 @@
+"""The head's links to its nodes: connection pools, hellos, stats, keepalives, redials.
+
+Each connection has exactly one reader task. It files stats and pongs with the
+node's pool and passes everything else to the session that holds the
+connection, so a session never reads the socket itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.head.placement import NodeView
+from engine.link import messages as m
+from engine.link.connection import LinkError, LinkErrorKind
+from engine.link.transport import Link, LinkClosed, dial
+
+log = logging.getLogger("shoal.head")
+
+RETRY_S = 10.0
+KEEPALIVE_S = 15.0
+FULL_HOLD_S = 1.0  # after a "busy" refusal, skip the node until fresh stats or this long
+
+
+class ConnClosed:
+    """Put in a session's inbox when its connection is gone."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+CLOSED_NOTE = "connection closed"
+Inbound = m.Record | ConnClosed
+
+
+class NodeConn:
+    def __init__(self, pool: NodePool, link: Link) -> None:
+        self.pool = pool
+        self.link = link
+        self.inbox: asyncio.Queue[Inbound] | None = None  # set while a session holds it
+        self.last_rx = time.monotonic()
+        self.closed = False
+        self.reader: asyncio.Task[None] | None = None
+
+    async def read_loop(self) -> None:
+        reason = CLOSED_NOTE
+        try:
+            while True:
+                rec = await self.link.recv()
+                self.last_rx = time.monotonic()
+                if isinstance(rec, m.Stats):
+                    self.pool.on_stats(rec)
+                elif isinstance(rec, m.Pong):
+                    continue
+                elif self.inbox is not None:
+                    self.inbox.put_nowait(rec)
+        except LinkClosed as exc:
+            reason = str(exc)
+        finally:
+            self.closed = True
+            self.link.close()
+            if self.inbox is not None:
+                self.inbox.put_nowait(ConnClosed(reason))
+            self.pool.on_conn_closed(self)
+
+    def abort(self) -> None:
+        self.link.abort()
+
+
+@dataclass
+class NodeInfo:
+    identity: str = ""
+    model: str = ""
+    runtime: str = ""
+    context_window: int = 0
+    lanes: int = 0
+
+
+class NodePool:
+    """Every connection this head keeps to one node, and what it knows of the node."""
+
+    def __init__(self, fleet: Fleet, key: str, host: str, port: int, *, dialed: bool) -> None:
+        self.fleet = fleet
+        self.key = key
+        self.host = host
+        self.port = port
+        self.dialed = dialed
+        self.info = NodeInfo()
+        self.state = "connecting"  # connecting | ready | unreachable | other-model | left
+        self.last_error = ""
+        self.idle: list[NodeConn] = []
+        self.busy: set[NodeConn] = set()
+        self.own_sessions = 0
+        self.stats: m.Stats | None = None
+        self.stats_at = 0.0
+        self.full_until = 0.0
+        self.sessions_total = 0
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self._announced = False
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}" if self.dialed else self.key
+
+    @property
+    def conns(self) -> int:
+        return len(self.idle) + len(self.busy)
+
+    def target_conns(self) -> int:
+        lanes = self.info.lanes or 1
+        want = self.fleet.conns_per_node or lanes
+        return max(1, want)
+
+    # -- events from connections -------------------------------------------------
+
+    def on_stats(self, st: m.Stats) -> None:
+        before = self.reported_busy
+        self.stats = st
+        self.stats_at = time.monotonic()
+        if st.lanes_busy < st.lanes:
+            self.full_until = 0.0
+        if st.lanes_busy < before:
+            self.fleet.capacity_changed()
+
+    @property
+    def reported_busy(self) -> int:
+        return self.stats.lanes_busy if self.stats is not None else 0
+
+    def on_conn_closed(self, conn: NodeConn) -> None:
+        if conn in self.idle:
+            self.idle.remove(conn)
+        self.busy.discard(conn)
+        self.wake.set()
+
+    def add_conn(self, link: Link) -> NodeConn:
+        conn = NodeConn(self, link)
+        conn.reader = self.fleet.spawn(conn.read_loop(), f"read-{self.key}")
+        self.idle.append(conn)
+        return conn
+
+    # -- sessions ----------------------------------------------------------------
+
+    def acquire(self) -> NodeConn | None:
+        while self.idle:
+            conn = self.idle.pop()
+            if conn.closed:
+                continue
+            conn.inbox = asyncio.Queue()
+            self.busy.add(conn)
+            self.own_sessions += 1
+            self.sessions_total += 1
+            return conn
+        return None
+
+    def release(self, conn: NodeConn, *, reusable: bool) -> None:
+        self.own_sessions -= 1
+        self.busy.discard(conn)
+        conn.inbox = None
+        if reusable and not conn.closed:
+            self.idle.append(conn)
+        else:
+            conn.abort()
+            self.wake.set()
+        self.fleet.capacity_changed()
+
+    def mark_full(self, now: float) -> None:
+        self.full_until = now + FULL_HOLD_S
+
+    def mark_unresponsive(self, why: str) -> None:
+        """A hung node: drop every connection; the maintainer redials."""
+        self.last_error = why
+        for conn in [*self.idle, *self.busy]:
+            conn.abort()
+        self.idle.clear()
+        self.state = "unreachable"
+        self.wake.set()
+
+    def view(self) -> NodeView:
+        st = self.stats
+        return NodeView(
+            key=self.key, identity=self.info.identity, model=self.info.model,
+            context_window=self.info.context_window, lanes=self.info.lanes,
+            idle_conns=len(self.idle) if self.state == "ready" else 0,
+            own_sessions=self.own_sessions,
+            reported_busy=st.lanes_busy if st else 0,
+            kv_used=st.kv_used if st else 0, kv_total=st.kv_total if st else 0,
+            prefill_tps=st.rates.prefill_tps if st else 0.0,
+            decode_tps=st.rates.decode_tps if st else 0.0,
+            full_until=self.full_until)
+
+    def describe(self) -> dict[str, object]:
+        st = self.stats
+        busy = max(self.own_sessions, st.lanes_busy if st else 0)
+        return {
+            "identity": self.info.identity or None, "address": self.address,
+            "model": self.info.model or None, "runtime": self.info.runtime or None,
+            "state": self.state, "context_window": self.info.context_window,
+            "lanes": self.info.lanes, "lanes_busy": busy,
+            "kv_used": st.kv_used if st else 0, "kv_total": st.kv_total if st else 0,
+            "sessions": busy, "own_sessions": self.own_sessions,
+            "sessions_total": self.sessions_total, "peak_busy": st.peak_busy if st else 0,
+            "prefill_tps": round(st.rates.prefill_tps, 1) if st else 0.0,
+            "decode_tps": round(st.rates.decode_tps, 1) if st else 0.0,
+            "ttft_ms": round(st.rates.ttft_ms, 1) if st else 0.0,
+            "connections": self.conns, "error": self.last_error or None,
+        }
+
+    # -- keeping connections up (dialed nodes) ---------------------------------------
+
+    async def maintain(self) -> None:
+        """Keep target_conns() connections open; redial every RETRY_S when unreachable."""
+        while True:
+            self.wake.clear()
+            if self.conns < self.target_conns() or self.state != "ready":
+                ok = await self._fill()
+                if not ok:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(RETRY_S):
+                            await self.fleet.stopping.wait()
+                    continue
+            await self._keepalive_until_woken()
+
+    async def _fill(self) -> bool:
+        opened = 0
+        while self.conns < self.target_conns():
+            try:
+                link = await dial(self.host, self.port, psk=self.fleet.psk,
+                                  timeout_s=self.fleet.handshake_timeout_s)
+                hello = await self._exchange_hellos(link)
+            except (OSError, TimeoutError, LinkError, LinkClosed) as exc:
+                self._unreachable(exc)
+                return opened > 0 or self.conns > 0
+            if not self._accept_hello(hello):
+                link.close()
+                return False
+            self.add_conn(link)
+            opened += 1
+        if self.state != "ready":
+            self.state = "ready"
+            self.fleet.capacity_changed()
+        return True
+
+    async def _exchange_hellos(self, link: Link) -> m.NodeHello:
+        async with asyncio.timeout(self.fleet.handshake_timeout_s):
+            first = await link.recv()
+        if not isinstance(first, m.NodeHello):
+            link.close()
+            raise LinkClosed("the peer is not a Shoal node")
+        link.send(m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model))
+        return first
+
+    def _accept_hello(self, hello: m.NodeHello) -> bool:
+        fresh = (hello.identity, hello.model, hello.context_window, hello.lanes) != (
+            self.info.identity, self.info.model, self.info.context_window, self.info.lanes)
+        self.info = NodeInfo(identity=hello.identity, model=hello.model, runtime=hello.runtime,
+                             context_window=hello.context_window, lanes=hello.lanes)
+        if fresh or not self._announced or self.state != "ready":
+            self._announced = True
+            self.last_error = ""
+            log.info("fleet node '%s' at %s: %s, context window %d tokens, %d lanes",
+                     hello.identity, self.address, hello.model, hello.context_window, hello.lanes)
+            if hello.model != self.fleet.model:
+                log.warning("fleet node '%s' at %s serves '%s', not '%s'; no sessions go there "
+                            "until it serves the head's model", hello.identity, self.address,
+                            hello.model, self.fleet.model)
+            self.fleet.window_changed()
+        return True
+
+    def _unreachable(self, exc: BaseException) -> None:
+        why = _why(exc)
+        if self.state != "unreachable" or why != self.last_error:
+            log.warning("fleet node %s: %s; retrying it every %d s", self.address, why,
+                        int(RETRY_S))
+        self.last_error = why
+        if self.conns == 0:
+            self.state = "unreachable"
+
+    async def _keepalive_until_woken(self) -> None:
+        """Ping idle connections every KEEPALIVE_S (under the node's idle timeout)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(KEEPALIVE_S):
+                    await self.wake.wait()
+                    return
+            for conn in list(self.idle):
+                with contextlib.suppress(LinkClosed):
+                    conn.link.send(m.Ping(nonce=0))
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, LinkError):
+        if exc.kind is LinkErrorKind.CLOSED_AT_HANDSHAKE:
+            return ("closed the connection at the handshake; check that --fleet-auth holds "
+                    "the token in the node's --auth-file")
+        if exc.kind is LinkErrorKind.WRONG_TOKEN:
+            return "holds another fleet token; give both ends the same token"
+        if exc.kind is LinkErrorKind.NO_TOKEN_THERE:
+            return "has no fleet token; give the node --auth-file with the fleet token"
+        if exc.kind is LinkErrorKind.NO_TOKEN_HERE:
+            return "uses a fleet token; give the head --fleet-auth with it"
+        return str(exc)
+    if isinstance(exc, TimeoutError):
+        return "did not answer the handshake in time; check that it is a Shoal node and running"
+    if isinstance(exc, ConnectionRefusedError):
+        return "refused the connection; is the node running on that port?"
+    if isinstance(exc, LinkClosed):
+        return f"closed the link: {exc}"
+    return f"cannot connect: {exc}"
+
+
+class Fleet:
+    """Every node this head knows, and the signals its sessions wait on."""
+
+    def __init__(self, *, model: str, head_id: str, psk: bytes | None,
+                 conns_per_node: int = 0, handshake_timeout_s: float = 10.0) -> None:
+        self.model = model
+        self.head_id = head_id
+        self.psk = psk
+        self.conns_per_node = conns_per_node
+        self.handshake_timeout_s = handshake_timeout_s
+        self.pools: dict[str, NodePool] = {}
+        self.stopping = asyncio.Event()
+        self._capacity = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.on_capacity: Callable[[], None] | None = None
+        self.on_window: Callable[[], None] | None = None
+
+    def spawn(self, coro: object, name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def add_dialed(self, host: str, port: int) -> NodePool:
+        key = f"{host}:{port}"
+        pool = NodePool(self, key, host, port, dialed=True)
+        self.pools[key] = pool
+        pool.task = self.spawn(pool.maintain(), f"pool-{key}")
+        return pool
+
+    def capacity_changed(self) -> None:
+        if self.on_capacity is not None:
+            self.on_capacity()
+
+    def window_changed(self) -> None:
+        if self.on_window is not None:
+            self.on_window()
+
+    def views(self) -> list[NodeView]:
+        return [p.view() for p in self.pools.values() if p.info.identity]
+
+    def context_window(self) -> int:
+        return max((p.info.context_window for p in self.pools.values()
+                    if p.info.model == self.model), default=0)
+
+    async def close(self) -> None:
+        self.stopping.set()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for pool in self.pools.values():
+            for conn in [*pool.idle, *pool.busy]:
+                conn.link.close()

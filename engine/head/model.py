@@ -1,0 +1,76 @@
+"""What the head knows of its model: vocabulary, chat template, stop ids.
+
+The head loads only the vocabulary, through the runtime the user named,
+never an engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from engine.head.templates import ChatTemplate, load_chat_template
+
+
+class HeadVocab(Protocol):
+    @property
+    def eos_ids(self) -> frozenset[int]: ...
+
+    def encode(self, text: str, *, special: bool = True) -> list[int]: ...
+
+    def token_bytes(self, token: int) -> bytes: ...
+
+    def metadata(self) -> Mapping[str, str]: ...
+
+    def chat_template(self) -> str | None: ...
+
+    @property
+    def bos_text(self) -> str: ...
+
+    @property
+    def eos_text(self) -> str: ...
+
+    def fim_ids(self) -> tuple[int, int, int] | None: ...
+
+
+@dataclass
+class HeadModel:
+    name: str
+    runtime: str
+    vocab: HeadVocab
+    template: ChatTemplate
+    stop_ids: frozenset[int]
+
+    def render(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None,
+               **kwargs: Any) -> list[int]:
+        text = self.template.render(messages, tools=tools, add_generation_prompt=True, **kwargs)
+        return self.vocab.encode(text, special=True)
+
+
+def load_head_model(runtime: str, model: str, *, name: str, home: Path | None = None,
+                    offline: bool = False) -> HeadModel:
+    vocab: HeadVocab
+    if runtime == "mock":
+        from engine.runtimes.mock import MockTokenizer
+
+        vocab = MockTokenizer()
+    elif runtime == "llamacpp":
+        from engine.runtimes.llamacpp import LlamaCppVocab
+
+        vocab = LlamaCppVocab(model)
+    else:
+        from engine.runtimes.base import RuntimeUnavailable
+
+        raise RuntimeUnavailable(f"the head cannot read a model through runtime '{runtime}'; "
+                                 "use --runtime llamacpp or mock")
+    template = load_chat_template(vocab.metadata(), chat_template=vocab.chat_template(),
+                                  bos_text=vocab.bos_text, eos_text=vocab.eos_text)
+    stop_ids = set(vocab.eos_ids)
+    for text in template.end_of_turn:
+        ids = vocab.encode(text, special=True)
+        if len(ids) == 1:
+            stop_ids.add(ids[0])
+    return HeadModel(name=name, runtime=runtime, vocab=vocab, template=template,
+                     stop_ids=frozenset(stop_ids))

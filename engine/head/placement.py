@@ -1,0 +1,253 @@
+"""Where a head places a new session: a pure function over a snapshot of its nodes.
+
+No I/O and no clock: the head passes ``now`` and its current view of every node,
+and gets back either a `Placement` (node key, log reason, round-robin cursor) or
+a `Refusal` whose message names the cause and the fix.
+
+Order of decisions:
+
+1. Candidates: nodes serving ``req.model``, not in ``req.exclude`` (they already
+   failed this session), named ``req.pin_host`` when pinned, and whose window
+   holds the prompt plus one generated token. Refusals: ``no_node`` when nothing
+   serves the model (after the pin and the exclusions),
+   ``context_length_exceeded`` when some do but none can hold the prompt,
+   ``no_free_lane`` when every capable node is busy (the head queues on that).
+2. ``prefer``: the first named node (by identity) with a free lane wins outright,
+   ahead of speed and affinity; a name with no free node is passed over.
+3. Affinity (every policy): the node holding the session's prompt cache wins
+   while its estimate is within ``affinity_slack`` x the best estimate.
+4. The policy: ``load-aware`` (lowest estimate, after skipping nodes at or
+   above ``pool_high`` % KV occupancy unless that skips all), ``least-loaded``
+   (fewest sessions) or ``round-robin`` (rotate over capable nodes by key).
+
+Estimate of a session's completion time on node ``n``::
+
+    load     = max(n.own_sessions, n.reported_busy)
+    slowdown = 1 + load / n.lanes
+    est      = prompt_tokens / prefill_tps + max_tokens * slowdown / decode_tps
+
+``decode_tps`` is per lane; batching more lanes slows each one, so a node that
+is already running ``lanes - 1`` sessions decodes at about half its idle rate.
+A node that has not measured a rate yet is priced at the mean of the measured
+nodes serving the model. A term whose rate nobody has measured is left out
+(it would be the same on every node), so with nothing measured every estimate
+is 0 and nodes tie; ties go to the lower load, then the lower key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, assert_never
+
+Policy = Literal["load-aware", "least-loaded", "round-robin"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """What one head knows about one node at placement time."""
+
+    key: str  # "host:port" for a dialed node, "joined:<identity>" for a joined one
+    identity: str
+    model: str
+    context_window: int  # tokens one session can hold there
+    lanes: int
+    idle_conns: int  # this head's idle connections to it; 0 = cannot start a session now
+    own_sessions: int  # sessions this head runs there now
+    reported_busy: int  # lanes busy in the node's last stats (all heads together)
+    kv_used: int
+    kv_total: int
+    prefill_tps: float  # prompt tokens/s; 0.0 = not measured yet
+    decode_tps: float  # tokens/s per lane; 0.0 = not measured yet
+    full_until: float = 0.0  # refused a session as full: full until then (or fresher stats)
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementRequest:
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    exclude: frozenset[str] = frozenset()  # node keys that already failed this session
+    affinity: str | None = None  # node key holding this session's prompt cache
+    pin_host: str | None = None  # ?host=NAME: compared with identities, never dialed
+    prefer: tuple[str, ...] = ()  # ?prefer=a,b: identities, first free one wins
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    node: str  # key
+    reason: str  # short text for the head's log
+    cursor: int  # round-robin cursor to pass next time
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    code: Literal["context_length_exceeded", "no_free_lane", "no_node"]
+    message: str  # one line for the user: cause and fix
+
+
+def node_load(n: NodeView) -> int:
+    # Other heads' sessions show up only in the report, ours may be newer than it.
+    return max(n.own_sessions, n.reported_busy)
+
+
+def has_free_lane(n: NodeView, now: float) -> bool:
+    return node_load(n) < n.lanes and n.idle_conns > 0 and now >= n.full_until
+
+
+def kv_percent(n: NodeView) -> float:
+    # A node that has not reported its pool yet is not held against it.
+    return n.kv_used / n.kv_total * 100.0 if n.kv_total > 0 else 0.0
+
+
+def estimate_seconds(
+    n: NodeView, req: PlacementRequest, prefill_tps: float, decode_tps: float
+) -> float:
+    """Seconds to finish ``req`` on ``n`` at the given (already resolved) rates.
+
+    A rate <= 0 means nobody measured it: that term is dropped, see the module doc.
+    """
+    prefill = req.prompt_tokens / prefill_tps if prefill_tps > 0 else 0.0
+    if decode_tps <= 0:
+        return prefill
+    slowdown = 1.0 + node_load(n) / n.lanes if n.lanes > 0 else 1.0
+    return prefill + req.max_tokens * slowdown / decode_tps
+
+
+def place(
+    req: PlacementRequest,
+    nodes: Sequence[NodeView],
+    *,
+    now: float,
+    policy: Policy = "load-aware",
+    pool_high: float = 90.0,
+    cursor: int = 0,
+    affinity_slack: float = 1.25,
+) -> Placement | Refusal:
+    serving = [n for n in nodes if n.model == req.model]
+    pinned = [n for n in serving if req.pin_host is None or n.identity == req.pin_host]
+    usable = [n for n in pinned if n.key not in req.exclude]
+    if not usable:
+        return Refusal("no_node", _no_node_message(req, nodes, serving, pinned))
+
+    need = req.prompt_tokens + 1  # room for at least one generated token
+    capable = sorted((n for n in usable if n.context_window >= need), key=lambda n: n.key)
+    if not capable:
+        largest = max(n.context_window for n in usable)
+        verb = "exceeds" if req.prompt_tokens > largest else "leaves no room to generate in"
+        return Refusal(
+            "context_length_exceeded",
+            f"prompt of {req.prompt_tokens} tokens {verb} every node's context window "
+            f"(largest {largest}); shorten the conversation or serve with a larger "
+            "--max-context",
+        )
+
+    free = [n for n in capable if has_free_lane(n, now)]
+    if not free:
+        return Refusal("no_free_lane", _no_free_lane_message(req, capable, now))
+
+    # Rates come from every node of the model, excluded or not: a measurement
+    # stays true after that node failed this one session.
+    mean_prefill = _mean(n.prefill_tps for n in serving)
+    mean_decode = _mean(n.decode_tps for n in serving)
+    est = {
+        n.key: estimate_seconds(
+            n,
+            req,
+            n.prefill_tps if n.prefill_tps > 0 else mean_prefill,
+            n.decode_tps if n.decode_tps > 0 else mean_decode,
+        )
+        for n in free
+    }
+
+    def rank(n: NodeView) -> tuple[float, int, str]:
+        return (est[n.key], node_load(n), n.key)
+
+    for name in req.prefer:
+        named = [n for n in free if n.identity == name]
+        if named:
+            return Placement(min(named, key=rank).key, "prefer", cursor)
+
+    pool = free
+    if policy == "load-aware":
+        pool = [n for n in free if kv_percent(n) < pool_high] or free
+
+    if req.affinity is not None:
+        # The affinity node skips the pool_high test: its KV already holds this
+        # session's prompt, so staying there costs the pool only the new turn.
+        held = next((n for n in free if n.key == req.affinity), None)
+        best = min(est[n.key] for n in pool)
+        if held is not None and est[held.key] <= affinity_slack * best:
+            return Placement(held.key, "affinity", cursor)
+
+    if policy == "load-aware":
+        pick = min(pool, key=rank)
+        return Placement(pick.key, f"load-aware est {est[pick.key]:.1f}s", cursor)
+    if policy == "least-loaded":
+        pick = min(pool, key=lambda n: (node_load(n), n.key))
+        return Placement(pick.key, f"least-loaded load {node_load(pick)}/{pick.lanes}", cursor)
+    if policy == "round-robin":
+        # The ring is every capable node, busy or not, so positions stay put
+        # while a node fills and frees; busy ones are skipped.
+        start = cursor % len(capable)
+        for step in range(len(capable)):
+            i = (start + step) % len(capable)
+            if has_free_lane(capable[i], now):
+                return Placement(capable[i].key, "round-robin", (i + 1) % len(capable))
+        raise AssertionError("unreachable: free is non-empty")
+    assert_never(policy)
+
+
+def _mean(rates: Iterable[float]) -> float:
+    measured = [r for r in rates if r > 0]
+    return sum(measured) / len(measured) if measured else 0.0
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def _no_node_message(
+    req: PlacementRequest,
+    nodes: Sequence[NodeView],
+    serving: Sequence[NodeView],
+    pinned: Sequence[NodeView],
+) -> str:
+    if not nodes:
+        return (
+            f"no node serves model '{req.model}' (the fleet has 0 nodes); start a node "
+            "with the same fleet token, or check that the head can reach it"
+        )
+    if not serving:
+        models = ", ".join(sorted({n.model for n in nodes}))
+        return (
+            f"no node serves model '{req.model}' ({_plural(len(nodes), 'node')} serve: "
+            f"{models}); request one of those or start a node with --model-name {req.model}"
+        )
+    if not pinned:
+        names = ", ".join(sorted({n.identity for n in serving}))
+        return (
+            f"no node named '{req.pin_host}' serves model '{req.model}' "
+            f"({_plural(len(serving), 'node')} serve it: {names}); fix or drop ?host="
+        )
+    return (
+        f"all {_plural(len(pinned), 'node')} serving model '{req.model}' already failed "
+        "this request; retry later or add a node"
+    )
+
+
+def _no_free_lane_message(req: PlacementRequest, capable: Sequence[NodeView], now: float) -> str:
+    busy = sum(min(node_load(n), n.lanes) for n in capable)
+    lanes = sum(n.lanes for n in capable)
+    extra = []
+    refused = sum(1 for n in capable if now < n.full_until)
+    if refused:
+        extra.append(f"{refused} refused a session as full")
+    unconnected = sum(1 for n in capable if n.idle_conns <= 0 and node_load(n) < n.lanes)
+    if unconnected:
+        extra.append(f"{unconnected} with no idle connection")
+    detail = "; ".join([f"{busy}/{lanes} lanes busy", *extra])
+    return (
+        f"no free lane on the {_plural(len(capable), 'node')} serving '{req.model}' that "
+        f"can hold the prompt ({detail}); wait and retry, add a node or raise --max-batch"
+    )

@@ -1,0 +1,242 @@
+"""The link as a sans-IO object: bytes in, records out; records in, bytes out.
+
+Wire format (DESIGN.md, "The link"): every Noise message and every transport
+message is a frame with a 2-byte big-endian length. After the handshake the
+decrypted frames form one byte stream of records, each a 4-byte big-endian
+length followed by a msgpack record; a record may span several frames. Both
+lengths are checked before anything is buffered for them.
+
+Without a token the link is plaintext (loopback only; the adapters enforce
+that). The dialer then opens with one empty frame so that a peer expecting a
+Noise handshake can tell "no token" from "another token" and say so.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+from engine.link import messages
+from engine.link.noise import CipherState, HandshakeState, NoiseError
+
+PROLOGUE = b"shoal-fleet/1"
+MAX_FRAME = 65535
+_TAG = 16
+_MAX_PLAIN = MAX_FRAME - _TAG
+_HANDSHAKE_LEN = 48  # NNpsk0: 32-byte ephemeral key + 16-byte tag of the empty payload
+
+
+class LinkErrorKind(enum.Enum):
+    WRONG_TOKEN = enum.auto()
+    NO_TOKEN_HERE = enum.auto()  # the peer uses a token and this end has none
+    NO_TOKEN_THERE = enum.auto()  # this end has a token and the peer has none
+    CLOSED_AT_HANDSHAKE = enum.auto()
+    PROTOCOL = enum.auto()
+    TOO_LARGE = enum.auto()
+
+
+class LinkError(Exception):
+    def __init__(self, kind: LinkErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class State(enum.Enum):
+    HANDSHAKE = "handshake"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+class NeedData:
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA = NeedData()
+
+
+@dataclass(frozen=True, slots=True)
+class HandshakeDone:
+    encrypted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The peer closed the stream cleanly between records."""
+
+
+Event = HandshakeDone | messages.Record | Closed
+_LEN2 = struct.Struct(">H")
+_LEN4 = struct.Struct(">I")
+
+
+class LinkConnection:
+    def __init__(self, *, initiator: bool, psk: bytes | None,
+                 max_record: int = messages.MAX_RECORD) -> None:
+        if psk is not None and len(psk) != 32:
+            raise ValueError("the fleet token must be 32 bytes")
+        self.initiator = initiator
+        self.encrypted = psk is not None
+        self.max_record = max_record
+        self.state = State.HANDSHAKE
+        self._hs = (HandshakeState(initiator=initiator, psk=psk, prologue=PROLOGUE)
+                    if psk is not None else None)
+        self._send_cs: CipherState | None = None
+        self._recv_cs: CipherState | None = None
+        self._inbox = bytearray()  # raw frames not yet parsed
+        self._plain = bytearray()  # decrypted record stream
+        self._need: int | None = None  # length of the record being assembled
+        self._eof = False
+        self._reply = b""
+
+    # -- starting -------------------------------------------------------------
+
+    def initiate(self) -> bytes:
+        """The dialer's first bytes: Noise message 1, or the plaintext marker."""
+        if not self.initiator or self.state is not State.HANDSHAKE:
+            raise RuntimeError("only a dialer in the handshake state initiates")
+        if self._hs is None:
+            self._open()
+            return _LEN2.pack(0)
+        return _frame(self._hs.write_message(b""))
+
+    # -- receiving ------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        if not data:
+            self._eof = True
+            return
+        self._inbox += data
+
+    def next_event(self) -> Event | NeedData:
+        """The next event, or NEED_DATA; raises LinkError on a broken peer."""
+        if self.state is State.CLOSED:
+            return Closed()
+        while True:
+            if self.state is State.OPEN:
+                record = self._next_record()
+                if record is not None:
+                    return record
+            frame = self._next_frame()
+            if frame is None:
+                if self._eof:
+                    return self._on_eof()
+                return NEED_DATA
+            event = self._on_frame(frame)
+            if event is not None:
+                return event
+
+    def _next_frame(self) -> bytes | None:
+        if len(self._inbox) < 2:
+            return None
+        (n,) = _LEN2.unpack_from(self._inbox)
+        if len(self._inbox) < 2 + n:
+            return None
+        frame = bytes(self._inbox[2:2 + n])
+        del self._inbox[:2 + n]
+        return frame
+
+    def _on_frame(self, frame: bytes) -> Event | None:
+        if self.state is State.HANDSHAKE:
+            return self._on_handshake_frame(frame)
+        if self._recv_cs is not None:
+            try:
+                frame = self._recv_cs.decrypt_with_ad(b"", frame)
+            except NoiseError:
+                raise LinkError(LinkErrorKind.PROTOCOL,
+                                "a frame failed authentication; the link is not safe") from None
+        self._plain += frame
+        return None
+
+    def _on_handshake_frame(self, frame: bytes) -> Event | None:
+        hs = self._hs
+        if hs is None:
+            # plaintext responder: the dialer's marker, or a Noise message
+            if frame:
+                raise LinkError(LinkErrorKind.NO_TOKEN_HERE,
+                                "the peer uses a fleet token and this end has none")
+            self._open()
+            return HandshakeDone(encrypted=False)
+        if not frame:
+            raise LinkError(LinkErrorKind.NO_TOKEN_THERE,
+                            "the peer has no fleet token and this end has one")
+        if len(frame) != _HANDSHAKE_LEN:
+            raise LinkError(LinkErrorKind.PROTOCOL, "the peer sent a malformed handshake")
+        try:
+            hs.read_message(frame)
+        except NoiseError:
+            raise LinkError(LinkErrorKind.WRONG_TOKEN, "the peer holds another fleet token") \
+                from None
+        if not self.initiator:
+            self._reply = _frame(hs.write_message(b""))
+        self._send_cs, self._recv_cs = hs.split()
+        self._open()
+        return HandshakeDone(encrypted=True)
+
+    def handshake_reply(self) -> bytes:
+        """The responder's Noise message 2, to send once HandshakeDone came out."""
+        reply, self._reply = self._reply, b""
+        return reply
+
+    def _open(self) -> None:
+        self.state = State.OPEN
+
+    def _next_record(self) -> messages.Record | None:
+        if self._need is None:
+            if len(self._plain) < 4:
+                return None
+            (n,) = _LEN4.unpack_from(self._plain)
+            if n > self.max_record:
+                raise LinkError(LinkErrorKind.TOO_LARGE, f"the peer announced a record of {n} "
+                                f"bytes (limit {self.max_record})")
+            del self._plain[:4]
+            self._need = n
+        if len(self._plain) < self._need:
+            return None
+        body = bytes(self._plain[:self._need])
+        del self._plain[:self._need]
+        self._need = None
+        try:
+            return messages.decode(body)
+        except messages.RecordError as exc:
+            raise LinkError(LinkErrorKind.PROTOCOL, str(exc)) from None
+
+    def _on_eof(self) -> Event:
+        was = self.state
+        self.state = State.CLOSED
+        if was is State.HANDSHAKE:
+            raise LinkError(LinkErrorKind.CLOSED_AT_HANDSHAKE,
+                            "the peer closed the connection at the handshake")
+        if self._inbox or self._plain or self._need is not None:
+            raise LinkError(LinkErrorKind.PROTOCOL, "the peer closed in the middle of a record")
+        return Closed()
+
+    # -- sending --------------------------------------------------------------
+
+    def send(self, record: messages.Record) -> bytes:
+        if self.state is not State.OPEN:
+            raise RuntimeError(f"cannot send in state {self.state.value}")
+        body = messages.encode(record)
+        if len(body) > self.max_record:
+            raise LinkError(LinkErrorKind.TOO_LARGE,
+                            f"record of {len(body)} bytes exceeds {self.max_record}")
+        stream = _LEN4.pack(len(body)) + body
+        cs = self._send_cs
+        if len(stream) <= _MAX_PLAIN:
+            chunk = cs.encrypt_with_ad(b"", stream) if cs is not None else stream
+            return _LEN2.pack(len(chunk)) + chunk
+        out = bytearray()
+        for i in range(0, len(stream), _MAX_PLAIN):
+            chunk = stream[i:i + _MAX_PLAIN]
+            if cs is not None:
+                chunk = cs.encrypt_with_ad(b"", chunk)
+            out += _LEN2.pack(len(chunk))
+            out += chunk
+        return bytes(out)
+
+
+def _frame(payload: bytes) -> bytes:
+    if len(payload) > MAX_FRAME:
+        raise ValueError("frame too large")
+    return _LEN2.pack(len(payload)) + payload

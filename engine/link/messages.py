@@ -1,0 +1,143 @@
+"""The typed records that cross the link, and their codec.
+
+Records are msgpack-encoded msgspec Structs tagged by ``t``; decoding is strict
+(unknown tags, wrong types and missing fields are refused). Sizes a peer
+chooses (prompt length, id lists, strings) are bounded here so that a decoded
+record never holds more than the link allowed to buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+# one record never exceeds this; checked against the length prefix before buffering
+MAX_RECORD = 8 * 1024 * 1024
+MAX_TOKENS_PER_RECORD = 1 << 20
+_Name = Annotated[str, msgspec.Meta(max_length=256)]
+_Text = Annotated[str, msgspec.Meta(max_length=4096)]
+_Ids = Annotated[list[Annotated[int, msgspec.Meta(ge=0, lt=1 << 31)]],
+                 msgspec.Meta(max_length=MAX_TOKENS_PER_RECORD)]
+_Count = Annotated[int, msgspec.Meta(ge=0, lt=1 << 40)]
+_Rate = Annotated[float, msgspec.Meta(ge=0.0)]
+
+
+class Rates(msgspec.Struct, frozen=True, array_like=True):
+    prefill_tps: _Rate = 0.0
+    decode_tps: _Rate = 0.0
+    ttft_ms: _Rate = 0.0
+
+
+class NodeHello(msgspec.Struct, frozen=True, array_like=True, tag="node_hello", tag_field="t"):
+    identity: _Name
+    model: _Name
+    runtime: _Name
+    context_window: Annotated[int, msgspec.Meta(ge=1, lt=1 << 31)]
+    lanes: Annotated[int, msgspec.Meta(ge=1, le=1024)]
+    kv_total: _Count = 0
+    rates: Rates = Rates()
+    protocol: int = PROTOCOL_VERSION
+
+
+class HeadHello(msgspec.Struct, frozen=True, array_like=True, tag="head_hello", tag_field="t"):
+    head_id: _Name  # random per head process: lets a node send stats once per head
+    model: _Name  # the model the head announces
+    protocol: int = PROTOCOL_VERSION
+
+
+class SamplingParams(msgspec.Struct, frozen=True, array_like=True):
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+
+
+class Generate(msgspec.Struct, frozen=True, array_like=True, tag="generate", tag_field="t"):
+    session: _Name
+    lease_ms: Annotated[int, msgspec.Meta(ge=100, le=600_000)]
+    prompt: _Ids
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, lt=1 << 31)]
+    sampling: SamplingParams = SamplingParams()
+    stop_ids: _Ids = msgspec.field(default_factory=list)
+
+
+class Accepted(msgspec.Struct, frozen=True, array_like=True, tag="accepted", tag_field="t"):
+    session: _Name
+
+
+class Tokens(msgspec.Struct, frozen=True, array_like=True, tag="tokens", tag_field="t"):
+    ids: _Ids
+    index: _Count  # position of ids[0] among this generation's output tokens
+
+
+class Done(msgspec.Struct, frozen=True, array_like=True, tag="done", tag_field="t"):
+    finish_reason: Literal["stop", "length", "cancelled"]
+    prompt_tokens: _Count
+    completion_tokens: _Count
+    cached_tokens: _Count = 0
+    ttft_ms: _Rate = 0.0
+    prefill_tps: _Rate = 0.0
+    decode_tps: _Rate = 0.0
+
+
+class Renew(msgspec.Struct, frozen=True, array_like=True, tag="renew", tag_field="t"):
+    session: _Name
+    lease_ms: Annotated[int, msgspec.Meta(ge=100, le=600_000)]
+
+
+class Cancel(msgspec.Struct, frozen=True, array_like=True, tag="cancel", tag_field="t"):
+    session: _Name
+
+
+class Ping(msgspec.Struct, frozen=True, array_like=True, tag="ping", tag_field="t"):
+    nonce: _Count
+
+
+class Pong(msgspec.Struct, frozen=True, array_like=True, tag="pong", tag_field="t"):
+    nonce: _Count
+
+
+class Stats(msgspec.Struct, frozen=True, array_like=True, tag="stats", tag_field="t"):
+    lanes: Annotated[int, msgspec.Meta(ge=1, le=1024)]
+    lanes_busy: Annotated[int, msgspec.Meta(ge=0, le=1024)]
+    kv_used: _Count
+    kv_total: _Count
+    rates: Rates = Rates()
+    sessions: _Count = 0  # generations running now, all heads together
+    peak_busy: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 0  # most lanes ever busy at once
+
+
+ErrorCode = Literal["busy", "bad_request", "context_length_exceeded", "internal", "shutdown"]
+
+
+class Error(msgspec.Struct, frozen=True, array_like=True, tag="error", tag_field="t"):
+    code: ErrorCode
+    message: _Text
+
+
+Record = (NodeHello | HeadHello | Generate | Accepted | Tokens | Done | Renew | Cancel
+          | Ping | Pong | Stats | Error)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Record)
+
+
+class RecordError(ValueError):
+    """A peer sent a record we cannot accept (malformed, unknown or out of bounds)."""
+
+
+def encode(record: Record) -> bytes:
+    return _encoder.encode(record)
+
+
+def decode(data: bytes | memoryview) -> Record:
+    try:
+        return _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise RecordError(f"bad record from peer: {exc}") from None

@@ -1,0 +1,319 @@
+"""The node agent: admits sessions onto lanes, streams tokens, fences lapsed leases.
+
+One connection carries one generation at a time. The agent, not the
+connection, counts lanes: a node never runs more generations than its lanes,
+whichever heads ask, and refuses a session at once when it is full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.link import messages as m
+from engine.link.connection import LinkError
+from engine.link.transport import Link, LinkClosed, accept
+from engine.node import leases
+from engine.runtimes.base import Engine, EngineStats, Generation, GenerationRequest, Sampling
+
+log = logging.getLogger("shoal.node")
+
+STATS_INTERVAL_S = 1.0
+
+
+@dataclass
+class _HeadLinks:
+    links: set[Link] = field(default_factory=set)
+
+
+class NodeAgent:
+    def __init__(self, engine: Engine, *, identity: str, psk: bytes | None,
+                 handshake_timeout_s: float = 10.0, idle_timeout_s: float = 120.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.engine = engine
+        self.identity = identity
+        self.psk = psk
+        self.handshake_timeout_s = handshake_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self._clock = clock
+        self._busy = 0
+        self._peak = 0
+        self._heads: dict[str, _HeadLinks] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._servers: list[asyncio.Server] = []
+        self._stats_task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # -- lifecycle -------------------------------------------------------------
+
+    @property
+    def lanes(self) -> int:
+        return self.engine.info.lanes
+
+    async def listen(self, host: str, port: int) -> tuple[str, int]:
+        server = await asyncio.start_server(self._on_accept, host, port, limit=1 << 16)
+        self._servers.append(server)
+        self._ensure_stats()
+        sock = server.sockets[0].getsockname()
+        return str(sock[0]), int(sock[1])
+
+    async def listen_on(self, sock: socket.socket) -> None:
+        """Serve on a socket bound earlier (bound before the model loaded)."""
+        server = await asyncio.start_server(self._on_accept, sock=sock, limit=1 << 16)
+        self._servers.append(server)
+        self._ensure_stats()
+
+    def _ensure_stats(self) -> None:
+        if self._stats_task is None:
+            self._stats_task = asyncio.create_task(self._stats_loop(), name="node-stats")
+
+    async def close(self) -> None:
+        self._closing = True
+        for server in self._servers:
+            server.close()
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._stats_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._stats_task
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 2)
+
+    def _spawn(self, coro: object, name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- connections -------------------------------------------------------------
+
+    async def _on_accept(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        try:
+            link = await accept(reader, writer, psk=self.psk,
+                                timeout_s=self.handshake_timeout_s)
+        except LinkError as exc:
+            log.warning("refused a head at %s: %s; %s", _peer(writer), exc, _fix(exc))
+            return
+        except (TimeoutError, OSError, asyncio.IncompleteReadError):
+            log.info("a connection from %s did not finish the handshake in time", _peer(writer))
+            return
+        await self.serve_link(link, responder=True)
+
+    async def serve_link(self, link: Link, *, responder: bool) -> None:
+        """Run one head connection until it closes. Used for dialed and joined links."""
+        hello = self._hello()
+        try:
+            if responder:
+                link.send(hello)
+            async with asyncio.timeout(self.handshake_timeout_s):
+                first = await link.recv()
+            if not isinstance(first, m.HeadHello):
+                log.warning("head at %s did not say hello; closing", link.peer)
+                return
+            if not responder:
+                link.send(hello)
+            await self._serve(link, first.head_id)
+        except (LinkClosed, TimeoutError):
+            pass
+        finally:
+            link.close()
+
+    def _hello(self) -> m.NodeHello:
+        info = self.engine.info
+        st = self.engine.stats()
+        return m.NodeHello(identity=self.identity, model=info.model, runtime=info.runtime,
+                           context_window=info.context_window, lanes=info.lanes,
+                           kv_total=st.kv_total, rates=_rates(st))
+
+    async def _serve(self, link: Link, head_id: str) -> None:
+        heads = self._heads.setdefault(head_id, _HeadLinks())
+        heads.links.add(link)
+        self._send_stats_to(link)
+        run: _Run | None = None
+        try:
+            while True:
+                if run is not None and run.task.done():
+                    run = None
+                timeout = None if run is not None else self.idle_timeout_s
+                try:
+                    async with asyncio.timeout(timeout):
+                        rec = await link.recv()
+                except TimeoutError:
+                    log.info("dropping a connection from %s idle for %.0f s", link.peer,
+                             self.idle_timeout_s)
+                    return
+                if run is not None and run.task.done():
+                    run = None
+                if isinstance(rec, m.Ping):
+                    link.send(m.Pong(nonce=rec.nonce))
+                elif isinstance(rec, m.Generate):
+                    if run is not None:
+                        link.send(m.Error(code="bad_request",
+                                          message="one generation per connection at a time"))
+                    else:
+                        run = self._admit(link, rec)
+                elif isinstance(rec, m.Renew):
+                    if run is not None and run.session == rec.session:
+                        run.lease = leases.renew(run.lease, self._clock(), rec.lease_ms / 1000)
+                elif isinstance(rec, m.Cancel):
+                    if run is not None and run.session == rec.session:
+                        run.cancel()
+                elif isinstance(rec, m.HeadHello):
+                    continue
+                else:
+                    log.debug("ignoring %s from %s", type(rec).__name__, link.peer)
+        finally:
+            if run is not None:
+                run.cancel()
+                with contextlib.suppress(BaseException):
+                    await run.task
+            heads.links.discard(link)
+            if not heads.links:
+                self._heads.pop(head_id, None)
+
+    # -- generations -----------------------------------------------------------
+
+    def _admit(self, link: Link, gen: m.Generate) -> _Run | None:
+        info = self.engine.info
+        if self._closing:
+            link.send(m.Error(code="shutdown", message="the node is shutting down"))
+            return None
+        if self._busy >= info.lanes:
+            link.send(m.Error(code="busy", message=f"all {info.lanes} lanes are busy"))
+            return None
+        if len(gen.prompt) >= info.context_window:
+            link.send(m.Error(code="context_length_exceeded",
+                              message=f"prompt of {len(gen.prompt)} tokens does not fit "
+                                      f"the window of {info.context_window}"))
+            return None
+        self._busy += 1
+        self._peak = max(self._peak, self._busy)
+        link.send(m.Accepted(session=gen.session))
+        self._broadcast_stats()
+        run = _Run(gen.session, leases.grant(self._clock(), gen.lease_ms / 1000))
+        run.task = self._spawn(self._generate(link, gen, run), f"gen-{gen.session}")
+        return run
+
+    async def _generate(self, link: Link, gen: m.Generate, run: _Run) -> None:
+        s = gen.sampling
+        request = GenerationRequest(
+            prompt=gen.prompt, max_tokens=gen.max_tokens, stop_ids=frozenset(gen.stop_ids),
+            session=gen.session,
+            sampling=Sampling(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                              min_p=s.min_p, seed=s.seed, presence_penalty=s.presence_penalty,
+                              frequency_penalty=s.frequency_penalty,
+                              repeat_penalty=s.repeat_penalty))
+        generation = self.engine.generate(request)
+        run.generation = generation
+        index = 0
+        fenced = False
+        watchdog = self._spawn(self._lease_watch(link, run), f"lease-{gen.session}")
+        try:
+            async for ids in generation:
+                if leases.expired(run.lease, self._clock()):
+                    fenced = True
+                    break
+                link.send(m.Tokens(ids=ids, index=index))
+                index += len(ids)
+                await link.drain()
+            if run.fenced or fenced:
+                fenced = True
+                return
+            r = generation.result
+            link.send(m.Done(finish_reason=r.finish_reason, prompt_tokens=r.prompt_tokens,
+                             completion_tokens=r.completion_tokens,
+                             cached_tokens=r.cached_tokens, ttft_ms=r.ttft_ms,
+                             prefill_tps=r.prefill_tps, decode_tps=r.decode_tps))
+        except LinkClosed:
+            pass
+        finally:
+            generation.cancel()
+            watchdog.cancel()
+            self._busy -= 1
+            if fenced or run.fenced:
+                log.warning("session %s missed its lease renewal; fenced it and freed the lane",
+                            gen.session)
+                link.abort()
+            self._broadcast_stats()
+
+    async def _lease_watch(self, link: Link, run: _Run) -> None:
+        while True:
+            delay = run.lease.deadline - self._clock()
+            await asyncio.sleep(max(delay, 0.0) + 0.01)
+            if leases.expired(run.lease, self._clock()):
+                run.fenced = True
+                run.cancel()
+                return
+
+    # -- stats ---------------------------------------------------------------------
+
+    def stats_record(self) -> m.Stats:
+        st = self.engine.stats()
+        return m.Stats(lanes=self.lanes, lanes_busy=self._busy, kv_used=st.kv_used,
+                       kv_total=st.kv_total, rates=_rates(st), sessions=self._busy,
+                       peak_busy=self._peak)
+
+    def _send_stats_to(self, link: Link) -> None:
+        with contextlib.suppress(LinkClosed):
+            link.send(self.stats_record())
+
+    def _broadcast_stats(self) -> None:
+        rec = self.stats_record()
+        for heads in self._heads.values():
+            for link in heads.links:
+                if not link.closed:
+                    with contextlib.suppress(LinkClosed):
+                        link.send(rec)
+                    break
+
+    async def _stats_loop(self) -> None:
+        while True:
+            await asyncio.sleep(STATS_INTERVAL_S)
+            self._broadcast_stats()
+
+
+class _Run:
+    def __init__(self, session: str, lease: leases.Lease) -> None:
+        self.session = session
+        self.lease = lease
+        self.fenced = False
+        self.generation: Generation | None = None
+        self.task: asyncio.Task[None]
+
+    def cancel(self) -> None:
+        gen = self.generation
+        if gen is not None:
+            gen.cancel()
+
+
+def _rates(st: EngineStats) -> m.Rates:
+    return m.Rates(prefill_tps=st.prefill_tps, decode_tps=st.decode_tps, ttft_ms=st.ttft_ms)
+
+
+def _peer(writer: asyncio.StreamWriter) -> str:
+    name = writer.get_extra_info("peername")
+    return f"{name[0]}:{name[1]}" if name else "?"
+
+
+def _fix(exc: LinkError) -> str:
+    from engine.link.connection import LinkErrorKind as K
+
+    return {
+        K.WRONG_TOKEN: "give the node's --auth-file the same token as the head's --fleet-auth",
+        K.NO_TOKEN_THERE: "give the head the fleet token (--fleet-auth)",
+        K.NO_TOKEN_HERE: "give this node the fleet token (--auth-file)",
+    }.get(exc.kind, "check that both ends run the same Shoal version")

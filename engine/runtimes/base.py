@@ -1,0 +1,124 @@
+"""What a runtime gives the node (an engine) and the head (a tokenizer).
+
+A node drives an :class:`Engine`: one per process, a fixed number of lanes,
+each lane running one generation at a time. The head never loads an engine;
+it loads a :class:`Tokenizer` through the same runtime to turn text into ids
+and ids back into bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class RuntimeUnavailable(Exception):
+    """The runtime cannot run here; the message names the cause and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """Per-lane sampler settings. temperature 0 means greedy."""
+
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    prompt: Sequence[int]
+    max_tokens: int
+    sampling: Sampling = field(default_factory=Sampling)
+    stop_ids: frozenset[int] = frozenset()
+    # the conversation this belongs to; engines with a prompt cache park the
+    # finished sequence under it and reuse the common prefix next turn
+    session: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens reused from the session's cache
+    ttft_ms: float = 0.0
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    lanes: int
+    lanes_busy: int
+    kv_used: int  # KV cells in use (tokens held), over all lanes
+    kv_total: int
+    prefill_tps: float  # measured, 0.0 until measured
+    decode_tps: float  # per lane, measured, 0.0 until measured
+    ttft_ms: float  # median of recent, 0.0 until measured
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    model: str  # the model's name as the node announces it
+    runtime: str  # "llamacpp" | "mlx" | "mock"
+    context_window: int  # tokens one session can hold (per lane)
+    lanes: int
+    path: str = ""  # the file it serves, for the start-up line
+    window_pinned: bool = False  # --max-context given (else sized for this device)
+
+
+class Generation(Protocol):
+    """One running generation: iterate for batches of token ids, then read result.
+
+    Iteration ends on EOS or a stop id (the stop id is not yielded), on
+    max_tokens, or after :meth:`cancel`. ``aclose`` / ``cancel`` free the lane.
+    """
+
+    def __aiter__(self) -> AsyncIterator[list[int]]: ...
+
+    @property
+    def result(self) -> GenerationResult: ...
+
+    def cancel(self) -> None: ...
+
+
+class Engine(Protocol):
+    info: EngineInfo
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def generate(self, request: GenerationRequest) -> Generation:
+        """Start on a free lane. The caller never asks for more than ``info.lanes``."""
+        ...
+
+    def stats(self) -> EngineStats: ...
+
+
+class Tokenizer(Protocol):
+    """Vocabulary only: what the head needs to make prompts and read tokens."""
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """End-of-generation and end-of-turn ids; generation stops at them."""
+        ...
+
+    def encode(self, text: str, *, special: bool = True) -> list[int]:
+        """Text to ids; with ``special`` the template's control tokens parse as one id."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (control tokens render as b"")."""
+        ...
+
+    def special_text(self, token: int) -> str: ...

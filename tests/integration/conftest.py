@@ -1,0 +1,153 @@
+"""Real processes on 127.0.0.1: nodes and heads started through the `shoal` CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+SHOAL = [sys.executable, "-m", "engine.cli"]
+READY_TIMEOUT = 30.0
+
+
+@dataclass
+class Proc:
+    popen: subprocess.Popen[str]
+    log: Path
+    port: int
+    name: str
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        self.popen.send_signal(sig)
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            try:
+                self.popen.send_signal(signal.SIGCONT)
+                self.popen.terminate()
+                self.popen.wait(5)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        if self.popen.stdout:
+            self.popen.stdout.close()
+
+
+class Cluster:
+    """Starts shoal processes and ends exactly those, by their process ids."""
+
+    def __init__(self, home: Path, logs: Path) -> None:
+        self.home = home
+        self.logs = logs
+        self.procs: list[Proc] = []
+        self.env = {**os.environ, "SHOAL_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+
+    def token(self, *extra: str) -> str:
+        out = subprocess.run([*SHOAL, "fleet", "token", *extra], env=self.env,
+                             capture_output=True, text=True, timeout=30, check=True)
+        return out.stdout.strip()
+
+    def _start(self, name: str, args: list[str], ready: re.Pattern[str]) -> Proc:
+        log = self.logs / f"{name}-{len(self.procs)}.log"
+        logf = log.open("w")
+        popen = subprocess.Popen([*SHOAL, *args], env=self.env, stdout=subprocess.PIPE,
+                                 stderr=logf, text=True, start_new_session=True)
+        logf.close()
+        deadline = time.monotonic() + READY_TIMEOUT
+        assert popen.stdout is not None
+        os.set_blocking(popen.stdout.fileno(), False)
+        buf = ""
+        while time.monotonic() < deadline:
+            chunk = popen.stdout.readline()
+            if chunk:
+                buf += chunk
+                match = ready.search(buf)
+                if match:
+                    proc = Proc(popen, log, int(match.group(1)), name, args)
+                    self.procs.append(proc)
+                    return proc
+                continue
+            if popen.poll() is not None:
+                break
+            time.sleep(0.05)
+        popen.kill()
+        popen.wait(5)
+        raise AssertionError(f"{name} did not start: {buf}\n{log.read_text()}")
+
+    def node(self, identity: str, *, model: str = "mock-m", runtime: str = "mock",
+             lanes: int = 4, speed: float = 0.0, port: int = 0,
+             extra: tuple[str, ...] = ()) -> Proc:
+        """A node process; ``speed`` (tokens/s per lane) applies to the mock runtime."""
+        args = ["node", "--runtime", runtime, "--model", model, "--identity", identity,
+                "--listen", f"127.0.0.1:{port}", "--max-batch", str(lanes), *extra]
+        if runtime == "mock":
+            args += ["--mock-speed", str(speed)]
+        return self._start(identity, args, re.compile(r" on 127\.0\.0\.1:(\d+):"))
+
+    def head(self, nodes: list[Proc] | list[str], *, model: str = "mock-m",
+             runtime: str = "mock", extra: tuple[str, ...] = ()) -> Proc:
+        """A head process dialing ``nodes``; with no nodes, a head with its embedded node."""
+        args = ["serve", model, "--runtime", runtime, "--http", "127.0.0.1:0", *extra]
+        if nodes:
+            args += ["--fleet", ",".join(n if isinstance(n, str) else n.address for n in nodes)]
+        return self._start("head", args, re.compile(r"at http://127\.0\.0\.1:(\d+)/v1"))
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    c = Cluster(tmp_path / "home", logs)
+    yield c
+    c.close()
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        for p in c.procs:
+            print(f"--- {p.name} log ---\n{p.log_text()}")
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+def sse_events(raw: str) -> list[str]:
+    return [line[6:] for line in raw.split("\n") if line.startswith("data: ")]
+
+
+def sse_text(raw: str) -> tuple[str, str | None, dict | None]:
+    """Concatenated content, the finish reason, and the usage chunk of an SSE body."""
+    text, finish, usage = [], None, None
+    events = sse_events(raw)
+    assert events[-1] == "[DONE]", events[-3:]
+    for ev in events[:-1]:
+        obj = json.loads(ev)
+        assert "error" not in obj, obj
+        if obj.get("usage"):
+            usage = obj["usage"]
+        for choice in obj["choices"]:
+            text.append(choice["delta"].get("content") or "")
+            finish = choice["finish_reason"] or finish
+    return "".join(text), finish, usage

@@ -1,0 +1,329 @@
+"""A head and mock nodes as real processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import stat
+import time
+
+import aiohttp
+import pytest
+
+from tests.integration.conftest import Cluster, Proc, sse_text
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def url(head: Proc, path: str) -> str:
+    return f"http://127.0.0.1:{head.port}{path}"
+
+
+async def fleet_state(head: Proc) -> dict:
+    async with aiohttp.ClientSession() as http, http.get(url(head, "/v1/fleet")) as r:
+        assert r.status == 200
+        return await r.json()
+
+
+async def wait_ready(head: Proc, count: int, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = await fleet_state(head)
+        ready = [n for n in state["nodes"] if n["state"] == "ready" and n["connections"] > 0]
+        if len(ready) >= count:
+            return state
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"fewer than {count} nodes ready: {state}")
+
+
+def chat_body(content: str = "hello", **kw: object) -> dict:
+    return {"model": "mock-m", "messages": [{"role": "user", "content": content}], **kw}
+
+
+async def stream_chat(head: Proc, body: dict, *,
+                      on_progress=None) -> tuple[str, str | None, dict | None]:
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    raw = []
+    seen = 0
+    async with aiohttp.ClientSession() as http, \
+            http.post(url(head, "/v1/chat/completions"), json=body) as r:
+        assert r.status == 200, await r.text()
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        async for line in r.content:
+            raw.append(line.decode())
+            seen += 1
+            if on_progress is not None:
+                await on_progress(seen)
+    return sse_text("".join(raw))
+
+
+async def test_streaming_chat_through_three_nodes(cluster: Cluster):
+    cluster.token()
+    nodes = [cluster.node(f"n{i}") for i in range(3)]
+    head = cluster.head(nodes)
+    await wait_ready(head, 3)
+    text, finish, usage = await stream_chat(head, chat_body(max_tokens=40, seed=3))
+    assert finish in ("stop", "length")
+    assert usage and usage["completion_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert len(text) == usage["completion_tokens"]  # the mock's tokens are single bytes
+    # the same request without streaming gives the same text
+    async with aiohttp.ClientSession() as http, \
+            http.post(url(head, "/v1/chat/completions"),
+                      json=chat_body(max_tokens=40, seed=3)) as r:
+        body = await r.json()
+    assert body["choices"][0]["message"]["content"] == text
+    assert body["usage"] == {k: v for k, v in usage.items()}
+    log = head.log_text()
+    assert "fleet node 'n0' at" in log and "context window 4096 tokens, 4 lanes" in log
+    assert "placed on" in log
+
+
+async def test_round_robin_spreads_sessions(cluster: Cluster):
+    cluster.token()
+    nodes = [cluster.node(f"n{i}") for i in range(3)]
+    head = cluster.head(nodes, extra=("--fleet-policy", "round-robin"))
+    await wait_ready(head, 3)
+    async with aiohttp.ClientSession() as http:
+        for i in range(9):
+            async with http.post(url(head, "/v1/chat/completions"),
+                                 json=chat_body(max_tokens=5, seed=i)) as r:
+                assert r.status == 200
+    state = await fleet_state(head)
+    counts = sorted(n["sessions_total"] for n in state["nodes"])
+    assert counts == [3, 3, 3], state
+
+
+async def _failover(cluster: Cluster, how: str) -> None:
+    cluster.token()
+    nodes = [cluster.node(f"n{i}", speed=150.0) for i in range(3)]
+    head = cluster.head(nodes)
+    await wait_ready(head, 3)
+    body = chat_body("tell me a long story", max_tokens=240, seed=42, temperature=0.7)
+    reference, ref_finish, _ = await stream_chat(head, body)
+    assert len(reference) > 100
+    victim: list[Proc] = []
+
+    async def on_progress(seen: int) -> None:
+        if seen == 60 and not victim:
+            state = await fleet_state(head)
+            busy = [n for n in state["nodes"] if n["own_sessions"] > 0]
+            assert len(busy) == 1, state
+            proc = next(p for p in nodes if p.address == busy[0]["address"])
+            proc.signal(signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+            victim.append(proc)
+
+    text, finish, usage = await stream_chat(head, body, on_progress=on_progress)
+    assert victim, "the stream ended before the node could be stopped"
+    assert text == reference  # nothing twice, nothing missing
+    assert finish == ref_finish
+    assert usage["completion_tokens"] == len(reference)
+    log = head.log_text()
+    assert "moved from" in log
+    if how == "stop":
+        assert "treating the node as hung" in log
+        victim[0].signal(signal.SIGCONT)
+
+
+async def test_failover_after_sigkill_mid_stream(cluster: Cluster):
+    await _failover(cluster, "kill")
+
+
+async def test_failover_after_sigstop_mid_stream(cluster: Cluster):
+    await _failover(cluster, "stop")
+
+
+@pytest.mark.slow
+async def test_restarted_node_is_picked_up_again(cluster: Cluster):
+    cluster.token()
+    node = cluster.node("n0")
+    port = node.port
+    head = cluster.head([node])
+    await wait_ready(head, 1)
+    node.signal(signal.SIGKILL)
+    node.popen.wait(5)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        state = await fleet_state(head)
+        if state["nodes"][0]["state"] == "unreachable":
+            break
+        await asyncio.sleep(0.2)
+    assert state["nodes"][0]["state"] == "unreachable", state
+    assert "retrying it every 10 s" in head.log_text()
+    cluster.node("n0", port=port)
+    await wait_ready(head, 1, timeout=15)
+    async with aiohttp.ClientSession() as http, \
+            http.post(url(head, "/v1/chat/completions"), json=chat_body(max_tokens=5)) as r:
+        assert r.status == 200
+
+
+async def test_two_heads_share_one_lane_nodes_without_exceeding_lanes(cluster: Cluster):
+    cluster.token()
+    nodes = [cluster.node(f"n{i}", lanes=1, speed=400.0) for i in range(2)]
+    heads = [cluster.head(nodes), cluster.head(nodes)]
+    for h in heads:
+        await wait_ready(h, 2)
+
+    async def one(head: Proc, i: int) -> int:
+        async with aiohttp.ClientSession() as http, \
+                http.post(url(head, "/v1/chat/completions"),
+                          json=chat_body(max_tokens=40, seed=i)) as r:
+            await r.read()
+            return r.status
+
+    statuses = await asyncio.gather(*(one(heads[i % 2], i) for i in range(12)))
+    assert statuses == [200] * 12
+    await asyncio.sleep(1.2)  # one stats period
+    state = await fleet_state(heads[0])
+    assert all(n["peak_busy"] == 1 for n in state["nodes"]), state
+    assert sum(n["sessions_total"] for n in state["nodes"]) > 0
+    refused = heads[0].log_text() + heads[1].log_text()
+    # the heads competed: at least one session was refused by a full node and went elsewhere
+    assert "is full" in refused or "placed on" in refused
+
+
+async def test_wrong_token_is_refused_at_the_handshake(cluster: Cluster, tmp_path):
+    cluster.token()
+    other = tmp_path / "other-token"
+    other.write_text("ab" * 32)
+    node = cluster.node("n0", extra=("--auth-file", str(other)))
+    head = cluster.head([node])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if "closed the connection at the handshake" in head.log_text() \
+                and "another fleet token" in node.log_text():
+            break
+        await asyncio.sleep(0.2)
+    assert ("closed the connection at the handshake; check that --fleet-auth holds the token "
+            "in the node's --auth-file") in head.log_text()
+    assert "the peer holds another fleet token; give the node's --auth-file the same token" \
+        in node.log_text()
+    token = (cluster.home / "fleet" / "token").read_text().strip()
+    assert token not in head.log_text() + node.log_text()
+    state = await fleet_state(head)
+    assert state["nodes"][0]["state"] == "unreachable"
+
+
+async def test_full_fleet_queues_then_answers_429(cluster: Cluster):
+    cluster.token()
+    node = cluster.node("n0", lanes=1, speed=50.0)
+    head = cluster.head([node], extra=("--queue-timeout", "2"))
+    await wait_ready(head, 1)
+
+    async def chat(max_tokens: int) -> tuple[int, dict, float]:
+        t0 = time.monotonic()
+        async with aiohttp.ClientSession() as http, \
+                http.post(url(head, "/v1/chat/completions"),
+                          json=chat_body(max_tokens=max_tokens, seed=1, temperature=0)) as r:
+            return r.status, dict(r.headers), time.monotonic() - t0
+
+    long = asyncio.create_task(chat(400))  # ~8 s on the only lane
+    await asyncio.sleep(0.5)
+    status, headers, waited = await chat(5)
+    assert status == 429
+    assert int(headers["Retry-After"]) >= 1
+    assert waited >= 1.9  # it queued before giving up
+    long.cancel()
+
+    # a short queue wait that ends when the lane frees
+    node2 = cluster.node("n1", lanes=1, speed=200.0)
+    head2 = cluster.head([node2], extra=("--queue-timeout", "10"))
+    await wait_ready(head2, 1)
+    async with aiohttp.ClientSession() as http:
+        async def go(i: int) -> int:
+            async with http.post(url(head2, "/v1/chat/completions"),
+                                 json=chat_body(max_tokens=100, seed=i)) as r:
+                await r.read()
+                return r.status
+        assert await asyncio.gather(*(go(i) for i in range(3))) == [200, 200, 200]
+
+
+async def test_bad_input_gets_clear_4xx(cluster: Cluster):
+    cluster.token()
+    node = cluster.node("n0", extra=("--max-context", "256"))
+    head = cluster.head([node])
+    await wait_ready(head, 1)
+    cases: list[tuple[object, int, str]] = [
+        (b"{not json", 400, "not valid JSON"),
+        (b"[]", 400, "invalid request"),
+        ({"messages": [{"role": "user", "content": "x"}]}, 400, "model"),
+        ({"model": "mock-m"}, 400, "messages"),
+        ({"model": "mock-m", "messages": "hi"}, 400, "messages"),
+        (chat_body(temperature="hot"), 400, "temperature"),
+        (chat_body(max_tokens=-3), 400, "max_tokens"),
+        ({"model": "mock-m", "messages": [{"role": "wizard", "content": "x"}]}, 400, "role"),
+        ({"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404, "nope"),
+        (chat_body(n=2), 400, "n other than 1"),
+        (chat_body(logprobs=True), 400, "logprobs"),
+        (chat_body(logit_bias={"5": 1.0}), 400, "logit_bias"),
+        ({"model": "mock-m", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "image_url"),
+        (chat_body("x" * 2000), 400, "context window"),
+        (b"x" * (9 * 1024 * 1024), 413, "larger than"),
+    ]
+    async with aiohttp.ClientSession() as http:
+        for body, status, words in cases:
+            kw = {"data": body} if isinstance(body, bytes) else {"json": body}
+            async with http.post(url(head, "/v1/chat/completions"), **kw) as r:
+                text = await r.text()
+                shown = body[:40] if isinstance(body, bytes) else body
+                assert r.status == status, (shown, text)
+                err = json.loads(text)["error"]
+                assert set(err) >= {"message", "type", "code"}
+                assert words in err["message"], (words, err)
+                assert "Traceback" not in text
+        async with http.get(url(head, "/v1/nothing")) as r:
+            assert r.status == 404 and "error" in await r.json()
+        async with http.get(url(head, "/v1/chat/completions")) as r:
+            assert r.status == 405 and "error" in await r.json()
+        # and the head keeps serving
+        async with http.post(url(head, "/v1/chat/completions"),
+                             json=chat_body(max_tokens=3)) as r:
+            assert r.status == 200
+        async with http.get(url(head, "/v1/models")) as r:
+            assert (await r.json())["data"][0]["id"] == "mock-m"
+        async with http.get(url(head, "/health")) as r:
+            assert (await r.json())["status"] == "ok"
+    assert "Traceback" not in head.log_text()
+
+
+async def test_stop_and_max_tokens(cluster: Cluster):
+    cluster.token()
+    head = cluster.head([cluster.node("n0")])
+    await wait_ready(head, 1)
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url(head, "/v1/chat/completions"),
+                             json=chat_body(max_tokens=30, seed=5, temperature=0.5)) as r:
+            full = (await r.json())["choices"][0]
+        assert full["finish_reason"] == "length" and len(full["message"]["content"]) == 30
+        stop_at = full["message"]["content"][10:12]
+        async with http.post(url(head, "/v1/chat/completions"),
+                             json=chat_body(max_tokens=30, seed=5, temperature=0.5,
+                                            stop=[stop_at])) as r:
+            cut = (await r.json())["choices"][0]
+        assert cut["finish_reason"] == "stop"
+        assert cut["message"]["content"] == full["message"]["content"].split(stop_at)[0]
+
+
+def test_fleet_token_is_made_once_with_mode_0600(cluster: Cluster):
+    first = cluster.token()
+    assert len(first) == 64 and int(first, 16) >= 0
+    path = cluster.home / "fleet" / "token"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert cluster.token() == first
+    rotated = cluster.token("--rotate")
+    assert rotated != first and cluster.token() == rotated
+
+
+def test_node_refuses_off_loopback_without_token(cluster: Cluster):
+    import subprocess
+
+    from tests.integration.conftest import SHOAL
+
+    out = subprocess.run([*SHOAL, "node", "--runtime", "mock", "--model", "m",
+                          "--listen", "0.0.0.0:0"], env=cluster.env, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 2
+    assert "refusing to listen on 0.0.0.0:0 without a fleet token" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -1,0 +1,474 @@
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.head.placement import (
+    NodeView,
+    Placement,
+    PlacementRequest,
+    Policy,
+    Refusal,
+    estimate_seconds,
+    has_free_lane,
+    node_load,
+    place,
+)
+
+POLICIES: tuple[Policy, ...] = ("load-aware", "least-loaded", "round-robin")
+
+
+def node(key: str, **kw: Any) -> NodeView:
+    base: dict[str, Any] = {
+        "key": key,
+        "identity": key,
+        "model": "m",
+        "context_window": 8192,
+        "lanes": 4,
+        "idle_conns": 4,
+        "own_sessions": 0,
+        "reported_busy": 0,
+        "kv_used": 0,
+        "kv_total": 1000,
+        "prefill_tps": 1000.0,
+        "decode_tps": 20.0,
+    }
+    base.update(kw)
+    return NodeView(**base)
+
+
+def req(**kw: Any) -> PlacementRequest:
+    base: dict[str, Any] = {"model": "m", "prompt_tokens": 1000, "max_tokens": 100}
+    base.update(kw)
+    return PlacementRequest(**base)
+
+
+def placed(result: Placement | Refusal) -> Placement:
+    assert isinstance(result, Placement), result
+    return result
+
+
+def refused(result: Placement | Refusal) -> Refusal:
+    assert isinstance(result, Refusal), result
+    return result
+
+
+# --- building blocks ---------------------------------------------------------------
+
+
+def test_node_load_is_the_higher_of_own_and_reported() -> None:
+    assert node_load(node("a", own_sessions=3, reported_busy=1)) == 3
+    assert node_load(node("a", own_sessions=1, reported_busy=2)) == 2
+
+
+def test_has_free_lane() -> None:
+    assert has_free_lane(node("a"), now=0.0)
+    assert not has_free_lane(node("a", reported_busy=4), now=0.0)
+    assert not has_free_lane(node("a", own_sessions=4), now=0.0)
+    assert not has_free_lane(node("a", idle_conns=0), now=0.0)
+    assert not has_free_lane(node("a", full_until=10.0), now=9.9)
+    assert has_free_lane(node("a", full_until=10.0), now=10.0)
+
+
+def test_estimate_formula() -> None:
+    n = node("a", reported_busy=2, lanes=4)
+    r = req(prompt_tokens=1000, max_tokens=100)
+    # 1000/500 prefill + 100 tokens at 20/s slowed by 1 + 2/4
+    assert estimate_seconds(n, r, 500.0, 20.0) == pytest.approx(2.0 + 7.5)
+    assert estimate_seconds(node("a"), r, 500.0, 20.0) == pytest.approx(2.0 + 5.0)
+
+
+def test_estimate_drops_unmeasured_terms() -> None:
+    r = req(prompt_tokens=1000, max_tokens=100)
+    assert estimate_seconds(node("a"), r, 0.0, 20.0) == pytest.approx(5.0)
+    assert estimate_seconds(node("a"), r, 500.0, 0.0) == pytest.approx(2.0)
+    assert estimate_seconds(node("a"), r, 0.0, 0.0) == 0.0
+
+
+# --- load-aware --------------------------------------------------------------------
+
+
+def test_load_aware_picks_lowest_estimate() -> None:
+    nodes = [node("a", decode_tps=10.0), node("b", decode_tps=40.0), node("c", decode_tps=20.0)]
+    p = placed(place(req(), nodes, now=0.0))
+    assert p.node == "b"
+    assert p.reason == "load-aware est 3.5s"  # 1000/1000 + 100/40
+    assert p.cursor == 0
+
+
+def test_load_aware_counts_load_against_a_fast_node() -> None:
+    # b is faster per lane but 3 of its 4 lanes are busy (from another head): 100*1.75/30
+    nodes = [node("a", decode_tps=20.0), node("b", decode_tps=30.0, reported_busy=3)]
+    assert placed(place(req(), nodes, now=0.0)).node == "a"
+
+
+def test_load_aware_skips_nodes_at_pool_high() -> None:
+    nodes = [node("fast", decode_tps=80.0, kv_used=900), node("slow", decode_tps=10.0)]
+    assert placed(place(req(), nodes, now=0.0)).node == "slow"  # 90% is at the mark
+    below = [replace(nodes[0], kv_used=899), nodes[1]]
+    assert placed(place(req(), below, now=0.0)).node == "fast"
+    assert placed(place(req(), nodes, now=0.0, pool_high=95.0)).node == "fast"
+
+
+def test_load_aware_keeps_pool_high_nodes_when_all_are_high() -> None:
+    nodes = [node("a", decode_tps=10.0, kv_used=950), node("b", decode_tps=30.0, kv_used=990)]
+    assert placed(place(req(), nodes, now=0.0)).node == "b"
+
+
+def test_load_aware_ignores_kv_of_a_node_without_report() -> None:
+    nodes = [node("a", decode_tps=10.0), node("b", decode_tps=30.0, kv_used=0, kv_total=0)]
+    assert placed(place(req(), nodes, now=0.0)).node == "b"
+
+
+def test_unmeasured_node_counts_at_the_mean_of_measured() -> None:
+    nodes = [
+        node("fast", prefill_tps=3000.0, decode_tps=30.0),
+        node("new", prefill_tps=0.0, decode_tps=0.0),
+        node("slow", prefill_tps=1000.0, decode_tps=10.0),
+    ]
+    assert placed(place(req(), nodes, now=0.0)).node == "fast"
+    # without fast, the mean (2000 prompt tok/s, 20 tok/s) still beats slow
+    p = placed(place(req(exclude=frozenset({"fast"})), nodes, now=0.0))
+    assert p.node == "new"
+    assert p.reason == "load-aware est 5.5s"  # 1000/2000 + 100/20
+
+
+def test_with_nothing_measured_nodes_tie_then_lower_load_then_key() -> None:
+    bare = {"prefill_tps": 0.0, "decode_tps": 0.0}
+    nodes = [
+        node("c", **bare),
+        node("b", own_sessions=1, **bare),
+        node("a", reported_busy=2, **bare),
+    ]
+    p = placed(place(req(), nodes, now=0.0))
+    assert (p.node, p.reason) == ("c", "load-aware est 0.0s")
+    nodes = [node("c", **bare), node("b", **bare)]
+    assert placed(place(req(), nodes, now=0.0)).node == "b"
+
+
+# --- least-loaded and round-robin ----------------------------------------------------
+
+
+def test_least_loaded_picks_fewest_sessions_whatever_the_speed() -> None:
+    nodes = [
+        node("a", decode_tps=100.0, own_sessions=2),
+        node("b", decode_tps=5.0, reported_busy=1),
+        node("c", decode_tps=100.0, own_sessions=1, reported_busy=3),
+    ]
+    p = placed(place(req(), nodes, now=0.0, policy="least-loaded"))
+    assert (p.node, p.reason) == ("b", "least-loaded load 1/4")
+
+
+def test_least_loaded_ties_by_key() -> None:
+    nodes = [node("b"), node("a"), node("c")]
+    assert placed(place(req(), nodes, now=0.0, policy="least-loaded")).node == "a"
+
+
+def test_least_loaded_does_not_skip_pool_high() -> None:
+    nodes = [node("a", kv_used=990), node("b", own_sessions=1)]
+    assert placed(place(req(), nodes, now=0.0, policy="least-loaded")).node == "a"
+
+
+def test_round_robin_rotates_in_key_order() -> None:
+    nodes = [node("c"), node("a"), node("b")]
+    cursor, seen = 0, []
+    for _ in range(6):
+        p = placed(place(req(), nodes, now=0.0, policy="round-robin", cursor=cursor))
+        assert p.reason == "round-robin"
+        seen.append(p.node)
+        cursor = p.cursor
+    assert seen == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_round_robin_skips_busy_nodes_and_returns_cursor_past_the_pick() -> None:
+    nodes = [node("a"), node("b", reported_busy=4), node("c")]
+    p = placed(place(req(), nodes, now=0.0, policy="round-robin", cursor=1))
+    assert (p.node, p.cursor) == ("c", 0)
+    p = placed(place(req(), nodes, now=0.0, policy="round-robin", cursor=7))  # wraps
+    assert (p.node, p.cursor) == ("c", 0)
+
+
+def test_round_robin_ignores_speed() -> None:
+    nodes = [node("a", decode_tps=1.0), node("b", decode_tps=100.0)]
+    assert placed(place(req(), nodes, now=0.0, policy="round-robin")).node == "a"
+
+
+# --- affinity ----------------------------------------------------------------------
+
+
+def _affinity_nodes(ratio: float) -> list[NodeView]:
+    # nothing to prefill: estimates are 100/decode, so "held" is `ratio` x the best
+    bare = {"prefill_tps": 1000.0}
+    return [node("best", decode_tps=20.0, **bare), node("held", decode_tps=20.0 / ratio, **bare)]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_affinity_within_slack_keeps_the_session(policy: Policy) -> None:
+    r = req(prompt_tokens=0, affinity="held")
+    p = placed(place(r, _affinity_nodes(1.2), now=0.0, policy=policy, cursor=5))
+    assert (p.node, p.reason, p.cursor) == ("held", "affinity", 5)
+    p = placed(place(r, _affinity_nodes(1.25), now=0.0, policy=policy))
+    assert p.node == "held"
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_affinity_beyond_slack_moves_the_session(policy: Policy) -> None:
+    r = req(prompt_tokens=0, affinity="held")
+    p = placed(place(r, _affinity_nodes(1.3), now=0.0, policy=policy, cursor=0))
+    assert p.node == "best"
+    assert p.reason != "affinity"
+
+
+def test_affinity_slack_is_a_parameter() -> None:
+    r = req(prompt_tokens=0, affinity="held")
+    nodes = _affinity_nodes(1.3)
+    assert placed(place(r, nodes, now=0.0, affinity_slack=1.5)).node == "held"
+    assert placed(place(r, _affinity_nodes(1.1), now=0.0, affinity_slack=1.0)).node == "best"
+
+
+def test_affinity_node_without_a_free_lane_or_excluded_is_not_used() -> None:
+    nodes = [node("a"), node("held", reported_busy=4)]
+    assert placed(place(req(affinity="held"), nodes, now=0.0)).node == "a"
+    nodes = [node("a"), node("held")]
+    r = req(affinity="held", exclude=frozenset({"held"}))
+    assert placed(place(r, nodes, now=0.0)).node == "a"
+    r = req(affinity="gone")
+    assert placed(place(r, nodes, now=0.0)).node == "a"
+
+
+def test_affinity_node_above_pool_high_is_still_kept() -> None:
+    # its KV already holds this conversation's prompt
+    nodes = [node("a"), node("held", kv_used=950)]
+    assert placed(place(req(affinity="held"), nodes, now=0.0)).node == "held"
+
+
+def test_affinity_with_nothing_measured_keeps_the_session() -> None:
+    bare = {"prefill_tps": 0.0, "decode_tps": 0.0}
+    nodes = [node("a", **bare), node("held", own_sessions=2, **bare)]
+    assert placed(place(req(affinity="held"), nodes, now=0.0)).node == "held"
+
+
+# --- full_until, exclude, pin, prefer --------------------------------------------------
+
+
+def test_full_until_skips_a_node_until_then() -> None:
+    nodes = [node("a", decode_tps=80.0, full_until=100.0), node("b")]
+    assert placed(place(req(), nodes, now=50.0)).node == "b"
+    assert placed(place(req(), nodes, now=100.0)).node == "a"
+
+
+def test_no_idle_connection_skips_a_node() -> None:
+    nodes = [node("a", decode_tps=80.0, idle_conns=0), node("b")]
+    assert placed(place(req(), nodes, now=0.0)).node == "b"
+
+
+def test_exclude_skips_nodes_that_failed_this_session() -> None:
+    nodes = [node("a", decode_tps=80.0), node("b")]
+    assert placed(place(req(exclude=frozenset({"a"})), nodes, now=0.0)).node == "b"
+
+
+def test_pin_host_filters_by_identity() -> None:
+    nodes = [
+        node("10.0.0.1:8454", identity="box-a", decode_tps=80.0),
+        node("joined:box-b", identity="box-b"),
+    ]
+    p = placed(place(req(pin_host="box-b"), nodes, now=0.0))
+    assert p.node == "joined:box-b"
+
+
+def test_pin_host_to_a_busy_node_waits_rather_than_routing_elsewhere() -> None:
+    nodes = [node("a", identity="box-a", reported_busy=4), node("b", identity="box-b")]
+    assert refused(place(req(pin_host="box-a"), nodes, now=0.0)).code == "no_free_lane"
+
+
+def test_pin_host_to_an_unknown_name_is_no_node() -> None:
+    nodes = [node("a", identity="box-a"), node("b", identity="box-b")]
+    r = refused(place(req(pin_host="box-z"), nodes, now=0.0))
+    assert r.code == "no_node"
+    assert "'box-z'" in r.message
+    assert "2 nodes" in r.message
+    assert "box-a, box-b" in r.message
+
+
+def test_prefer_first_free_named_node_wins_over_speed_and_affinity() -> None:
+    nodes = [node("a", identity="box-a", decode_tps=80.0), node("b", identity="box-b")]
+    p = placed(place(req(prefer=("box-b",), affinity="a"), nodes, now=0.0, cursor=3))
+    assert (p.node, p.reason, p.cursor) == ("b", "prefer", 3)
+
+
+def test_prefer_walks_the_list_in_order() -> None:
+    nodes = [
+        node("a", identity="box-a"),
+        node("b", identity="box-b", reported_busy=4),
+        node("c", identity="box-c"),
+    ]
+    r = req(prefer=("unknown", "box-b", "box-c", "box-a"))
+    assert placed(place(r, nodes, now=0.0)).node == "c"
+
+
+def test_prefer_with_none_free_routes_normally() -> None:
+    nodes = [
+        node("a", identity="box-a", decode_tps=10.0),
+        node("b", identity="box-b", reported_busy=4),
+        node("c", identity="box-c", decode_tps=30.0),
+        node("d", identity="box-d", context_window=512),
+    ]
+    p = placed(place(req(prefer=("box-b", "box-d", "nowhere")), nodes, now=0.0))
+    assert p.node == "c"
+    assert p.reason.startswith("load-aware")
+
+
+# --- refusals -------------------------------------------------------------------------
+
+
+def test_no_node_when_the_fleet_is_empty() -> None:
+    r = refused(place(req(), [], now=0.0))
+    assert r.code == "no_node"
+    assert "'m'" in r.message and "0 nodes" in r.message
+
+
+def test_no_node_when_nobody_serves_the_model() -> None:
+    r = refused(place(req(model="qwen"), [node("a", model="llama")], now=0.0))
+    assert r.code == "no_node"
+    assert "'qwen'" in r.message and "1 node serve: llama" in r.message
+    assert "--model-name qwen" in r.message
+
+
+def test_no_node_when_every_server_already_failed() -> None:
+    nodes = [node("a"), node("b")]
+    r = refused(place(req(exclude=frozenset({"a", "b"})), nodes, now=0.0))
+    assert r.code == "no_node"
+    assert "all 2 nodes" in r.message
+
+
+def test_context_length_exceeded_names_prompt_and_largest_window() -> None:
+    nodes = [node("a", context_window=4096), node("b", context_window=8192)]
+    r = refused(place(req(prompt_tokens=9000), nodes, now=0.0))
+    assert r == Refusal(
+        "context_length_exceeded",
+        "prompt of 9000 tokens exceeds every node's context window (largest 8192); "
+        "shorten the conversation or serve with a larger --max-context",
+    )
+
+
+def test_context_needs_room_for_one_token() -> None:
+    nodes = [node("a", context_window=8192)]
+    r = refused(place(req(prompt_tokens=8192), nodes, now=0.0))
+    assert r.code == "context_length_exceeded"
+    assert "8192 tokens" in r.message and "largest 8192" in r.message
+    assert placed(place(req(prompt_tokens=8191), nodes, now=0.0)).node == "a"
+
+
+def test_context_check_comes_before_the_lane_check() -> None:
+    nodes = [node("a", context_window=4096, reported_busy=4)]
+    assert refused(place(req(prompt_tokens=5000), nodes, now=0.0)).code == "context_length_exceeded"
+
+
+def test_small_nodes_are_skipped_for_a_long_prompt() -> None:
+    nodes = [node("a", context_window=2048, decode_tps=80.0), node("b", context_window=32768)]
+    assert placed(place(req(prompt_tokens=4000), nodes, now=0.0)).node == "b"
+
+
+def test_no_free_lane_names_the_lanes() -> None:
+    nodes = [
+        node("a", reported_busy=4),
+        node("b", own_sessions=4),
+        node("c", full_until=10.0),
+        node("d", idle_conns=0, own_sessions=1),
+        node("e", context_window=100),  # cannot hold the prompt: not counted
+    ]
+    r = refused(place(req(), nodes, now=5.0))
+    assert r.code == "no_free_lane"
+    assert "4 nodes" in r.message
+    assert "9/16 lanes busy" in r.message
+    assert "1 refused a session as full" in r.message
+    assert "1 with no idle connection" in r.message
+
+
+# --- properties -----------------------------------------------------------------------
+
+_nodes = st.builds(
+    NodeView,
+    key=st.just(""),
+    identity=st.sampled_from(["box-a", "box-b", "box-c"]),
+    model=st.sampled_from(["m", "m", "other"]),
+    context_window=st.sampled_from([0, 512, 4096, 8192, 32768]),
+    lanes=st.sampled_from([0, 1, 4, 8]),
+    idle_conns=st.sampled_from([0, 1, 4, 8]),
+    own_sessions=st.integers(0, 4),
+    reported_busy=st.integers(0, 4),
+    kv_used=st.integers(0, 1000),
+    kv_total=st.integers(0, 1000),
+    prefill_tps=st.sampled_from([0.0, 100.0, 1000.0, 5000.0]),
+    decode_tps=st.sampled_from([0.0, 5.0, 20.0, 60.0]),
+    full_until=st.sampled_from([0.0, 0.0, 5.0, 20.0]),
+)
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> list[NodeView]:
+    drawn = draw(st.lists(_nodes, max_size=6))
+    return [replace(n, key=f"n{i}") for i, n in enumerate(drawn)]
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> PlacementRequest:
+    keys = st.sampled_from([f"n{i}" for i in range(7)])
+    names = st.sampled_from(["box-a", "box-b", "box-c", "box-z"])
+    return PlacementRequest(
+        model="m",
+        prompt_tokens=draw(st.integers(0, 9000)),
+        max_tokens=draw(st.integers(0, 2000)),
+        exclude=draw(st.frozensets(keys, max_size=2)),
+        affinity=draw(st.none() | keys),
+        pin_host=draw(st.sampled_from([None, None, None, "box-a", "box-z"])),
+        prefer=tuple(draw(st.lists(names, max_size=3))),
+    )
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    nodes=fleets(),
+    r=requests(),
+    now=st.sampled_from([0.0, 10.0, 30.0]),
+    policy=st.sampled_from(POLICIES),
+    cursor=st.integers(-3, 10),
+)
+def test_place_only_returns_a_free_node_that_holds_the_prompt(
+    nodes: list[NodeView], r: PlacementRequest, now: float, policy: Policy, cursor: int
+) -> None:
+    result = place(r, nodes, now=now, policy=policy, cursor=cursor)
+    fits = [
+        n
+        for n in nodes
+        if n.model == r.model
+        and n.key not in r.exclude
+        and (r.pin_host is None or n.identity == r.pin_host)
+        and n.context_window >= r.prompt_tokens + 1
+        and has_free_lane(n, now)
+    ]
+    if isinstance(result, Placement):
+        assert result.node in {n.key for n in fits}
+    else:
+        assert not fits
+        assert result.message
+
+
+@settings(max_examples=200, deadline=None)
+@given(k=st.integers(1, 8), sessions=st.integers(0, 60), start=st.integers(0, 20))
+def test_round_robin_spreads_sessions_evenly(k: int, sessions: int, start: int) -> None:
+    nodes = [node(f"n{i}", lanes=100, idle_conns=100) for i in range(k)]
+    counts: Counter[str] = Counter()
+    cursor = start
+    for _ in range(sessions):
+        p = placed(place(req(), nodes, now=0.0, policy="round-robin", cursor=cursor))
+        counts[p.node] += 1
+        cursor = p.cursor
+    per_node = [counts[n.key] for n in nodes]
+    assert max(per_node) - min(per_node) <= 1
+    assert sum(per_node) == sessions
