@@ -178,6 +178,7 @@ class NodePool:
             conn.abort()
         self.idle.clear()
         self.state = "unreachable"
+        self._announced = False
         self.wake.set()
 
     def view(self) -> NodeView:
@@ -259,7 +260,7 @@ class NodePool:
             self.info.identity, self.info.model, self.info.context_window, self.info.lanes)
         self.info = NodeInfo(identity=hello.identity, model=hello.model, runtime=hello.runtime,
                              context_window=hello.context_window, lanes=hello.lanes)
-        if fresh or not self._announced or self.state != "ready":
+        if fresh or not self._announced:
             self._announced = True
             self.last_error = ""
             log.info("fleet node '%s' at %s: %s, context window %d tokens, %d lanes",
@@ -279,6 +280,7 @@ class NodePool:
         self.last_error = why
         if self.conns == 0:
             self.state = "unreachable"
+            self._announced = False
 
     async def _keepalive_until_woken(self) -> None:
         """Ping idle connections every KEEPALIVE_S (under the node's idle timeout)."""
@@ -336,8 +338,8 @@ class Fleet:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def add_dialed(self, host: str, port: int) -> NodePool:
-        key = f"{host}:{port}"
+    def add_dialed(self, host: str, port: int, *, key: str | None = None) -> NodePool:
+        key = key or f"{host}:{port}"
         pool = NodePool(self, key, host, port, dialed=True)
         self.pools[key] = pool
         pool.task = self.spawn(pool.maintain(), f"pool-{key}")

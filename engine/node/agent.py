@@ -98,10 +98,12 @@ class NodeAgent:
 
     async def _on_accept(self, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        # the connection runs in a task the agent owns, so close() can cancel it
+        # without asyncio's stream callback reporting the cancellation as an error
+        self._spawn(self._handle(reader, writer), "node-conn")
+
+    async def _handle(self, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
         try:
             link = await accept(reader, writer, psk=self.psk,
                                 timeout_s=self.handshake_timeout_s)

@@ -120,7 +120,7 @@ def main() -> None:
             p, port = start(["node", "--runtime", "mock", "--model", "bench", "--identity",
                              f"b{i}", "--listen", "127.0.0.1:0", "--max-batch", str(LANES),
                              "--max-context", str(args.tokens + 512)],
-                            env, r" on 127\.0\.0\.1:(\d+):")
+                            env, r" on 127\.0\.0\.1:(\d+) \(link")
             procs.append(p)
             ports.append(port)
         head, hport = start(["serve", "bench", "--runtime", "mock", "--http", "127.0.0.1:0",

@@ -26,6 +26,7 @@ class Proc:
     port: int
     name: str
     args: list[str] = field(default_factory=list)
+    banner: str = ""  # what it printed on stdout up to its ready line
 
     @property
     def address(self) -> str:
@@ -80,7 +81,7 @@ class Cluster:
                 buf += chunk
                 match = ready.search(buf)
                 if match:
-                    proc = Proc(popen, log, int(match.group(1)), name, args)
+                    proc = Proc(popen, log, int(match.group(1)), name, args, banner=buf)
                     self.procs.append(proc)
                     return proc
                 continue
@@ -99,7 +100,7 @@ class Cluster:
                 "--listen", f"127.0.0.1:{port}", "--max-batch", str(lanes), *extra]
         if runtime == "mock":
             args += ["--mock-speed", str(speed)]
-        return self._start(identity, args, re.compile(r" on 127\.0\.0\.1:(\d+):"))
+        return self._start(identity, args, re.compile(r" on 127\.0\.0\.1:(\d+) \(link"))
 
     def head(self, nodes: list[Proc] | list[str], *, model: str = "mock-m",
              runtime: str = "mock", extra: tuple[str, ...] = ()) -> Proc:

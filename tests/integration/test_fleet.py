@@ -327,3 +327,29 @@ def test_node_refuses_off_loopback_without_token(cluster: Cluster):
     assert out.returncode == 2
     assert "refusing to listen on 0.0.0.0:0 without a fleet token" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+async def test_serve_without_fleet_runs_head_and_embedded_node(cluster: Cluster):
+    head = cluster.head([])
+    await wait_ready(head, 1)
+    assert "serving the built-in mock engine as the local node" in head.log_text()
+    text, finish, _usage = await stream_chat(head, chat_body(max_tokens=8, seed=1))
+    assert len(text) == 8 and finish == "length"
+    (only,) = (await fleet_state(head))["nodes"]
+    assert only["identity"].endswith("(local)") and only["model"] == "mock-m"
+
+
+async def test_head_warns_about_a_node_serving_another_model(cluster: Cluster):
+    cluster.token()
+    good, other = cluster.node("good"), cluster.node("odd", model="other-model")
+    head = cluster.head([good, other], extra=("--fleet-policy", "round-robin"))
+    await wait_ready(head, 2)
+    assert "fleet node 'odd' at" in head.log_text()
+    assert "serves 'other-model', not 'mock-m'" in head.log_text()
+    async with aiohttp.ClientSession() as http:
+        for i in range(4):
+            async with http.post(url(head, "/v1/chat/completions"),
+                                 json=chat_body(max_tokens=3, seed=i)) as r:
+                assert r.status == 200
+    nodes = {n["identity"]: n for n in (await fleet_state(head))["nodes"]}
+    assert nodes["good"]["sessions_total"] == 4 and nodes["odd"]["sessions_total"] == 0
