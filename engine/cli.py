@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--queue-timeout", type=float, default=20.0,
                        help="seconds a request waits for a free lane before 429")
     serve.add_argument("--tool-call-parser", choices=["hermes", "llama3", "mistral", "none"])
+    serve.add_argument("--chat-template", type=Path,
+                       help="a Jinja chat template file to use instead of the model's")
     serve.add_argument("--mock-speed", type=float, default=0.0)
 
     node = sub.add_parser("node", help="serve a model to the fleet's heads")
@@ -113,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 max_context=args.max_context, max_batch=args.max_batch, offline=args.offline,
                 local_node=args.local_node, mock_speed=args.mock_speed,
                 queue_timeout_s=args.queue_timeout, tool_call_parser=args.tool_call_parser,
-                home=home)
+                chat_template=args.chat_template, home=home)
             return asyncio.run(run_serve(opts))
         if args.command == "node":
             setup_logging("shoal-node")

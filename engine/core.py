@@ -20,6 +20,7 @@ from pathlib import Path
 from aiohttp import web
 
 from engine.head.head import Head
+from engine.head.templates import TemplateError
 from engine.link.transport import is_loopback
 from engine.node.agent import NodeAgent
 from engine.runtimes.base import Engine, RuntimeUnavailable
@@ -91,6 +92,7 @@ class ServeOptions:
     mock_speed: float = 0.0
     queue_timeout_s: float = 20.0
     tool_call_parser: str | None = None
+    chat_template: Path | None = None
     home: Path = field(default_factory=default_home)
 
 
@@ -117,6 +119,14 @@ def resolve_model_path(spec: str | None, runtime: str, *, home: Path, offline: b
         return name, name
     from engine import models
 
+    if runtime == "mlx":
+        # MLX loads a model folder or a repo already in the Hugging Face cache itself
+        check_runtime(runtime)
+        if spec is None:
+            raise StartError("runtime mlx has no embedded default model; give an MLX model "
+                             "folder or repo id, or use --runtime llamacpp")
+        return spec, models.model_name(spec)
+
     try:
         if spec is None:
             path = models.ensure_embedded_default(home, offline=offline, progress=progress)
@@ -125,6 +135,17 @@ def resolve_model_path(spec: str | None, runtime: str, *, home: Path, offline: b
     except models.ModelMissing as exc:
         raise StartError(str(exc)) from None
     return str(path), models.model_name(spec)
+
+
+def check_runtime(runtime: str) -> None:
+    """Refuse an unusable runtime before any slow work (pulls, loads)."""
+    if runtime == "mlx":
+        from engine.runtimes.mlx import check_available
+
+        try:
+            check_available()
+        except RuntimeUnavailable as exc:
+            raise StartError(str(exc)) from None
 
 
 def make_engine(runtime: str, model: str, *, name: str, lanes: int, max_context: int | None,
@@ -200,7 +221,7 @@ async def start_node(opts: NodeOptions, *, sock: socket.socket | None = None,
         engine = make_engine(runtime, path, name=opts.model_name or name, lanes=opts.max_batch,
                              max_context=opts.max_context, mock_speed=opts.mock_speed)
         await engine.start()
-    except RuntimeUnavailable as exc:
+    except (RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
         sock.close()
         raise StartError(str(exc)) from None
     except BaseException:
@@ -216,14 +237,15 @@ async def start_node(opts: NodeOptions, *, sock: socket.socket | None = None,
 
 
 def describe_node(agent: NodeAgent, host: str, port: int) -> str:
+    """Two lines: what the runtime serves, and where the node listens."""
     info = agent.engine.info
-    window = "pinned by --max-context" if info.window_pinned else "sized for this device"
+    how = "pinned by --max-context" if info.window_pinned else "sized for this device"
     if info.runtime == "mock":
-        window = "mock engine"
-    return (f"node '{agent.identity}' serves '{info.model}' "
-            f"(runtime {info.runtime}) on {host}:{port}: context window "
-            f"{info.context_window} tokens ({window}), {info.lanes} lanes, "
-            f"link {'encrypted' if agent.psk else 'plaintext'}")
+        how = "mock engine, for tests"
+    return (f"runtime {info.runtime} serves {info.path}: context window "
+            f"{info.context_window} tokens ({how}), {info.lanes} lanes\n"
+            f"node '{agent.identity}' serving '{info.model}' on {host}:{port} "
+            f"(link {'encrypted' if agent.psk else 'plaintext, loopback only'})")
 
 
 async def run_node(opts: NodeOptions) -> int:
@@ -273,7 +295,20 @@ async def start_head(opts: ServeOptions) -> RunningHead:
         path, name = resolve_model_path(opts.model, runtime, home=opts.home,
                                         offline=opts.offline,
                                         progress=lambda line: log.info("%s", line))
-        model = load_head_model(runtime, path, name=name)
+        template = None
+        if opts.chat_template is not None:
+            try:
+                template = opts.chat_template.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise StartError(f"cannot read the chat template {opts.chat_template}: "
+                                 f"{exc.strerror}") from None
+        try:
+            model = load_head_model(runtime, path, name=name, chat_template=template)
+        except (RuntimeUnavailable, FileNotFoundError) as exc:
+            raise StartError(str(exc)) from None
+        except TemplateError as exc:
+            raise StartError(f"the chat template {opts.chat_template} does not compile: "
+                             f"{exc}; fix it or leave out --chat-template") from None
         fleet = Fleet(model=name, head_id=pysecrets.token_hex(8), psk=psk,
                       conns_per_node=opts.fleet_conns_per_node)
         runner = SessionRunner(fleet, policy=opts.fleet_policy,  # type: ignore[arg-type]
@@ -291,9 +326,9 @@ async def start_head(opts: ServeOptions) -> RunningHead:
             if runtime == "mock":
                 log.info("serving the built-in mock engine as the local node (tests only: "
                          "its answers are not a model's)")
-            log.info("%s", describe_node(local_agent, nhost, nport))
-            pool = fleet.add_dialed(nhost, nport)
-            pool.key = "local"
+            for line in describe_node(local_agent, nhost, nport).splitlines():
+                log.info("%s", line)
+            fleet.add_dialed(nhost, nport, key="local")
         for entry in opts.fleet:
             host, port = split_hostport(entry, 8455)
             fleet.add_dialed(host, port)

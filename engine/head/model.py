@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from engine.head.templates import ChatTemplate, load_chat_template
@@ -49,8 +48,9 @@ class HeadModel:
         return self.vocab.encode(text, special=True)
 
 
-def load_head_model(runtime: str, model: str, *, name: str, home: Path | None = None,
-                    offline: bool = False) -> HeadModel:
+def load_head_model(runtime: str, model: str, *, name: str,
+                    chat_template: str | None = None) -> HeadModel:
+    """The vocabulary through ``runtime``; ``chat_template`` overrides the model's own."""
     vocab: HeadVocab
     if runtime == "mock":
         from engine.runtimes.mock import MockTokenizer
@@ -60,12 +60,16 @@ def load_head_model(runtime: str, model: str, *, name: str, home: Path | None = 
         from engine.runtimes.llamacpp import LlamaCppVocab
 
         vocab = LlamaCppVocab(model)
+    elif runtime == "mlx":
+        from engine.runtimes.mlx import MlxVocab
+
+        vocab = MlxVocab(model)
     else:
         from engine.runtimes.base import RuntimeUnavailable
 
         raise RuntimeUnavailable(f"the head cannot read a model through runtime '{runtime}'; "
-                                 "use --runtime llamacpp or mock")
-    template = load_chat_template(vocab.metadata(), chat_template=vocab.chat_template(),
+                                 "use --runtime llamacpp, mlx or mock")
+    template = load_chat_template(vocab.metadata(), chat_template=chat_template,
                                   bos_text=vocab.bos_text, eos_text=vocab.eos_text)
     stop_ids = set(vocab.eos_ids)
     for text in template.end_of_turn:
