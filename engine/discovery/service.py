@@ -1,0 +1,164 @@
+"""Discovery wired together: heads announce themselves, joining nodes look for them.
+
+On the LAN a head announces ``_shoal-fleet._tcp.local.`` with its fleet id (one-way
+from the token), so a node picks its own fleet's head without the token leaving
+either machine. On a tailnet the node asks tailscaled for the online peers and
+tries the head port on each: only a head holding the same token completes the
+handshake. Seeds are tried as given. Offline tailnet devices are never dialed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from engine.discovery.fleet_id import fleet_id
+from engine.discovery.mdns import Announcer, Browser
+from engine.head.fleet import Fleet
+from engine.node.join import HeadAddress, JoinRefused, probe_head
+
+log = logging.getLogger("shoal.discovery")
+
+PROBE_TIMEOUT_S = 2.0
+MAX_PROBES = 64  # tailnet peers tried per round
+
+
+def _modes(mode: str) -> tuple[bool, bool]:
+    return mode in ("lan", "both"), mode in ("tailnet", "both")
+
+
+async def announce_head(mode: str, *, fleet: Fleet, psk: bytes | None,
+                        port: int) -> list[Callable[[], Awaitable[None]]]:
+    """Announce this head on the LAN (the tailnet needs no announcement)."""
+    lan, _ = _modes(mode)
+    if not lan:
+        return []
+    announcer = Announcer()
+    try:
+        await announcer.start(instance=f"shoal-head-{fleet.head_id}", port=port, role="head",
+                              model=fleet.model, fleet=fleet_id(psk))
+    except OSError as exc:
+        log.warning("cannot announce this head on the LAN (%s); nodes can still join by "
+                    "address or over the tailnet", exc)
+        return []
+    log.info("announced on the LAN as a head of fleet %s", fleet_id(psk))
+    return [announcer.close]
+
+
+class HeadFinder:
+    """Where a joining node looks for the heads of its fleet."""
+
+    def __init__(self, mode: str, *, psk: bytes | None, seeds: list[str],
+                 tailscale_socket: str | None, head_port: int = 8454) -> None:
+        self.lan, self.tailnet = _modes(mode)
+        self.psk = psk
+        self.fleet = fleet_id(psk)
+        self.seeds = seeds
+        self.tailscale_socket = tailscale_socket
+        self.head_port = head_port
+        self._browser: Browser | None = None
+        self._problems: list[str] = []
+
+    async def start(self) -> None:
+        if self.lan:
+            browser = Browser()
+            try:
+                await browser.start()
+            except OSError as exc:
+                self._problems.append(f"mDNS unavailable: {exc}")
+                return
+            self._browser = browser
+
+    async def close(self) -> None:
+        browser = self._browser
+        if browser is not None:
+            self._browser = None
+            await browser.close()
+
+    def where_looked(self) -> str:
+        places = []
+        if self.lan:
+            places.append("on the LAN over mDNS")
+        if self.tailnet:
+            places.append("on the tailnet")
+        if self.seeds:
+            places.append(f"at the seeds {', '.join(self.seeds)}")
+        text = " and ".join(places) if places else "nowhere: discovery is off"
+        if self._problems:
+            text += "; " + "; ".join(self._problems)
+        return text
+
+    async def find(self, timeout_s: float) -> list[HeadAddress]:
+        """Heads of this fleet, LAN first, then tailnet and seeds (in that order)."""
+        self._problems = []
+        found: list[HeadAddress] = []
+        jobs: list[Awaitable[list[HeadAddress]]] = []
+        if self.lan and self._browser is not None:
+            jobs.append(self._lan(timeout_s))
+        if self.tailnet:
+            jobs.append(self._tailnet())
+        if self.seeds:
+            jobs.append(self._seeds())
+        for result in await asyncio.gather(*jobs):
+            for head in result:
+                if all((h.host, h.port) != (head.host, head.port) for h in found):
+                    found.append(head)
+        return found
+
+    async def _lan(self, timeout_s: float) -> list[HeadAddress]:
+        browser = self._browser
+        assert browser is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            heads = [HeadAddress(f.host, f.port, "lan")
+                     for f in browser.found(self.fleet, "head")]
+            remaining = deadline - loop.time()
+            if heads or remaining <= 0:
+                if not heads:
+                    others = browser.found(None, "head")
+                    if others:
+                        self._problems.append(
+                            f"found {len(others)} head(s) of another fleet on the LAN "
+                            f"({', '.join(f'{f.host}:{f.port}' for f in others[:3])}); pair "
+                            "with your own head: `shoal fleet pair` there")
+                return heads
+            await browser.wait_change(min(remaining, 0.5))
+
+    async def _tailnet(self) -> list[HeadAddress]:
+        from engine.discovery.tailscale import (
+            TailscaleError,
+            default_endpoint,
+            online_peer_addresses,
+            status,
+        )
+
+        try:
+            st = await status(default_endpoint(self.tailscale_socket))
+        except TailscaleError as exc:
+            self._problems.append(str(exc))
+            return []
+        peers = online_peer_addresses(st)[:MAX_PROBES]
+        candidates = [HeadAddress(ip, self.head_port, "tailnet") for _name, ip in peers]
+        return await self._probe_all(candidates)
+
+    async def _seeds(self) -> list[HeadAddress]:
+        candidates = []
+        for seed in self.seeds:
+            host, _, port = seed.rpartition(":")
+            if host and port.isdigit():
+                candidates.append(HeadAddress(host, int(port), "seed"))
+        return await self._probe_all(candidates)
+
+    async def _probe_all(self, candidates: list[HeadAddress]) -> list[HeadAddress]:
+        async def one(head: HeadAddress) -> HeadAddress | None:
+            try:
+                await probe_head(head, psk=self.psk, timeout_s=PROBE_TIMEOUT_S)
+            except JoinRefused as exc:
+                log.debug("no head of this fleet at %s: %s", head, exc)
+                return None
+            return head
+
+        results = await asyncio.gather(*(one(h) for h in candidates))
+        return [h for h in results if h is not None]
