@@ -1,0 +1,533 @@
+"""Fleet-wide model aliases: a versioned table, its merge, and request resolution.
+
+An alias is a stable name for a real model (``stable-coder -> qwen3:8b``) with
+optional fallbacks. Every head keeps the whole table on disk; heads that meet
+exchange their current entries and keep, per name, the higher version.
+
+Everything here is pure except `AliasStore` (and `load`/`save`), the thin file
+adapter: the table never reads a clock, callers pass ``now`` and their head id.
+
+Versions and history
+    Each change to a name (``set``, ``remove``, ``revert``) makes an entry with
+    the previous version + 1 (the first is 1). A removal is a tombstone (target
+    None) so that it, too, wins a merge against the older live entry; ``set``
+    after ``rm`` continues the count. ``set`` with exactly the current target
+    and fallbacks changes nothing and returns the current entry. The last
+    `HISTORY_LIMIT` entries of every name are kept, oldest first.
+
+Revert
+    Makes a new, higher version carrying the target and fallbacks of the most
+    recent earlier live entry that differs from the current one: revert twice
+    and you are back where you started; revert after ``rm`` undoes the removal.
+
+Merge and tie-break
+    Per name, the entry with the larger `AliasEntry.order_key` wins:
+    ``(version, updated_at, origin, live, target, fallbacks)``. Two heads that
+    changed the same alias while apart both made version n+1; the one made
+    later wins, then the larger head id, and the remaining fields make the
+    order total, so merge is commutative, associative and idempotent: heads that
+    exchange in any order end with the same table (the same `digest`).
+
+Digest
+    SHA-256 over every current entry (tombstones included) in name order: name,
+    version, and also updated_at, origin, target and fallbacks, since two heads
+    that tied on a version with different targets hold different tables.
+
+Resolution (`resolve`), on every request, against ``served``: every model name
+some node serves -> whether any of those nodes has a free lane now.
+
+1. Loose names (`engine.head.names`): tier by tier (exact, case-insensitive,
+   hyphen as colon), a real model name wins over an alias matched in the same
+   or a looser tier; an alias matched in a stricter tier wins over a real name
+   matched only loosely (an alias named exactly ``qwen3-8b`` beats the served
+   ``qwen3:8b`` reached through the hyphen rule).
+2. An alias resolves to its target when any node serves it, even when no lane
+   is free (the request queues for it; it does not fall back); else to the
+   first fallback that is served; else it is unavailable (503, Retry-After 5).
+   Targets and fallbacks are matched loosely against served names too, and are
+   never aliases themselves (no chains).
+3. Anything else is unknown (404).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.head.names import match_name, match_name_tier
+
+FORMAT = "shoal-aliases"
+FORMAT_VERSION = 1
+HISTORY_LIMIT = 50
+MAX_NAME_LEN = 200
+MAX_FALLBACKS = 16
+RETRY_AFTER_S = 5
+FILE_NAME = "aliases.json"
+
+
+class AliasError(ValueError):
+    """A refused alias operation or an unusable alias file; one line, cause and fix."""
+
+
+def _bad_char(value: str) -> str | None:
+    for ch in value:
+        if ch.isspace():
+            return "whitespace"
+        if not ch.isprintable():
+            return "a control character"
+    return None
+
+
+def check_model_name(value: object, what: str) -> str:
+    """``value`` when it is model-name-like (1..200 characters, no whitespace or
+    control characters), else AliasError naming ``what``."""
+    if not isinstance(value, str):
+        raise AliasError(f"{what} must be a string, not {type(value).__name__}; "
+                         "give a model name such as qwen3:8b")
+    if not value:
+        raise AliasError(f"{what} is empty; give a model name such as qwen3:8b")
+    if len(value) > MAX_NAME_LEN:
+        raise AliasError(f"{what} is {len(value)} characters long; "
+                         f"use at most {MAX_NAME_LEN}")
+    bad = _bad_char(value)
+    if bad is not None:
+        raise AliasError(f"{what} {value!r} contains {bad}; "
+                         "use a name without spaces or control characters")
+    return value
+
+
+def _check_origin(value: object) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_NAME_LEN:
+        raise AliasError("alias entry origin must be a head id of 1 to "
+                         f"{MAX_NAME_LEN} characters; pass the head's identity")
+    if any(not ch.isprintable() for ch in value):
+        raise AliasError("alias entry origin contains a control character; "
+                         "pass the head's identity")
+    return value
+
+
+def _check_now(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise AliasError("alias timestamp must be a finite number of seconds; "
+                         "pass time.time()")
+    return float(value)
+
+
+def _check_fallbacks(name: str, target: str, fallbacks: object) -> tuple[str, ...]:
+    if isinstance(fallbacks, str) or not isinstance(fallbacks, Sequence):
+        raise AliasError(f"fallbacks of alias {name!r} must be a list of model names; "
+                         "pass --fallback once per model")
+    fallbacks = tuple(fallbacks)
+    if len(fallbacks) > MAX_FALLBACKS:
+        raise AliasError(f"alias {name!r} has {len(fallbacks)} fallbacks; "
+                         f"keep at most {MAX_FALLBACKS}")
+    seen: set[str] = set()
+    for fb in fallbacks:
+        check_model_name(fb, f"fallback of alias {name!r}")
+        if fb == name:
+            raise AliasError(f"alias {name!r} cannot fall back to itself; "
+                             "name a real model as --fallback")
+        if fb == target:
+            raise AliasError(f"fallback {fb!r} of alias {name!r} is already its target; "
+                             "drop it from --fallback")
+        if fb in seen:
+            raise AliasError(f"fallback {fb!r} of alias {name!r} is given twice; "
+                             "give each fallback once")
+        seen.add(fb)
+    return tuple(fallbacks)
+
+
+@dataclass(frozen=True, slots=True)
+class AliasEntry:
+    """One version of one alias; ``target`` None is a removal (a tombstone)."""
+
+    name: str
+    target: str | None
+    fallbacks: tuple[str, ...]
+    version: int
+    updated_at: float
+    origin: str
+
+    @property
+    def removed(self) -> bool:
+        return self.target is None
+
+    def order_key(self) -> tuple[int, float, str, bool, str, tuple[str, ...]]:
+        """Total order of the entries of one name; the larger wins a merge."""
+        return (self.version, self.updated_at, self.origin, self.target is not None,
+                self.target or "", self.fallbacks)
+
+    def same_value(self, other: AliasEntry) -> bool:
+        return self.target == other.target and self.fallbacks == other.fallbacks
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "target": self.target, "fallbacks": list(self.fallbacks),
+                "version": self.version, "updated_at": self.updated_at,
+                "origin": self.origin}
+
+    @classmethod
+    def from_dict(cls, data: object) -> AliasEntry:
+        if not isinstance(data, Mapping):
+            raise AliasError("an alias entry must be an object; "
+                             "restore the table from `shoal alias export`")
+        extra = set(data) - {"name", "target", "fallbacks", "version", "updated_at", "origin"}
+        if extra:
+            raise AliasError(f"alias entry has unknown fields {sorted(extra)}; "
+                             "restore the table from `shoal alias export`")
+        version = data.get("version")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise AliasError("alias entry version must be an integer >= 1; "
+                             "restore the table from `shoal alias export`")
+        fallbacks = data.get("fallbacks", [])
+        if not isinstance(fallbacks, list):
+            raise AliasError("alias entry fallbacks must be a list; "
+                             "restore the table from `shoal alias export`")
+        return make_entry(name=data.get("name"), target=data.get("target"),
+                          fallbacks=fallbacks, version=version,
+                          updated_at=data.get("updated_at"), origin=data.get("origin"))
+
+
+def make_entry(*, name: object, target: object, fallbacks: object, version: int,
+               updated_at: object, origin: object) -> AliasEntry:
+    """A validated entry (AliasError otherwise)."""
+    n = check_model_name(name, "alias name")
+    if target is None:
+        if fallbacks not in ((), []):
+            raise AliasError(f"removed alias {n!r} cannot keep fallbacks; "
+                             "restore the table from `shoal alias export`")
+        fbs: tuple[str, ...] = ()
+        t: str | None = None
+    else:
+        t = check_model_name(target, f"target of alias {n!r}")
+        if t == n:
+            raise AliasError(f"alias {n!r} cannot target itself; "
+                             "point it at a model that a node serves")
+        fbs = _check_fallbacks(n, t, fallbacks)
+    return AliasEntry(name=n, target=t, fallbacks=fbs,
+                      version=version, updated_at=_check_now(updated_at),
+                      origin=_check_origin(origin))
+
+
+class AliasTable:
+    """The versioned alias table of one head. Mutable, but deterministic: every
+    method takes the time and the head id it needs, and reads nothing else."""
+
+    def __init__(self, entries: Iterable[AliasEntry] = ()) -> None:
+        self._history: dict[str, list[AliasEntry]] = {}
+        self.merge(entries)
+
+    # -- reading -----------------------------------------------------------------
+
+    def get(self, name: str) -> AliasEntry | None:
+        """The current entry of ``name`` (a tombstone when removed), None if never set."""
+        hist = self._history.get(name)
+        return hist[-1] if hist else None
+
+    def lookup(self, name: str) -> AliasEntry | None:
+        """The current entry of ``name`` when it is live (not removed)."""
+        entry = self.get(name)
+        return None if entry is None or entry.removed else entry
+
+    def entries(self) -> list[AliasEntry]:
+        """The live aliases, by name."""
+        return [e for e in self.snapshot() if not e.removed]
+
+    def snapshot(self) -> list[AliasEntry]:
+        """The current entry of every name, tombstones included, by name: what a
+        head sends a peer so that removals propagate too."""
+        return [hist[-1] for _, hist in sorted(self._history.items())]
+
+    def history(self, name: str) -> list[AliasEntry]:
+        """The kept versions of ``name``, oldest first ([] when never set)."""
+        return list(self._history.get(name, ()))
+
+    def all_entries(self) -> list[AliasEntry]:
+        """Every kept version of every name, by name then version."""
+        return [e for _, hist in sorted(self._history.items()) for e in hist]
+
+    def holds(self, name: str, version: int) -> bool:
+        """Whether this table has ``name`` at ``version`` or later (for `3/3 heads`)."""
+        entry = self.get(name)
+        return entry is not None and entry.version >= version
+
+    def digest(self) -> str:
+        rows = [[e.name, e.version, e.updated_at, e.origin, e.target, list(e.fallbacks)]
+                for e in self.snapshot()]
+        blob = json.dumps(rows, separators=(",", ":"), ensure_ascii=True)
+        return hashlib.sha256(blob.encode("ascii")).hexdigest()
+
+    def copy(self) -> AliasTable:
+        other = AliasTable()
+        other._history = {name: list(hist) for name, hist in self._history.items()}
+        return other
+
+    def __len__(self) -> int:
+        return len(self.entries())
+
+    # -- changing ----------------------------------------------------------------
+
+    def _append(self, entry: AliasEntry) -> None:
+        hist = self._history.setdefault(entry.name, [])
+        hist.append(entry)
+        if len(hist) > HISTORY_LIMIT:
+            del hist[: len(hist) - HISTORY_LIMIT]
+
+    def _next_version(self, name: str) -> int:
+        current = self.get(name)
+        return 1 if current is None else current.version + 1
+
+    def set(self, name: str, target: str, fallbacks: Sequence[str], now: float,
+            origin: str) -> AliasEntry:
+        """Point ``name`` at ``target`` (then ``fallbacks``) as a new version."""
+        if target is None:
+            raise AliasError(f"alias {name!r} needs a target; "
+                             f"use `shoal alias rm {name}` to remove it")
+        entry = make_entry(name=name, target=target, fallbacks=fallbacks,
+                           version=self._next_version(name), updated_at=now, origin=origin)
+        current = self.get(name)
+        if current is not None and not current.removed and current.same_value(entry):
+            return current
+        self._append(entry)
+        return entry
+
+    def remove(self, name: str, now: float, origin: str) -> AliasEntry:
+        """Remove ``name``: a tombstone with the next version."""
+        if self.lookup(name) is None:
+            raise AliasError(f"there is no alias named {name!r}; "
+                             "`shoal alias ls` lists the aliases")
+        entry = make_entry(name=name, target=None, fallbacks=(),
+                           version=self._next_version(name), updated_at=now, origin=origin)
+        self._append(entry)
+        return entry
+
+    def revert(self, name: str, now: float, origin: str) -> AliasEntry:
+        """Swap ``name`` back to its previous different value, as a new version."""
+        hist = self._history.get(name)
+        if not hist:
+            raise AliasError(f"there is no alias named {name!r}; "
+                             "`shoal alias ls` lists the aliases")
+        current = hist[-1]
+        for earlier in reversed(hist[:-1]):
+            if earlier.target is not None and not earlier.same_value(current):
+                entry = make_entry(name=name, target=earlier.target,
+                                   fallbacks=earlier.fallbacks, version=current.version + 1,
+                                   updated_at=now, origin=origin)
+                self._append(entry)
+                return entry
+        raise AliasError(f"alias {name!r} has no earlier version to revert to; "
+                         f"set it with `shoal alias set {name} MODEL`")
+
+    def merge(self, other_entries: Iterable[AliasEntry]) -> list[str]:
+        """Take, per name, the winning entry of ours and ``other_entries`` (any
+        versions of any names; later versions than ours join our history).
+        Returns the names whose current entry changed, sorted. All entries are
+        checked first: a malformed one refuses the whole merge."""
+        incoming: dict[str, list[AliasEntry]] = {}
+        for e in other_entries:
+            if not isinstance(e, AliasEntry):
+                raise AliasError("merge takes AliasEntry values; "
+                                 "parse peers' tables with AliasEntry.from_dict")
+            if isinstance(e.version, bool) or not isinstance(e.version, int) or e.version < 1:
+                raise AliasError("alias entry version must be an integer >= 1; "
+                                 "restore the table from `shoal alias export`")
+            make_entry(name=e.name, target=e.target, fallbacks=e.fallbacks,
+                       version=e.version, updated_at=e.updated_at, origin=e.origin)
+            incoming.setdefault(e.name, []).append(e)
+        changed: list[str] = []
+        for name, entries in sorted(incoming.items()):
+            current = self.get(name)
+            newer = sorted({e for e in entries
+                            if current is None or e.order_key() > current.order_key()},
+                           key=AliasEntry.order_key)
+            if not newer:
+                continue
+            for e in newer:
+                self._append(e)
+            changed.append(name)
+        return changed
+
+    def import_entries(self, entries: Iterable[AliasEntry], now: float,
+                       origin: str) -> list[str]:
+        """`shoal alias import`: make the file's live aliases current here as new
+        versions (whatever their versions in the file), leaving the others alone.
+        Returns the names that changed, sorted."""
+        latest: dict[str, AliasEntry] = {}
+        for e in entries:
+            if e.name not in latest or e.order_key() > latest[e.name].order_key():
+                latest[e.name] = e
+        changed: list[str] = []
+        for name, e in sorted(latest.items()):
+            if e.target is None:
+                continue
+            before = self.get(name)
+            after = self.set(name, e.target, e.fallbacks, now, origin)
+            if after is not before:
+                changed.append(name)
+        return changed
+
+    # -- file format -------------------------------------------------------------
+
+    def to_json(self) -> str:
+        doc = {"format": FORMAT, "version": FORMAT_VERSION,
+               "aliases": [e.to_dict() for e in self.all_entries()]}
+        return json.dumps(doc, indent=1, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str | bytes, *, source: str = "the alias table") -> AliasTable:
+        fix = "restore it from `shoal alias export` or move it aside to start empty"
+        try:
+            doc = json.loads(text)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise AliasError(f"{source} is not valid JSON ({exc}); {fix}") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise AliasError(f"{source} is not a Shoal alias table "
+                             f"(no \"format\": \"{FORMAT}\"); {fix}")
+        version = doc.get("version")
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise AliasError(f"{source} has no format version; {fix}")
+        if version > FORMAT_VERSION:
+            raise AliasError(f"{source} was written by a newer Shoal (format {version}); "
+                             "upgrade Shoal on this machine")
+        rows = doc.get("aliases")
+        if not isinstance(rows, list):
+            raise AliasError(f"{source} has no \"aliases\" list; {fix}")
+        try:
+            entries = [AliasEntry.from_dict(row) for row in rows]
+        except AliasError as exc:
+            raise AliasError(f"{source}: {exc}") from None
+        return cls(entries)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """What a requested model name means right now.
+
+    ``model``: the served model to run (None when unknown or unavailable);
+    ``alias``: the alias the request named, if any; ``fallback``: ``model`` is a
+    fallback, not the alias's target; ``free``: some node serving ``model`` has
+    a free lane now (else the request queues for it)."""
+
+    requested: str
+    model: str | None = None
+    alias: str | None = None
+    fallback: bool = False
+    free: bool = False
+    unknown: bool = False
+    unavailable: bool = False
+    retry_after: int | None = None
+
+    @property
+    def message(self) -> str:
+        """One line for the error body when nothing can run."""
+        if self.unknown:
+            return (f"model {self.requested!r} is neither served by a node nor an alias; "
+                    "GET /v1/models lists the models and aliases")
+        if self.unavailable:
+            return (f"alias {self.alias!r}: no node serves its target or any fallback "
+                    f"right now; retry in {self.retry_after} s or point it elsewhere "
+                    "with `shoal alias set`")
+        return ""
+
+
+def resolve(requested: str, *, table: AliasTable, served: Mapping[str, bool]) -> Resolution:
+    """Resolve ``requested`` against the served models and the live aliases."""
+    real = match_name_tier(requested, served.keys())
+    live = {e.name: e for e in table.entries()}
+    aliased = match_name_tier(requested, live.keys())
+    if real is not None and (aliased is None or real[1] <= aliased[1]):
+        return Resolution(requested=requested, model=real[0], free=bool(served[real[0]]))
+    if aliased is None:
+        return Resolution(requested=requested, unknown=True)
+    entry = live[aliased[0]]
+    assert entry.target is not None
+    target = match_name(entry.target, served.keys())
+    if target is not None:
+        return Resolution(requested=requested, model=target, alias=entry.name,
+                          free=bool(served[target]))
+    for fb in entry.fallbacks:
+        model = match_name(fb, served.keys())
+        if model is not None:
+            return Resolution(requested=requested, model=model, alias=entry.name,
+                              fallback=True, free=bool(served[model]))
+    return Resolution(requested=requested, alias=entry.name, unavailable=True,
+                      retry_after=RETRY_AFTER_S)
+
+
+# -- file adapter ----------------------------------------------------------------
+
+
+def default_path(home: Path | None = None) -> Path:
+    """``$SHOAL_HOME/aliases.json``."""
+    if home is None:
+        from engine.secrets import default_home
+        home = default_home()
+    return home / FILE_NAME
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (temp file, fsync, rename), mode 0600."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def load(path: Path) -> AliasTable:
+    """The table saved at ``path``; empty when the file does not exist, AliasError
+    (one line naming the file and the fix) when it is unreadable or corrupt."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return AliasTable()
+    except OSError as exc:
+        raise AliasError(f"cannot read the alias table at {path}: {exc.strerror}; "
+                         "check its permissions") from None
+    return AliasTable.from_json(data, source=f"alias table {path}")
+
+
+def save(path: Path, table: AliasTable) -> None:
+    """Write ``table`` to ``path`` atomically, readable by the owner only."""
+    try:
+        _write_private(path, table.to_json().encode("utf-8"))
+    except OSError as exc:
+        raise AliasError(f"cannot write the alias table at {path}: {exc.strerror}; "
+                         "check the permissions and free space of its folder") from None
+
+
+class AliasStore:
+    """The alias table of one head on disk (``$SHOAL_HOME/aliases.json`` by default)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = default_path() if path is None else path
+
+    def load(self) -> AliasTable:
+        return load(self.path)
+
+    def save(self, table: AliasTable) -> None:
+        save(self.path, table)
