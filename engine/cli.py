@@ -10,14 +10,17 @@ from pathlib import Path
 
 from engine import __version__
 from engine.core import (
+    JoinOptions,
     NodeOptions,
     ServeOptions,
     StartError,
+    leave,
     run_node,
+    run_node_join,
     run_serve,
     setup_logging,
 )
-from engine.secrets import TokenError, default_home, ensure_token, token_path
+from engine.secrets import TokenError, default_home
 
 
 def _positive(text: str) -> int:
@@ -40,9 +43,19 @@ def _percent(text: str) -> float:
     return value
 
 
-def _node_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="a GGUF path or org/repo[:QUANT]")
-    p.add_argument("--listen", default="0.0.0.0:8455", help="where heads dial this node")
+def _discovery_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--discovery", choices=["lan", "tailnet", "both", "none"], default="both",
+                   help="where to look for the fleet: mDNS on the LAN, the tailnet, or both")
+    p.add_argument("--seeds", default="", help="HOST:PORT,... to try where discovery "
+                   "cannot reach")
+    p.add_argument("--tailscale-socket", help="tailscaled's LocalAPI socket (default: the "
+                   "platform's)")
+
+
+def _node_options(p: argparse.ArgumentParser, *, listen: bool) -> None:
+    p.add_argument("--model", help="a GGUF path or org/repo[:QUANT]")
+    if listen:
+        p.add_argument("--listen", default="0.0.0.0:8455", help="where heads dial this node")
     p.add_argument("--runtime", choices=["llamacpp", "mlx", "mock"])
     p.add_argument("--model-name", help="the name heads match on (default: the model's id)")
     p.add_argument("--max-context", type=_positive, help="tokens one session can hold")
@@ -68,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True)
     tok = fleet_sub.add_parser("token", help="print the fleet token (make it if absent)")
     tok.add_argument("--rotate", action="store_true", help="replace it with a new one")
+    tok.add_argument("--store", choices=["keychain", "file"],
+                     help="move the token to the OS keychain or the token file")
+    pair = fleet_sub.add_parser("pair", help="print the join URL and a QR code for a new node")
+    pair.add_argument("--head", help="HOST:PORT nodes should dial (default: this machine's "
+                      "address on port 8454)")
+    pair.add_argument("--fleet-name", default=None, help="a name for the fleet (default: "
+                      "this machine's name)")
+    pair.add_argument("--png", type=Path, help="also save the QR code as a PNG file")
 
     serve = sub.add_parser("serve", help="run a head (and a local node unless --fleet)")
     serve.add_argument("model", nargs="?", help="model id or path (default: the embedded one)")
@@ -90,10 +111,64 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--chat-template", type=Path,
                        help="a Jinja chat template file to use instead of the model's")
     serve.add_argument("--mock-speed", type=float, default=0.0)
+    serve.add_argument("--also-model", action="append", default=[], metavar="MODEL",
+                       help="another model this head serves through nodes (repeatable)")
+    serve.add_argument("--fleet-listen", help="ADDR:PORT where nodes join (announced on the "
+                       "network)")
+    _discovery_options(serve)
 
     node = sub.add_parser("node", help="serve a model to the fleet's heads")
-    _node_options(node)
+    _node_options(node, listen=True)
+    node_sub = node.add_subparsers(dest="node_command")
+    join = node_sub.add_parser("join", help="dial the fleet's head (found on the network when "
+                               "no address is given)")
+    join.add_argument("head", nargs="?", help="HOST:PORT of the head")
+    join.add_argument("--code", help="a join URL (shoal://join?...) or a QR image holding one")
+    _node_options(join, listen=False)
+    _discovery_options(join)
+    leave = node_sub.add_parser("leave", help="close the links and forget the head")
+    leave.add_argument("--forget-token", action="store_true",
+                       help="also remove the fleet token from this machine")
     return parser
+
+
+def _split(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _fleet(args: argparse.Namespace, home: Path) -> int:
+    if args.fleet_command == "pair":
+        from engine.core import pair_text
+
+        print(pair_text(home, head=args.head, fleet_name=args.fleet_name, png=args.png))
+        return 0
+    if args.store:
+        from engine.secrets import move_token
+
+        print(f"shoal: {move_token(home, args.store)}")
+        return 0
+    import secrets as pysecrets
+
+    from engine.secrets import load_fleet_token, store_fleet_token
+
+    token = load_fleet_token(home)
+    if token is None or args.rotate:
+        token = pysecrets.token_bytes(32)
+        store_fleet_token(home, token, "auto")
+    print(token.hex())
+    return 0
+
+
+def _node_opts(args: argparse.Namespace, home: Path, cls: type[NodeOptions]) -> NodeOptions:
+    if not args.model:
+        raise StartError("say which model to serve with --model (a GGUF path or "
+                         "org/repo[:QUANT])")
+    return cls(model=args.model, runtime=args.runtime, model_name=args.model_name,
+               max_context=args.max_context, max_batch=args.max_batch,
+               identity=args.identity, offline=args.offline, auth_file=args.auth_file,
+               insecure_no_auth=args.insecure_no_auth,
+               handshake_timeout_ms=args.handshake_timeout_ms,
+               idle_timeout_ms=args.idle_timeout_ms, mock_speed=args.mock_speed, home=home)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,31 +176,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     home = default_home()
     try:
         if args.command == "fleet":
-            path = token_path(home)
-            token = ensure_token(path, rotate=args.rotate)
-            print(token.hex())
-            return 0
+            return _fleet(args, home)
         if args.command == "serve":
             setup_logging("shoal")
-            fleet = [p.strip() for p in args.fleet.split(",") if p.strip()]
             opts = ServeOptions(
-                model=args.model, http=args.http, fleet=fleet, fleet_auth=args.fleet_auth,
-                fleet_policy=args.fleet_policy, fleet_pool_high=args.fleet_pool_high,
+                model=args.model, http=args.http, fleet=_split(args.fleet),
+                fleet_auth=args.fleet_auth, fleet_policy=args.fleet_policy,
+                fleet_pool_high=args.fleet_pool_high,
                 fleet_conns_per_node=args.fleet_conns_per_node or 0, runtime=args.runtime,
                 max_context=args.max_context, max_batch=args.max_batch, offline=args.offline,
                 local_node=args.local_node, mock_speed=args.mock_speed,
                 queue_timeout_s=args.queue_timeout, tool_call_parser=args.tool_call_parser,
-                chat_template=args.chat_template, home=home)
+                chat_template=args.chat_template, fleet_listen=args.fleet_listen,
+                also_models=args.also_model,
+                discovery=args.discovery, seeds=_split(args.seeds),
+                tailscale_socket=args.tailscale_socket, home=home)
             return asyncio.run(run_serve(opts))
+        if args.command == "node" and args.node_command == "leave":
+            for line in leave(home, forget_token=args.forget_token) or ["no joined node here"]:
+                print(f"shoal: {line}")
+            return 0
+        if args.command == "node" and args.node_command == "join":
+            setup_logging("shoal-node")
+            jopts = _node_opts(args, home, JoinOptions)
+            assert isinstance(jopts, JoinOptions)
+            jopts.head, jopts.code = args.head, args.code
+            jopts.discovery, jopts.seeds = args.discovery, _split(args.seeds)
+            jopts.tailscale_socket = args.tailscale_socket
+            return asyncio.run(run_node_join(jopts))
         if args.command == "node":
             setup_logging("shoal-node")
-            nopts = NodeOptions(
-                model=args.model, listen=args.listen, runtime=args.runtime,
-                model_name=args.model_name, max_context=args.max_context,
-                max_batch=args.max_batch, identity=args.identity, offline=args.offline,
-                auth_file=args.auth_file, insecure_no_auth=args.insecure_no_auth,
-                handshake_timeout_ms=args.handshake_timeout_ms,
-                idle_timeout_ms=args.idle_timeout_ms, mock_speed=args.mock_speed, home=home)
+            nopts = _node_opts(args, home, NodeOptions)
+            nopts.listen = args.listen
             return asyncio.run(run_node(nopts))
     except (StartError, TokenError) as exc:
         print(f"shoal: {exc}", file=sys.stderr)

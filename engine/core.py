@@ -13,16 +13,18 @@ import secrets as pysecrets
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aiohttp import web
 
+from engine.head.fleet import Fleet
 from engine.head.head import Head
 from engine.head.templates import TemplateError
 from engine.link.transport import is_loopback
 from engine.node.agent import NodeAgent
+from engine.node.join import HeadAddress, Joiner, JoinRefused, probe_head
 from engine.runtimes.base import Engine, RuntimeUnavailable
 from engine.secrets import TokenError, default_home, read_token, token_path
 
@@ -93,12 +95,20 @@ class ServeOptions:
     queue_timeout_s: float = 20.0
     tool_call_parser: str | None = None
     chat_template: Path | None = None
+    fleet_listen: str | None = None
+    also_models: list[str] = field(default_factory=list)
+    discovery: str = "both"  # lan | tailnet | both | none
+    seeds: list[str] = field(default_factory=list)
+    tailscale_socket: str | None = None
     home: Path = field(default_factory=default_home)
 
 
 def load_token(path: Path | None, home: Path) -> bytes | None:
+    """The fleet token: from ``path`` when given, else the keychain or the token file."""
+    from engine.secrets import load_fleet_token
+
     try:
-        return read_token(path or token_path(home))
+        return read_token(path) if path is not None else load_fleet_token(home)
     except TokenError as exc:
         raise StartError(str(exc)) from None
 
@@ -199,8 +209,30 @@ def _stop_event() -> asyncio.Event:
 # -- node ---------------------------------------------------------------------------
 
 
-async def start_node(opts: NodeOptions, *, sock: socket.socket | None = None,
-                     psk: bytes | None = None,
+async def build_agent(opts: NodeOptions, *, psk: bytes | None,
+                      announced: str | None = None) -> NodeAgent:
+    """Resolve (pull) the model, load it into an engine, and wrap it in a node agent.
+
+    ``announced`` is the model name a head announced: a joining node takes it,
+    so the same model under another path or id still matches (--model-name wins).
+    """
+    runtime = pick_runtime(opts.runtime, opts.model)
+    check_runtime(runtime)
+    path, name = resolve_model_path(opts.model, runtime, home=opts.home, offline=opts.offline,
+                                    progress=lambda line: log.info("%s", line))
+    try:
+        engine = make_engine(runtime, path, name=opts.model_name or announced or name,
+                             lanes=opts.max_batch, max_context=opts.max_context,
+                             mock_speed=opts.mock_speed)
+        await engine.start()
+    except (RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
+        raise StartError(str(exc)) from None
+    return NodeAgent(engine, identity=opts.identity or socket.gethostname(), psk=psk,
+                     handshake_timeout_s=opts.handshake_timeout_ms / 1000,
+                     idle_timeout_s=opts.idle_timeout_ms / 1000)
+
+
+async def start_node(opts: NodeOptions, *, psk: bytes | None = None,
                      use_token: bool = True) -> tuple[NodeAgent, str, int]:
     """Check the token, bind, load the model, and listen. Returns (agent, host, port)."""
     host, port = split_hostport(opts.listen, 8455)
@@ -211,26 +243,12 @@ async def start_node(opts: NodeOptions, *, sock: socket.socket | None = None,
         raise StartError(f"refusing to listen on {host}:{port} without a fleet token at "
                          f"{where}; copy the head's token there (`shoal fleet token` prints "
                          "it), listen on 127.0.0.1, or pass --insecure-no-auth")
-    if sock is None:
-        sock = bind(host, port, what="the node's")
-    runtime = pick_runtime(opts.runtime, opts.model)
+    sock = bind(host, port, what="the node's")
     try:
-        path, name = resolve_model_path(opts.model, runtime, home=opts.home,
-                                        offline=opts.offline,
-                                        progress=lambda line: log.info("%s", line))
-        engine = make_engine(runtime, path, name=opts.model_name or name, lanes=opts.max_batch,
-                             max_context=opts.max_context, mock_speed=opts.mock_speed)
-        await engine.start()
-    except (RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
-        sock.close()
-        raise StartError(str(exc)) from None
+        agent = await build_agent(opts, psk=psk)
     except BaseException:
         sock.close()
         raise
-    identity = opts.identity or socket.gethostname()
-    agent = NodeAgent(engine, identity=identity, psk=psk,
-                      handshake_timeout_s=opts.handshake_timeout_ms / 1000,
-                      idle_timeout_s=opts.idle_timeout_ms / 1000)
     await agent.listen_on(sock)
     bound = sock.getsockname()
     return agent, str(bound[0]), int(bound[1])
@@ -270,8 +288,11 @@ class RunningHead:
     host: str
     port: int
     local_agent: NodeAgent | None = None
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
     async def close(self) -> None:
+        for close in reversed(self.closers):
+            await close()
         await self.runner.cleanup()
         await self.head.close()
         if self.local_agent is not None:
@@ -281,17 +302,21 @@ class RunningHead:
 
 async def start_head(opts: ServeOptions) -> RunningHead:
     from engine.api.app import build_app
-    from engine.head.fleet import Fleet
     from engine.head.model import load_head_model
     from engine.head.sessions import SessionRunner
 
     http_host, http_port = split_hostport(opts.http, 8453)
     psk = load_token(opts.fleet_auth, opts.home)
     http_sock = bind(http_host, http_port, what="the HTTP API's")
+    join_sock: socket.socket | None = None
     runtime = pick_runtime(opts.runtime, opts.model or "")
-    embedded = not opts.fleet or opts.local_node
+    embedded = not (opts.fleet or opts.fleet_listen) or opts.local_node
     local_agent = None
+    closers: list[Callable[[], Awaitable[None]]] = []
     try:
+        if opts.fleet_listen:
+            jhost, jport = split_hostport(opts.fleet_listen, 8454)
+            join_sock = bind(jhost, jport, what="the fleet listener's")
         path, name = resolve_model_path(opts.model, runtime, home=opts.home,
                                         offline=opts.offline,
                                         progress=lambda line: log.info("%s", line))
@@ -304,17 +329,25 @@ async def start_head(opts: ServeOptions) -> RunningHead:
                                  f"{exc.strerror}") from None
         try:
             model = load_head_model(runtime, path, name=name, chat_template=template)
+            others = []
+            for spec in opts.also_models:
+                opath, oname = resolve_model_path(spec, runtime, home=opts.home,
+                                                  offline=opts.offline,
+                                                  progress=lambda line: log.info("%s", line))
+                others.append(load_head_model(runtime, opath, name=oname))
         except (RuntimeUnavailable, FileNotFoundError) as exc:
             raise StartError(str(exc)) from None
         except TemplateError as exc:
             raise StartError(f"the chat template {opts.chat_template} does not compile: "
                              f"{exc}; fix it or leave out --chat-template") from None
         fleet = Fleet(model=name, head_id=pysecrets.token_hex(8), psk=psk,
-                      conns_per_node=opts.fleet_conns_per_node)
+                      conns_per_node=opts.fleet_conns_per_node,
+                      also=tuple(o.name for o in others))
         runner = SessionRunner(fleet, policy=opts.fleet_policy,  # type: ignore[arg-type]
                                pool_high=opts.fleet_pool_high,
                                queue_timeout_s=opts.queue_timeout_s)
-        head = Head(model, fleet, runner, tool_parser=opts.tool_call_parser)
+        head = Head([model, *others], fleet, runner, tool_parser=opts.tool_call_parser,
+                    aliases_path=opts.home / "aliases.json")
         if embedded:
             node_opts = NodeOptions(model=opts.model or path, listen="127.0.0.1:0",
                                     runtime=runtime, model_name=name,
@@ -332,6 +365,15 @@ async def start_head(opts: ServeOptions) -> RunningHead:
         for entry in opts.fleet:
             host, port = split_hostport(entry, 8455)
             fleet.add_dialed(host, port)
+        if join_sock is not None:
+            from engine.head.joins import JoinListener
+
+            listener = JoinListener(fleet)
+            await listener.listen_on(join_sock)
+            closers.append(listener.close)
+            bound_join = join_sock.getsockname()
+            log.info("taking nodes that join on %s:%d", bound_join[0], bound_join[1])
+            closers.extend(await start_head_discovery(opts, fleet, psk, int(bound_join[1])))
         app = build_app(head)
         app_runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await app_runner.setup()
@@ -339,12 +381,24 @@ async def start_head(opts: ServeOptions) -> RunningHead:
         await site.start()
     except BaseException:
         http_sock.close()
+        if join_sock is not None:
+            join_sock.close()
+        for close in closers:
+            await close()
         if local_agent is not None:
             await local_agent.close()
         raise
     bound = http_sock.getsockname()
     return RunningHead(head=head, runner=app_runner, host=str(bound[0]), port=int(bound[1]),
-                       local_agent=local_agent)
+                       local_agent=local_agent, closers=closers)
+
+
+async def start_head_discovery(opts: ServeOptions, fleet: Fleet, psk: bytes | None,
+                               join_port: int) -> list[Callable[[], Awaitable[None]]]:
+    """Announce this head so nodes of its fleet find it; returns what to close."""
+    from engine.discovery.service import announce_head
+
+    return await announce_head(opts.discovery, fleet=fleet, psk=psk, port=join_port)
 
 
 async def _report_window(running: RunningHead, wait_s: float) -> None:
@@ -374,3 +428,208 @@ async def run_serve(opts: ServeOptions) -> int:
 
 def env_flag(name: str) -> bool:
     return os.environ.get(name, "") not in ("", "0", "false")
+
+
+# -- a node that joins heads ------------------------------------------------------
+
+
+@dataclass
+class JoinOptions(NodeOptions):
+    head: str | None = None  # HOST:PORT; found on the network when None
+    code: str | None = None  # shoal://join?... or a QR image holding it
+    discovery: str = "both"
+    seeds: list[str] = field(default_factory=list)
+    tailscale_socket: str | None = None
+    head_port: int = 8454
+
+
+REDISCOVER_S = 60.0
+
+
+def node_state_path(home: Path) -> Path:
+    return home / "fleet" / "node.json"
+
+
+async def run_node_join(opts: JoinOptions) -> int:
+    from engine.discovery.service import HeadFinder
+
+    stop = _stop_event()
+    psk, given = _join_credentials(opts)
+    finder = HeadFinder(opts.discovery, psk=psk, seeds=opts.seeds,
+                        tailscale_socket=opts.tailscale_socket, head_port=opts.head_port)
+    await finder.start()
+    joiner: Joiner | None = None
+    agent: NodeAgent | None = None
+    try:
+        heads = [given] if given is not None else await finder.find(timeout_s=5.0)
+        if not heads:
+            raise StartError(f"no head of this fleet found ({finder.where_looked()}); start one "
+                             "with `shoal serve --fleet-listen`, or give its HOST:PORT")
+        # check the token against a head before pulling or loading anything
+        hello = None
+        problems = []
+        for head in heads:
+            try:
+                hello = await probe_head(head, psk=psk)
+                break
+            except JoinRefused as exc:
+                problems.append(str(exc))
+        if hello is None:
+            raise StartError(problems[0])
+        agent = await build_agent(opts, psk=psk, announced=hello.model)
+        info = agent.engine.info
+        print(f"runtime {info.runtime} serves {info.path}: context window "
+              f"{info.context_window} tokens, {info.lanes} lanes", flush=True)
+        joiner = Joiner(agent, psk=psk, handshake_timeout_s=opts.handshake_timeout_ms / 1000)
+        for head in heads:
+            joiner.link(head)
+        print(f"node '{agent.identity}' joining {', '.join(map(str, heads))} as "
+              f"'{info.model}' (link {'encrypted' if psk else 'plaintext, loopback only'})",
+              flush=True)
+        _write_node_state(opts.home, heads)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(REDISCOVER_S if given is None else None):
+                    await stop.wait()
+            if stop.is_set() or given is not None:
+                break
+            # look again: new heads are linked; heads that moved are found at their new place
+            found = await finder.find(timeout_s=3.0)
+            for head in found:
+                if head not in joiner.heads:
+                    joiner.link(head)
+            for head in joiner.heads:
+                if joiner.failures.get(head, 0) >= 3 and head not in found:
+                    log.info("the head at %s is gone; forgetting it", head)
+                    await joiner.unlink(head)
+    finally:
+        if joiner is not None:
+            await joiner.close()
+        await finder.close()
+        if agent is not None:
+            await agent.close()
+            await agent.engine.close()
+        with contextlib.suppress(FileNotFoundError):
+            node_state_path(opts.home).unlink()
+    return 0
+
+
+def _join_credentials(opts: JoinOptions) -> tuple[bytes | None, HeadAddress | None]:
+    """The token and the given head (None: discover), from a join code or the options."""
+    if opts.code:
+        from engine import pairing
+        from engine.secrets import store_fleet_token
+
+        text = opts.code
+        if not text.startswith("shoal://") and Path(text).is_file():
+            text = pairing.read_qr_image(Path(text))
+        try:
+            code = pairing.parse_join_url(text)
+        except pairing.PairingError as exc:
+            raise StartError(str(exc)) from None
+        where = store_fleet_token(opts.home, code.token, "auto")
+        log.info("stored the fleet token of '%s' in %s", code.fleet, where)
+        return code.token, HeadAddress(code.head_host, code.head_port, "code")
+    psk = load_token(opts.auth_file, opts.home)
+    if opts.head:
+        host, port = split_hostport(opts.head, opts.head_port)
+        return psk, HeadAddress(host, port, "given")
+    return psk, None
+
+
+def _write_node_state(home: Path, heads: list[HeadAddress]) -> None:
+    import json
+
+    path = node_state_path(home)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"pid": os.getpid(), "heads": [str(h) for h in heads]}))
+
+
+def leave(home: Path, *, forget_token: bool) -> list[str]:
+    """Stop this machine's joined node, forget its head, and the token if asked."""
+    import json
+    import time
+
+    done: list[str] = []
+    path = node_state_path(home)
+    try:
+        state = json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        state = None
+    if state is not None:
+        pid = int(state.get("pid", 0))
+        if pid > 0 and _is_shoal_process(pid):
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.1)
+            done.append(f"closed the links to {', '.join(state.get('heads', [])) or 'the head'}")
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        done.append("forgot the head")
+    if forget_token:
+        from engine.secrets import forget_token as forget
+
+        forget(home)
+        done.append("removed the fleet token from this machine")
+    return done
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_shoal_process(pid: int) -> bool:
+    """Signal only a Shoal process: the pid in the state file may have been reused."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return _alive(pid) and sys.platform == "darwin"
+    return b"shoal" in cmdline or b"engine.cli" in cmdline
+
+
+def primary_address() -> str:
+    """This machine's address for others to dial: a LAN or tailnet IPv4, else loopback."""
+    import ipaddress
+
+    import ifaddr
+
+    candidates: list[ipaddress.IPv4Address] = []
+    for adapter in ifaddr.get_adapters():
+        for ip in adapter.ips:
+            if isinstance(ip.ip, str):
+                addr = ipaddress.IPv4Address(ip.ip)
+                if not addr.is_loopback and not addr.is_link_local:
+                    candidates.append(addr)
+    # a private LAN address first, then a tailnet (100.64/10) one
+    candidates.sort(key=lambda a: (not a.is_private, a in ipaddress.ip_network("100.64.0.0/10")))
+    return str(candidates[0]) if candidates else "127.0.0.1"
+
+
+def pair_text(home: Path, *, head: str | None, fleet_name: str | None,
+              png: Path | None) -> str:
+    """What `shoal fleet pair` prints: a QR code, the join URL, and the command to run."""
+    from engine import pairing
+
+    token = load_token(None, home)
+    if token is None:
+        raise StartError("this machine has no fleet token yet; make one with "
+                         "`shoal fleet token` (and run the head here), then pair")
+    if head:
+        host, port = split_hostport(head, 8454)
+    else:
+        host, port = primary_address(), 8454
+    url = pairing.join_url(f"{host}:{port}", token, fleet_name or socket.gethostname())
+    lines = [pairing.qr_text(url), url, "",
+             "On the new machine, scan this code or run:",
+             f"  shoal node join --code '{url}' --model MODEL"]
+    if png is not None:
+        pairing.save_qr_png(url, png)
+        lines.append(f"(QR code saved to {png})")
+    return "\n".join(lines)

@@ -41,19 +41,23 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     problem = unsupported(req)
     if problem:
         return error_response(400, problem, code="unsupported_parameter")
-    if not head.serves(req.model):
-        return error_response(404, f"model '{req.model}' is not served here; "
-                              f"GET /v1/models lists what is", code="model_not_found",
-                              param="model")
+    found = head.resolve(req.model)
+    if found.unknown or found.model is None:
+        status, code = (404, "model_not_found") if found.unknown else (503, "model_unavailable")
+        return error_response(status, found.message, code=code, param="model",
+                              retry_after=found.retry_after)
     try:
-        turn = ChatTurn(head.model, head.runner, req, routing_of(request),
+        turn = ChatTurn(head.models[found.model], head.runner, req, routing_of(request),
                         tool_parser=head.tool_parser)
     except PlacementError as exc:
         return error_response(exc.status, str(exc), code=exc.code, retry_after=exc.retry_after)
     head.metrics.requests += 1
+    names = {"X-Shoal-Model": found.model}
+    if found.alias:
+        names["X-Shoal-Alias"] = found.alias
     if req.stream:
-        return await _stream(request, head, req, turn)
-    return await _complete(head, req, turn)
+        return await _stream(request, head, req, turn, names)
+    return await _complete(head, req, turn, names)
 
 
 def _usage(final: ChatFinal) -> dict[str, Any]:
@@ -62,7 +66,8 @@ def _usage(final: ChatFinal) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": final.cached_tokens}}
 
 
-async def _complete(head: Head, req: ChatRequest, turn: ChatTurn) -> web.Response:
+async def _complete(head: Head, req: ChatRequest, turn: ChatTurn,
+                    names: dict[str, str]) -> web.Response:
     text: list[str] = []
     final: ChatFinal | None = None
     try:
@@ -84,11 +89,11 @@ async def _complete(head: Head, req: ChatRequest, turn: ChatTurn) -> web.Respons
             "choices": [{"index": 0, "message": message, "logprobs": None,
                          "finish_reason": final.finish_reason}],
             "usage": _usage(final)}
-    return web.json_response(body, headers={"X-Shoal-Node": final.node})
+    return web.json_response(body, headers={"X-Shoal-Node": final.node, **names})
 
 
 async def _stream(request: web.Request, head: Head, req: ChatRequest,
-                  turn: ChatTurn) -> web.StreamResponse:
+                  turn: ChatTurn, names: dict[str, str]) -> web.StreamResponse:
     events = turn.events()
     # place before answering 200, so a full fleet or an oversized prompt gets its status
     try:
@@ -98,7 +103,7 @@ async def _stream(request: web.Request, head: Head, req: ChatRequest,
     except StopAsyncIteration:
         first = None
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                       "Cache-Control": "no-cache"})
+                                       "Cache-Control": "no-cache", **names})
     await resp.prepare(request)
     cid = "chatcmpl-" + turn.session[2:]
     created = int(time.time())
@@ -157,6 +162,14 @@ async def _chain(first: list[Any], rest: Any) -> Any:
 
 async def list_models(request: web.Request) -> web.Response:
     head = request.app[HEAD]
-    data = [{"id": head.model.name, "object": "model", "created": head.started_wall,
-             "owned_by": "shoal", "context_window": head.runner.fleet.context_window()}]
+    served = head.served()
+    data: list[dict[str, Any]] = [
+        {"id": name, "object": "model", "created": head.started_wall, "owned_by": "shoal",
+         "context_window": head.fleet.context_window(name)}
+        for name in head.models if name in served]
+    for entry in head.aliases.entries():
+        found = head.resolve(entry.name)
+        data.append({"id": entry.name, "object": "model", "created": int(entry.updated_at),
+                     "owned_by": "shoal-alias", "alias_for": entry.target,
+                     "fallbacks": list(entry.fallbacks), "resolves_to": found.model})
     return web.json_response({"object": "list", "data": data})

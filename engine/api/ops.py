@@ -11,7 +11,7 @@ from engine.api.openai import HEAD
 async def health(request: web.Request) -> web.Response:
     head = request.app[HEAD]
     ready = sum(1 for p in head.fleet.pools.values()
-                if p.state == "ready" and p.info.model == head.model.name)
+                if p.state == "ready" and p.info.model in head.models)
     return web.json_response({"status": "ok" if ready else "degraded", "version": __version__,
                               "model": head.model.name, "nodes_ready": ready,
                               "nodes": len(head.fleet.pools)})

@@ -105,7 +105,7 @@ class ChatTurn:
                                        **template_kwargs(req))
         except TemplateError as exc:
             raise PlacementError(400, "invalid_request_error", str(exc)) from None
-        window = runner.fleet.context_window()
+        window = runner.fleet.context_window(model.name)
         asked = req.max_completion_tokens or req.max_tokens
         room = max(window - len(self.prompt), 1)
         self.max_tokens = min(asked, room) if asked else room
@@ -119,7 +119,8 @@ class ChatTurn:
         detok = Detokenizer(self.model.vocab.token_bytes)
         stopper = StopMatcher(self._stops)
         parser = self._parser
-        job = Job(session=self.session, prompt=self.prompt, max_tokens=self.max_tokens,
+        job = Job(session=self.session, model=self.model.name, prompt=self.prompt,
+                  max_tokens=self.max_tokens,
                   sampling=sampling_of(self.req), stop_ids=sorted(self.model.stop_ids),
                   affinity=self.routing.affinity, pin_host=self.routing.pin_host,
                   prefer=self.routing.prefer)

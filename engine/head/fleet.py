@@ -102,6 +102,7 @@ class NodePool:
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self._announced = False
+        self.instance = ""
 
     @property
     def address(self) -> str:
@@ -136,6 +137,11 @@ class NodePool:
             self.idle.remove(conn)
         self.busy.discard(conn)
         self.wake.set()
+        if not self.dialed and self.conns == 0 and self.state == "ready":
+            # a joined node is waited for, never dialed: it comes back by itself
+            self.state = "left"
+            self._announced = False
+            log.info("joined node '%s' left; waiting for it to join again", self.info.identity)
 
     def add_conn(self, link: Link) -> NodeConn:
         conn = NodeConn(self, link)
@@ -255,6 +261,15 @@ class NodePool:
         link.send(m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model))
         return first
 
+    def joined(self, hello: m.NodeHello, link: Link) -> None:
+        """A connection a joining node opened to this head."""
+        self.instance = hello.instance
+        self._accept_hello(hello)
+        self.add_conn(link)
+        if self.state != "ready":
+            self.state = "ready"
+        self.fleet.capacity_changed()
+
     def _accept_hello(self, hello: m.NodeHello) -> bool:
         fresh = (hello.identity, hello.model, hello.context_window, hello.lanes) != (
             self.info.identity, self.info.model, self.info.context_window, self.info.lanes)
@@ -265,10 +280,11 @@ class NodePool:
             self.last_error = ""
             log.info("fleet node '%s' at %s: %s, context window %d tokens, %d lanes",
                      hello.identity, self.address, hello.model, hello.context_window, hello.lanes)
-            if hello.model != self.fleet.model:
-                log.warning("fleet node '%s' at %s serves '%s', not '%s'; no sessions go there "
-                            "until it serves the head's model", hello.identity, self.address,
-                            hello.model, self.fleet.model)
+            if hello.model not in self.fleet.models:
+                log.warning("fleet node '%s' at %s serves '%s', not %s; no sessions go there "
+                            "until it serves a model this head knows (serve it with "
+                            "--also-model)", hello.identity, self.address, hello.model,
+                            " or ".join(f"'{x}'" for x in self.fleet.models))
             self.fleet.window_changed()
         return True
 
@@ -319,8 +335,10 @@ class Fleet:
     """Every node this head knows, and the signals its sessions wait on."""
 
     def __init__(self, *, model: str, head_id: str, psk: bytes | None,
-                 conns_per_node: int = 0, handshake_timeout_s: float = 10.0) -> None:
-        self.model = model
+                 conns_per_node: int = 0, handshake_timeout_s: float = 10.0,
+                 also: tuple[str, ...] = ()) -> None:
+        self.model = model  # announced to joining nodes
+        self.models = (model, *also)  # every model this head has a tokenizer for
         self.head_id = head_id
         self.psk = psk
         self.conns_per_node = conns_per_node
@@ -345,6 +363,21 @@ class Fleet:
         pool.task = self.spawn(pool.maintain(), f"pool-{key}")
         return pool
 
+    def add_joined(self, hello: m.NodeHello, link: Link) -> NodePool:
+        """File a joined node's connection under its identity (and instance, for namesakes)."""
+        key = f"joined:{hello.identity}"
+        pool = self.pools.get(key)
+        if pool is not None and pool.conns and pool.instance and pool.instance != hello.instance:
+            # another live node with the same name: keep them apart
+            key = f"joined:{hello.identity}@{link.peer.rsplit(':', 1)[0]}"
+            pool = self.pools.get(key)
+        if pool is None:
+            host, _, port = link.peer.rpartition(":")
+            pool = NodePool(self, key, host, int(port or 0), dialed=False)
+            self.pools[key] = pool
+        pool.joined(hello, link)
+        return pool
+
     def capacity_changed(self) -> None:
         if self.on_capacity is not None:
             self.on_capacity()
@@ -356,9 +389,23 @@ class Fleet:
     def views(self) -> list[NodeView]:
         return [p.view() for p in self.pools.values() if p.info.identity]
 
-    def context_window(self) -> int:
+    def context_window(self, model: str | None = None) -> int:
+        """The largest window of a connected node serving ``model`` (the announced one)."""
+        want = model or self.model
         return max((p.info.context_window for p in self.pools.values()
-                    if p.info.model == self.model), default=0)
+                    if p.info.model == want and p.conns), default=0)
+
+    def free(self, model: str) -> bool | None:
+        """Whether a node serving ``model`` has a free lane now; None when none serves it."""
+        import time as _time
+
+        from engine.head.placement import has_free_lane
+
+        now = _time.monotonic()
+        views = [v for v in self.views() if v.model == model and v.idle_conns + v.own_sessions]
+        if not views:
+            return None
+        return any(has_free_lane(v, now) for v in views)
 
     async def close(self) -> None:
         self.stopping.set()

@@ -1,13 +1,16 @@
-"""The head: its model, its fleet, its session runner, and what it counts."""
+"""The head: its models, aliases, fleet and session runner, and what it counts."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from engine.head import aliases as al
 from engine.head.fleet import Fleet
 from engine.head.model import HeadModel
+from engine.head.names import match_name
 from engine.head.sessions import SessionRunner
 
 
@@ -15,23 +18,48 @@ from engine.head.sessions import SessionRunner
 class Metrics:
     requests: int = 0
     completion_tokens: int = 0
+    prompt_tokens: int = 0
+    errors: dict[int, int] = field(default_factory=dict)
+    ttft_ms: list[float] = field(default_factory=list)  # recent, bounded
 
 
 class Head:
-    def __init__(self, model: HeadModel, fleet: Fleet, runner: SessionRunner, *,
-                 tool_parser: str | None = None) -> None:
-        self.model = model
+    def __init__(self, models: list[HeadModel], fleet: Fleet, runner: SessionRunner, *,
+                 tool_parser: str | None = None, aliases_path: Path | None = None) -> None:
+        self.model = models[0]  # the model announced to joining nodes
+        self.models = {m.name: m for m in models}
         self.fleet = fleet
         self.runner = runner
         self.tool_parser = tool_parser
         self.metrics = Metrics()
         self.started_wall = int(time.time())
+        self._alias_store = al.AliasStore(aliases_path) if aliases_path is not None else None
+        self.aliases = self._alias_store.load() if self._alias_store else al.AliasTable()
 
-    def serves(self, name: str) -> bool:
-        return name == self.model.name
+    def served(self) -> dict[str, bool]:
+        """Models some connected node serves, each with whether a lane is free now."""
+        out: dict[str, bool] = {}
+        for name in self.models:
+            free = self.fleet.free(name)
+            if free is not None:
+                out[name] = free
+        return out
+
+    def resolve(self, requested: str) -> al.Resolution:
+        """A request's model name: a model this head knows wins, else an alias."""
+        real = match_name(requested, self.models)
+        if real is not None:
+            free = self.fleet.free(real)
+            return al.Resolution(requested=requested, model=real, free=bool(free))
+        return al.resolve(requested, table=self.aliases, served=self.served())
+
+    def save_aliases(self) -> None:
+        if self._alias_store is not None:
+            self._alias_store.save(self.aliases)
 
     def fleet_snapshot(self) -> dict[str, Any]:
-        return {"model": self.model.name, "context_window": self.fleet.context_window(),
+        return {"model": self.model.name, "models": list(self.models),
+                "context_window": self.fleet.context_window(),
                 "queued": self.runner.queued, "moves": self.runner.moves_total,
                 "nodes": [p.describe() for p in self.fleet.pools.values()]}
 

@@ -48,6 +48,7 @@ class PlacementError(Exception):
 @dataclass(frozen=True, slots=True)
 class Job:
     session: str  # unique per request: names the generation on the link
+    model: str
     prompt: list[int]
     max_tokens: int
     sampling: m.SamplingParams = field(default_factory=m.SamplingParams)
@@ -130,7 +131,7 @@ class SessionRunner:
 
     def _try_place(self, job: Job, prompt_len: int, max_tokens: int,
                    exclude: frozenset[str]) -> tuple[NodePool, NodeConn, str] | Refusal:
-        req = PlacementRequest(model=self.fleet.model, prompt_tokens=prompt_len,
+        req = PlacementRequest(model=job.model, prompt_tokens=prompt_len,
                                max_tokens=max_tokens, exclude=exclude,
                                affinity=self._affinity.get(job.affinity) if job.affinity else None,
                                pin_host=job.pin_host, prefer=job.prefer)

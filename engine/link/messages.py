@@ -39,6 +39,7 @@ class NodeHello(msgspec.Struct, frozen=True, array_like=True, tag="node_hello", 
     kv_total: _Count = 0
     rates: Rates = Rates()
     protocol: int = PROTOCOL_VERSION
+    instance: _Name = ""  # random per node process: tells a restart from a namesake
 
 
 class HeadHello(msgspec.Struct, frozen=True, array_like=True, tag="head_hello", tag_field="t"):

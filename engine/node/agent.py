@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -48,6 +49,7 @@ class NodeAgent:
         self._servers: list[asyncio.Server] = []
         self._stats_task: asyncio.Task[None] | None = None
         self._closing = False
+        self.instance = secrets.token_hex(8)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -139,7 +141,7 @@ class NodeAgent:
         st = self.engine.stats()
         return m.NodeHello(identity=self.identity, model=info.model, runtime=info.runtime,
                            context_window=info.context_window, lanes=info.lanes,
-                           kv_total=st.kv_total, rates=_rates(st))
+                           kv_total=st.kv_total, rates=_rates(st), instance=self.instance)
 
     async def _serve(self, link: Link, head_id: str) -> None:
         heads = self._heads.setdefault(head_id, _HeadLinks())

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine.runtimes.base import GenerationRequest, Sampling  # noqa: E402
 from engine.runtimes.mock import MockEngine, MockTokenizer  # noqa: E402
+from engine.secrets import ensure_token, token_path  # noqa: E402
 
 LEVELS = (1, 16, 64)
 NODES = 4
@@ -110,8 +111,7 @@ def main() -> None:
     args = ap.parse_args()
     home = Path(tempfile.mkdtemp(prefix="shoal-bench-"))
     env = {**os.environ, "SHOAL_HOME": str(home), "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-m", "engine.cli", "fleet", "token"], env=env,
-                   capture_output=True, check=True)
+    ensure_token(token_path(home))  # the link is encrypted, as in a real fleet
     procs: list[subprocess.Popen[str]] = []
     rows = []
     try:

@@ -58,7 +58,9 @@ class Cluster:
         self.home = home
         self.logs = logs
         self.procs: list[Proc] = []
-        self.env = {**os.environ, "SHOAL_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+        # never the developer's keychain: the token lives in the test home's file
+        self.env = {**os.environ, "SHOAL_HOME": str(home), "PYTHONUNBUFFERED": "1",
+                    "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}
 
     def token(self, *extra: str) -> str:
         out = subprocess.run([*SHOAL, "fleet", "token", *extra], env=self.env,

@@ -122,6 +122,10 @@ async def test_handshake_timeout_drops_a_silent_dialer():
         writer.close()
 
 
+def job(session: str, **kw: object) -> Job:
+    return Job(session=session, model="m", sampling=LONG, **kw)  # type: ignore[arg-type]
+
+
 async def wait_ready(fleet: Fleet, n: int) -> None:
     async with asyncio.timeout(10):
         while sum(1 for p in fleet.pools.values() if p.state == "ready") < n:
@@ -154,8 +158,8 @@ async def test_head_tries_the_next_node_when_one_refuses_as_full(caplog):
         # this head has not seen x's stats yet: it offers x first, x refuses, y serves
         fleet.pools[f"127.0.0.1:{px}"].on_stats = lambda st: None  # type: ignore[method-assign]
         fleet.pools[f"127.0.0.1:{px}"].stats = None
-        ids, fin = await collect(runner, Job(session="s", prompt=[1, 2], max_tokens=20,
-                                             sampling=LONG, prefer=("x",)))
+        ids, fin = await collect(runner, job("s", prompt=[1, 2], max_tokens=20,
+                                             prefer=("x",)))
         assert fin.node == "y" and len(ids) == 20 and fin.moves == 0
         assert "node 'x' is full" in caplog.text
         other.close()
@@ -168,8 +172,7 @@ async def test_generation_ceiling_ends_the_session():
         fleet.add_dialed("127.0.0.1", port)
         runner = SessionRunner(fleet, max_wall_s=0.5)
         await wait_ready(fleet, 1)
-        ids, fin = await collect(runner, Job(session="s", prompt=[1], max_tokens=1000,
-                                             sampling=LONG))
+        ids, fin = await collect(runner, job("s", prompt=[1], max_tokens=1000))
         assert fin.reason == "length" and 3 < len(ids) < 30
         await fleet.close()
 
@@ -181,7 +184,7 @@ async def test_prompt_beyond_every_window_is_refused():
         runner = SessionRunner(fleet)
         await wait_ready(fleet, 1)
         with pytest.raises(PlacementError) as err:
-            await collect(runner, Job(session="s", prompt=[1] * 5000, max_tokens=1, sampling=LONG))
+            await collect(runner, job("s", prompt=[1] * 5000, max_tokens=1))
         assert err.value.status == 400 and err.value.code == "context_length_exceeded"
         await fleet.close()
 
@@ -195,7 +198,7 @@ async def test_queue_is_first_in_first_out():
         order: list[int] = []
 
         async def one(i: int) -> None:
-            await collect(runner, Job(session=f"s{i}", prompt=[1], max_tokens=20, sampling=LONG))
+            await collect(runner, job(f"s{i}", prompt=[1], max_tokens=20))
             order.append(i)
 
         tasks = []

@@ -1,0 +1,77 @@
+"""The head's listener for nodes that join (``--fleet-listen``).
+
+The node dials, so it is the Noise initiator and the head the responder: the
+head speaks first with its hello (the model it announces), the node answers
+with its own, and the connection joins that node's pool like a dialed one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+from engine.head.fleet import Fleet
+from engine.link import messages as m
+from engine.link.connection import LinkError
+from engine.link.transport import LinkClosed, accept, peer_is_loopback
+
+log = logging.getLogger("shoal.head")
+
+
+class JoinListener:
+    def __init__(self, fleet: Fleet, *, handshake_timeout_s: float = 10.0) -> None:
+        self.fleet = fleet
+        self.handshake_timeout_s = handshake_timeout_s
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._warned: set[str] = set()
+
+    async def listen_on(self, sock: socket.socket) -> None:
+        self._server = await asyncio.start_server(self._on_accept, sock=sock, limit=1 << 16)
+
+    async def _on_accept(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        task = asyncio.create_task(self._handle(reader, writer), name="join")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        where = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if self.fleet.psk is None and not peer_is_loopback(writer):
+            self._warn_once(str(peer[0]) if peer else "?",
+                            f"refused a node joining from {where}: a head with no fleet token "
+                            "takes nodes from its own machine only; make one with "
+                            "`shoal fleet token` and pair the node")
+            writer.close()
+            return
+        try:
+            link = await accept(reader, writer, psk=self.fleet.psk,
+                                timeout_s=self.handshake_timeout_s)
+            link.send(m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model))
+            async with asyncio.timeout(self.handshake_timeout_s):
+                hello = await link.recv()
+        except LinkError as exc:
+            self._warn_once(where.rsplit(":", 1)[0],
+                            f"refused a node joining from {where}: {exc}; pair it again "
+                            "(`shoal fleet pair` here, `shoal node join --code` there)")
+            return
+        except (TimeoutError, OSError, LinkClosed):
+            return
+        if not isinstance(hello, m.NodeHello):
+            link.close()
+            return
+        self.fleet.add_joined(hello, link)
+
+    def _warn_once(self, host: str, message: str) -> None:
+        if host not in self._warned:
+            self._warned.add(host)
+            log.warning("%s", message)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
