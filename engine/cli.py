@@ -124,8 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
                                "no address is given)")
     join.add_argument("head", nargs="?", help="HOST:PORT of the head")
     join.add_argument("--code", help="a join URL (shoal://join?...) or a QR image holding one")
+    join.add_argument("--head-port", type=_positive, default=8454,
+                      help="the port heads take joins on, where discovery looks (default 8454)")
     _node_options(join, listen=False)
     _discovery_options(join)
+    from engine.cli_admin import add_parsers
+
+    add_parsers(sub)
     leave = node_sub.add_parser("leave", help="close the links and forget the head")
     leave.add_argument("--forget-token", action="store_true",
                        help="also remove the fleet token from this machine")
@@ -177,6 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "fleet":
             return _fleet(args, home)
+        if args.command in ("alias", "keys"):
+            from engine.cli_admin import run_alias, run_keys
+
+            return run_alias(args) if args.command == "alias" else run_keys(args, home)
         if args.command == "serve":
             setup_logging("shoal")
             opts = ServeOptions(
@@ -203,6 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             jopts.head, jopts.code = args.head, args.code
             jopts.discovery, jopts.seeds = args.discovery, _split(args.seeds)
             jopts.tailscale_socket = args.tailscale_socket
+            jopts.head_port = args.head_port
             return asyncio.run(run_node_join(jopts))
         if args.command == "node":
             setup_logging("shoal-node")

@@ -367,13 +367,23 @@ async def start_head(opts: ServeOptions) -> RunningHead:
             fleet.add_dialed(host, port)
         if join_sock is not None:
             from engine.head.joins import JoinListener
+            from engine.head.peers import HeadPeers
 
-            listener = JoinListener(fleet)
+            def merged(_names: list[str]) -> None:
+                head.save_aliases()
+
+            head.peers = HeadPeers(head_id=fleet.head_id, model=fleet.model, psk=psk,
+                                   listen_port=int(join_sock.getsockname()[1]),
+                                   table=lambda: head.aliases, on_merged=merged)
+            for seed in opts.seeds:
+                shost, sport = split_hostport(seed, 8454)
+                head.peers.dial(shost, sport)
+            listener = JoinListener(fleet, peers=head.peers)
             await listener.listen_on(join_sock)
             closers.append(listener.close)
             bound_join = join_sock.getsockname()
             log.info("taking nodes that join on %s:%d", bound_join[0], bound_join[1])
-            closers.extend(await start_head_discovery(opts, fleet, psk, int(bound_join[1])))
+            closers.extend(await start_head_discovery(opts, head, psk, int(bound_join[1])))
         app = build_app(head)
         app_runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await app_runner.setup()
@@ -393,12 +403,34 @@ async def start_head(opts: ServeOptions) -> RunningHead:
                        local_agent=local_agent, closers=closers)
 
 
-async def start_head_discovery(opts: ServeOptions, fleet: Fleet, psk: bytes | None,
+async def start_head_discovery(opts: ServeOptions, head: Head, psk: bytes | None,
                                join_port: int) -> list[Callable[[], Awaitable[None]]]:
-    """Announce this head so nodes of its fleet find it; returns what to close."""
-    from engine.discovery.service import announce_head
+    """Announce this head so nodes find it, and look for the fleet's other heads."""
+    from engine.discovery.service import HeadFinder, announce_head
 
-    return await announce_head(opts.discovery, fleet=fleet, psk=psk, port=join_port)
+    closers = await announce_head(opts.discovery, fleet=head.fleet, psk=psk, port=join_port)
+    if opts.discovery == "none":
+        return closers
+    finder = HeadFinder(opts.discovery, psk=psk, seeds=[],
+                        tailscale_socket=opts.tailscale_socket, head_port=join_port)
+    await finder.start()
+
+    async def look() -> None:
+        while True:
+            for found in await finder.find(timeout_s=3.0):
+                if head.peers is not None:
+                    head.peers.dial(found.host, found.port)
+            await asyncio.sleep(REDISCOVER_S)
+
+    task = asyncio.create_task(look(), name="head-discovery")
+
+    async def stop() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await finder.close()
+
+    return [*closers, stop]
 
 
 async def _report_window(running: RunningHead, wait_s: float) -> None:

@@ -11,6 +11,7 @@ from engine.head import aliases as al
 from engine.head.fleet import Fleet
 from engine.head.model import HeadModel
 from engine.head.names import match_name
+from engine.head.peers import HeadPeers
 from engine.head.sessions import SessionRunner
 
 
@@ -35,6 +36,9 @@ class Head:
         self.started_wall = int(time.time())
         self._alias_store = al.AliasStore(aliases_path) if aliases_path is not None else None
         self.aliases = self._alias_store.load() if self._alias_store else al.AliasTable()
+        self.peers: HeadPeers | None = None  # other heads of the fleet, for aliases
+        # set by the composition root when the API is protected
+        self.api_key: str | None = None
 
     def served(self) -> dict[str, bool]:
         """Models some connected node serves, each with whether a lane is free now."""
@@ -57,6 +61,12 @@ class Head:
         if self._alias_store is not None:
             self._alias_store.save(self.aliases)
 
+    async def spread_aliases(self, entry: al.AliasEntry) -> tuple[int, int]:
+        """Push a change to the other heads: (heads holding it, heads known)."""
+        if self.peers is None:
+            return 1, 1
+        return await self.peers.spread(entry)
+
     def fleet_snapshot(self) -> dict[str, Any]:
         return {"model": self.model.name, "models": list(self.models),
                 "context_window": self.fleet.context_window(),
@@ -64,4 +74,6 @@ class Head:
                 "nodes": [p.describe() for p in self.fleet.pools.values()]}
 
     async def close(self) -> None:
+        if self.peers is not None:
+            await self.peers.close()
         await self.fleet.close()

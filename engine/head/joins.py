@@ -12,6 +12,7 @@ import logging
 import socket
 
 from engine.head.fleet import Fleet
+from engine.head.peers import HeadPeers
 from engine.link import messages as m
 from engine.link.connection import LinkError
 from engine.link.transport import LinkClosed, accept, peer_is_loopback
@@ -20,14 +21,18 @@ log = logging.getLogger("shoal.head")
 
 
 class JoinListener:
-    def __init__(self, fleet: Fleet, *, handshake_timeout_s: float = 10.0) -> None:
+    def __init__(self, fleet: Fleet, *, handshake_timeout_s: float = 10.0,
+                 peers: HeadPeers | None = None) -> None:
         self.fleet = fleet
+        self.peers = peers  # takes heads that dial us to sync aliases
         self.handshake_timeout_s = handshake_timeout_s
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._warned: set[str] = set()
+        self.listen_port = 0
 
     async def listen_on(self, sock: socket.socket) -> None:
+        self.listen_port = int(sock.getsockname()[1])
         self._server = await asyncio.start_server(self._on_accept, sock=sock, limit=1 << 16)
 
     async def _on_accept(self, reader: asyncio.StreamReader,
@@ -49,7 +54,8 @@ class JoinListener:
         try:
             link = await accept(reader, writer, psk=self.fleet.psk,
                                 timeout_s=self.handshake_timeout_s)
-            link.send(m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model))
+            link.send(m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
+                                  listen_port=self.listen_port))
             async with asyncio.timeout(self.handshake_timeout_s):
                 hello = await link.recv()
         except LinkError as exc:
@@ -59,12 +65,17 @@ class JoinListener:
             return
         except (TimeoutError, OSError, LinkClosed):
             return
+        if isinstance(hello, m.HeadHello) and self.peers is not None:
+            self.peers.accepted(link, hello)
+            return
         if not isinstance(hello, m.NodeHello):
             link.close()
             return
         self.fleet.add_joined(hello, link)
 
     def _warn_once(self, host: str, message: str) -> None:
+        if len(self._warned) > 1024:  # bounded: a scan must not grow it forever
+            self._warned.clear()
         if host not in self._warned:
             self._warned.add(host)
             log.warning("%s", message)

@@ -46,6 +46,7 @@ class HeadHello(msgspec.Struct, frozen=True, array_like=True, tag="head_hello", 
     head_id: _Name  # random per head process: lets a node send stats once per head
     model: _Name  # the model the head announces
     protocol: int = PROTOCOL_VERSION
+    listen_port: Annotated[int, msgspec.Meta(ge=0, lt=65536)] = 0  # its fleet listener, if any
 
 
 class SamplingParams(msgspec.Struct, frozen=True, array_like=True):
@@ -114,6 +115,14 @@ class Stats(msgspec.Struct, frozen=True, array_like=True, tag="stats", tag_field
     peak_busy: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 0  # most lanes ever busy at once
 
 
+class AliasSync(msgspec.Struct, frozen=True, array_like=True, tag="alias_sync", tag_field="t"):
+    """Head to head: this head's whole alias table; ``reply`` asks for the peer's."""
+
+    table: Annotated[bytes, msgspec.Meta(max_length=MAX_RECORD - 1024)]
+    reply: bool = False
+    serial: _Count = 0  # echoed in the reply, so the asker knows which push it answers
+
+
 ErrorCode = Literal["busy", "bad_request", "context_length_exceeded", "internal", "shutdown"]
 
 
@@ -123,7 +132,7 @@ class Error(msgspec.Struct, frozen=True, array_like=True, tag="error", tag_field
 
 
 Record = (NodeHello | HeadHello | Generate | Accepted | Tokens | Done | Renew | Cancel
-          | Ping | Pong | Stats | Error)
+          | Ping | Pong | Stats | Error | AliasSync)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)

@@ -67,10 +67,11 @@ class Cluster:
                              capture_output=True, text=True, timeout=30, check=True)
         return out.stdout.strip()
 
-    def _start(self, name: str, args: list[str], ready: re.Pattern[str]) -> Proc:
+    def _start(self, name: str, args: list[str], ready: re.Pattern[str],
+               env: dict[str, str] | None = None) -> Proc:
         log = self.logs / f"{name}-{len(self.procs)}.log"
         logf = log.open("w")
-        popen = subprocess.Popen([*SHOAL, *args], env=self.env, stdout=subprocess.PIPE,
+        popen = subprocess.Popen([*SHOAL, *args], env=env or self.env, stdout=subprocess.PIPE,
                                  stderr=logf, text=True, start_new_session=True)
         logf.close()
         deadline = time.monotonic() + READY_TIMEOUT
@@ -111,6 +112,23 @@ class Cluster:
         if nodes:
             args += ["--fleet", ",".join(n if isinstance(n, str) else n.address for n in nodes)]
         return self._start("head", args, re.compile(r"at http://127\.0\.0\.1:(\d+)/v1"))
+
+    def join_port(self, head: Proc, timeout: float = 10.0) -> int:
+        """The port a head started with --fleet-listen takes joins on (from its log)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = re.search(r"taking nodes that join on [\d.]+:(\d+)", head.log_text())
+            if m:
+                return int(m.group(1))
+            time.sleep(0.05)
+        raise AssertionError(f"no join port in the head's log:\n{head.log_text()}")
+
+    def joined_node(self, identity: str, *args: str, model: str = "anything", lanes: int = 2,
+                    env: dict[str, str] | None = None) -> Proc:
+        """`shoal node join ARGS` on the mock runtime; ready once it joins a head."""
+        cmd = ["node", "join", *args, "--runtime", "mock", "--model", model,
+               "--identity", identity, "--max-batch", str(lanes)]
+        return self._start(identity, cmd, re.compile(r"joining [\d.]+:(\d+)"), env=env)
 
     def close(self) -> None:
         for proc in self.procs:

@@ -1,0 +1,119 @@
+"""`shoal alias ...` and `shoal keys ...`: thin clients of the local head and key files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from engine.core import StartError
+
+
+def add_parsers(sub: Any) -> None:
+    alias = sub.add_parser("alias", help="fleet-wide names for models")
+    alias.add_argument("--head", default="127.0.0.1:8453", help="the head to talk to "
+                       "(default: this machine's)")
+    asub = alias.add_subparsers(dest="alias_command", required=True)
+    aset = asub.add_parser("set", help="point NAME at TARGET (then the fallbacks)")
+    aset.add_argument("name")
+    aset.add_argument("target")
+    aset.add_argument("--fallback", action="append", default=[], metavar="MODEL")
+    asub.add_parser("ls", help="list the aliases")
+    for verb, text in (("history", "every version of an alias"),
+                       ("revert", "swap an alias back to its previous target"),
+                       ("rm", "remove an alias")):
+        p = asub.add_parser(verb, help=text)
+        p.add_argument("name")
+    asub.add_parser("export", help="print the table as JSON (an off-fleet copy)")
+    imp = asub.add_parser("import", help="load a table written by export")
+    imp.add_argument("file", type=Path)
+
+    keys = sub.add_parser("keys", help="stateless API keys")
+    ksub = keys.add_subparsers(dest="keys_command", required=True)
+    for verb, text in (("issue", "print the key for NAME"),
+                       ("revoke", "stop accepting NAME's key")):
+        p = ksub.add_parser(verb, help=text)
+        p.add_argument("name")
+
+
+def _call(head: str, method: str, path: str, body: bytes | None = None) -> Any:
+    url = f"http://{head}{path}"
+    req = urllib.request.Request(url, data=body, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
+            return json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        try:
+            message = json.loads(exc.read())["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = f"HTTP {exc.code}"
+        raise StartError(message) from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise StartError(f"no head answers at {head} ({getattr(exc, 'reason', exc)}); start "
+                         "one with `shoal serve`, or name it with --head HOST:PORT") from None
+
+
+def _changed(result: dict[str, Any]) -> str:
+    e = result["entry"]
+    heads = f"{result['heads_holding']}/{result['heads_total']} heads"
+    if e.get("target") is None:
+        return f"{e['name']} removed (ver {e['version']}): {heads}"
+    fallbacks = f" then {', '.join(e['fallbacks'])}" if e.get("fallbacks") else ""
+    return f"{e['name']} -> {e['target']}{fallbacks} (ver {e['version']}): {heads}"
+
+
+def run_alias(args: argparse.Namespace) -> int:
+    head = args.head
+    cmd = args.alias_command
+    if cmd == "set":
+        body = json.dumps({"target": args.target, "fallbacks": args.fallback}).encode()
+        print(_changed(_call(head, "PUT", f"/v1/aliases/{args.name}", body)))
+    elif cmd == "rm":
+        print(_changed(_call(head, "DELETE", f"/v1/aliases/{args.name}")))
+    elif cmd == "revert":
+        print(_changed(_call(head, "POST", f"/v1/aliases/{args.name}/revert")))
+    elif cmd == "ls":
+        rows = _call(head, "GET", "/v1/aliases")["aliases"]
+        if not rows:
+            print("no aliases; make one with `shoal alias set NAME MODEL`")
+        for r in rows:
+            fallbacks = f" then {', '.join(r['fallbacks'])}" if r["fallbacks"] else ""
+            print(f"{r['name']} -> {r['target']}{fallbacks} (ver {r['version']}, "
+                  f"{r['state']}, now {r['resolves_to'] or 'nothing'})")
+    elif cmd == "history":
+        for e in _call(head, "GET", f"/v1/aliases/{args.name}/history")["history"]:
+            target = e["target"] if e["target"] is not None else "(removed)"
+            print(f"ver {e['version']}: {target}"
+                  + (f" then {', '.join(e['fallbacks'])}" if e["fallbacks"] else ""))
+    elif cmd == "export":
+        sys.stdout.write(json.dumps(_call(head, "GET", "/v1/aliases/export"), indent=2) + "\n")
+    elif cmd == "import":
+        try:
+            data = args.file.read_bytes()
+        except OSError as exc:
+            raise StartError(f"cannot read {args.file}: {exc.strerror}") from None
+        result = _call(head, "POST", "/v1/aliases/import", data)
+        names = ", ".join(result["imported"]) or "nothing new"
+        print(f"imported {names}: {result['heads_holding']}/{result['heads_total']} heads")
+    return 0
+
+
+def run_keys(args: argparse.Namespace, home: Path) -> int:
+    from engine.head import keys
+
+    try:
+        if args.keys_command == "issue":
+            secret = keys.load_or_make_secret(keys.secret_path(home))
+            print(keys.issue_key(secret, args.name))
+        else:
+            fresh = keys.revoke(keys.revoked_path(home), args.name)
+            print(f"revoked the key of '{args.name}'" if fresh
+                  else f"the key of '{args.name}' was already revoked")
+    except keys.KeysError as exc:
+        raise StartError(str(exc)) from None
+    return 0

@@ -1,0 +1,199 @@
+"""Heads of one fleet keep their alias tables in step.
+
+Heads meet over the same encrypted link nodes use: a head dials another
+head's fleet listener and both say hello as heads. On meeting, and every
+SYNC_S after, each sends its table and merges the other's, keeping the higher
+version of each entry; a change made here is pushed at once, and the answer
+to the push tells how many heads hold it. A head that was off serves the
+table it saved and catches up at its first sync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.head import aliases as al
+from engine.link import messages as m
+from engine.link.connection import LinkError
+from engine.link.transport import Link, LinkClosed, dial
+
+log = logging.getLogger("shoal.head")
+
+SYNC_S = 30.0
+RETRY_S = 10.0
+PUSH_WAIT_S = 2.0
+
+
+@dataclass
+class Peer:
+    label: str  # address we dial, or the peer's head id for a peer that dialed us
+    head_id: str = ""
+    link: Link | None = None
+    pending: dict[int, asyncio.Future[al.AliasTable]] = field(default_factory=dict)
+
+
+class HeadPeers:
+    def __init__(self, *, head_id: str, model: str, psk: bytes | None, listen_port: int,
+                 table: Callable[[], al.AliasTable], on_merged: Callable[[list[str]], None],
+                 handshake_timeout_s: float = 10.0) -> None:
+        self.head_id = head_id
+        self.model = model
+        self.listen_port = listen_port
+        self.psk = psk
+        self._table = table
+        self._on_merged = on_merged
+        self.handshake_timeout_s = handshake_timeout_s
+        self.peers: dict[str, Peer] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._serial = 0
+        self._self_labels: set[str] = set()  # our own announcement, found on the network
+
+    def _spawn(self, coro: object, name: str) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- meeting -------------------------------------------------------------------
+
+    def dial(self, host: str, port: int) -> None:
+        """Keep a link to the head at host:port (a seed, or one found on the network)."""
+        label = f"{host}:{port}"
+        if label in self.peers or label in self._self_labels:
+            return
+        self.peers[label] = Peer(label)
+        self._spawn(self._dial_loop(label, host, port), f"peer-{label}")
+
+    async def _dial_loop(self, label: str, host: str, port: int) -> None:
+        reported = False
+        while True:
+            try:
+                link = await dial(host, port, psk=self.psk, timeout_s=self.handshake_timeout_s)
+                async with asyncio.timeout(self.handshake_timeout_s):
+                    hello = await link.recv()
+                if not isinstance(hello, m.HeadHello):
+                    link.close()
+                    raise LinkClosed("not a head")
+                link.send(m.HeadHello(head_id=self.head_id, model=self.model,
+                                      listen_port=self.listen_port))
+            except (OSError, TimeoutError, LinkError, LinkClosed) as exc:
+                if not reported:
+                    log.info("head peer %s unreachable (%s); retrying every %d s", label, exc,
+                             int(RETRY_S))
+                    reported = True
+                await asyncio.sleep(RETRY_S)
+                continue
+            reported = False
+            if hello.head_id == self.head_id:
+                link.close()  # found ourselves on the network
+                self.peers.pop(label, None)
+                self._self_labels.add(label)
+                return
+            await self.serve(link, hello.head_id, label=label)
+            await asyncio.sleep(RETRY_S / 10)
+
+    def accepted(self, link: Link, hello: m.HeadHello) -> None:
+        """A head dialed our fleet listener: known by where it listens, like a seed."""
+        host = link.peer.rpartition(":")[0]
+        label = f"{host}:{hello.listen_port}" if hello.listen_port else f"id:{hello.head_id}"
+        self._spawn(self.serve(link, hello.head_id, label=label), f"peer-{hello.head_id}")
+
+    # -- one link ------------------------------------------------------------------
+
+    async def serve(self, link: Link, head_id: str, *, label: str) -> None:
+        peer = self.peers.setdefault(label, Peer(label))
+        peer.head_id = head_id
+        if any(p.head_id == head_id and p.link is not None and not p.link.closed
+               for p in self.peers.values()):
+            link.close()  # already linked the other way
+            await asyncio.sleep(RETRY_S)
+            return
+        peer.link = link
+        log.info("linked with head %s at %s; syncing aliases", head_id, link.peer)
+        sync = asyncio.create_task(self._sync_every(peer), name=f"sync-{head_id}")
+        try:
+            while True:
+                rec = await link.recv()
+                if isinstance(rec, m.AliasSync):
+                    self._on_sync(peer, rec)
+                elif isinstance(rec, m.Ping):
+                    link.send(m.Pong(nonce=rec.nonce))
+        except LinkClosed:
+            pass
+        finally:
+            sync.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sync
+            peer.link = None
+            for fut in peer.pending.values():
+                if not fut.done():
+                    fut.cancel()
+            peer.pending.clear()
+            link.close()
+
+    def known(self) -> int:
+        """Other heads this head knows of: by id once met, by address before."""
+        return len({p.head_id or p.label for p in self.peers.values()})
+
+    async def _sync_every(self, peer: Peer) -> None:
+        while True:
+            self._send(peer, reply=True)
+            await asyncio.sleep(SYNC_S)
+
+    def _send(self, peer: Peer, *, reply: bool, serial: int = 0) -> None:
+        if peer.link is None:
+            return
+        table = self._table()
+        data = al.AliasTable(table.snapshot()).to_json().encode()
+        with contextlib.suppress(LinkClosed):
+            peer.link.send(m.AliasSync(table=data, reply=reply, serial=serial))
+
+    def _on_sync(self, peer: Peer, rec: m.AliasSync) -> None:
+        try:
+            theirs = al.AliasTable.from_json(rec.table, source=f"head {peer.head_id}")
+        except al.AliasError as exc:
+            log.warning("ignoring the alias table of head %s: %s", peer.head_id, exc)
+            return
+        changed = self._table().merge(theirs.snapshot())
+        if changed:
+            log.info("aliases from head %s: %s", peer.head_id, ", ".join(changed))
+            self._on_merged(changed)
+        if rec.reply:
+            self._send(peer, reply=False, serial=rec.serial)
+        fut = peer.pending.pop(rec.serial, None) if rec.serial else None
+        if fut is not None and not fut.done():
+            fut.set_result(theirs)
+
+    # -- spreading a change ----------------------------------------------------------
+
+    async def spread(self, entry: al.AliasEntry) -> tuple[int, int]:
+        """Push the table to every linked head; (heads holding ``entry``, heads known)."""
+        loop = asyncio.get_running_loop()
+        waits: list[asyncio.Future[al.AliasTable]] = []
+        for peer in self.peers.values():
+            if peer.link is None:
+                continue
+            self._serial += 1
+            fut: asyncio.Future[al.AliasTable] = loop.create_future()
+            peer.pending[self._serial] = fut
+            waits.append(fut)
+            self._send(peer, reply=True, serial=self._serial)
+        held = 1
+        if waits:
+            done, _ = await asyncio.wait(waits, timeout=PUSH_WAIT_S)
+            for fut in done:
+                if not fut.cancelled() and fut.exception() is None \
+                        and fut.result().holds(entry.name, entry.version):
+                    held += 1
+        return held, 1 + self.known()
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for peer in self.peers.values():
+            if peer.link is not None:
+                peer.link.close()
