@@ -340,13 +340,14 @@ class LlamaCppEngine:
 
     def __init__(
         self,
-        path: str,
+        path: str | os.PathLike[str],
         *,
         model_name: str,
         lanes: int = 8,
         max_context: int | None = None,
         n_threads: int | None = None,
     ) -> None:
+        path = os.fspath(path)
         if lanes < 1:
             raise ValueError("lanes must be at least 1")
         if max_context is not None and max_context < 1:
@@ -702,37 +703,44 @@ class LlamaCppEngine:
         lane.tokens = tokens
 
     def _step(self, lib: Any, batch: Any, active: list[_Job]) -> None:
-        """One decode: a token for every decoding lane, prompt chunks for the rest."""
-        n = 0
+        """One decode: a token for every decoding lane, prompt chunks for the rest.
+
+        Decoding lanes always get their token; prompts share what is left of the
+        batch. Each group is written in lane order: with one KV stream per lane,
+        llama.cpp splits a batch whose sequence ids are out of order into several
+        smaller decodes, which cost up to a third of the throughput at 8 lanes.
+        """
         fed: list[tuple[_Job, list[int]]] = []
         for job in active:
             job.batch_index = -1
-            if job.pending:
-                continue
-            lane = job.lane
-            assert lane is not None
-            self._batch_put(batch, n, job.next_token, len(lane.tokens), lane.seq, True)
-            job.batch_index = n
-            fed.append((job, [job.next_token]))
-            n += 1
-        budget = self._n_batch - n
+            if not job.pending:
+                fed.append((job, [job.next_token]))
+        budget = self._n_batch - len(fed)
         for job in active:
             if budget <= 0:
                 break
-            if not job.pending or job.batch_index >= 0:
+            if not job.pending:
                 continue
-            lane = job.lane
-            assert lane is not None
             chunk = job.pending[:budget]
-            pos = len(lane.tokens)
-            last = len(chunk) == len(job.pending)
-            for i, tok in enumerate(chunk):
-                self._batch_put(batch, n, tok, pos + i, lane.seq, last and i == len(chunk) - 1)
-                n += 1
-            if last:
-                job.batch_index = n - 1
             fed.append((job, chunk))
             budget -= len(chunk)
+        # decoding lanes first, then prompts (a mixed order can stall llama_decode),
+        # each group by lane
+        fed.sort(key=lambda item: (bool(item[0].pending),
+                                   item[0].lane.seq if item[0].lane is not None else 0))
+        n = 0
+        for job, chunk in fed:
+            lane = job.lane
+            assert lane is not None
+            pos = len(lane.tokens)
+            # logits for a decoding lane's token, and for a prompt's very last token
+            wants = not job.pending or len(chunk) == len(job.pending)
+            for i, tok in enumerate(chunk):
+                last = i == len(chunk) - 1
+                self._batch_put(batch, n, tok, pos + i, lane.seq, wants and last)
+                n += 1
+            if wants:
+                job.batch_index = n - 1
         if n == 0:
             return
         batch.n_tokens = n
@@ -869,7 +877,8 @@ class LlamaCppEngine:
 class LlamaCppVocab:
     """The vocabulary of a GGUF file, loaded without weights."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        path = os.fspath(path)
         _check_path(path)
         lib = _lib()
         params = lib.llama_model_default_params()
