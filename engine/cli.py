@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -115,6 +116,20 @@ def build_parser() -> argparse.ArgumentParser:
                        help="another model this head serves through nodes (repeatable)")
     serve.add_argument("--fleet-listen", help="ADDR:PORT where nodes join (announced on the "
                        "network)")
+    serve.add_argument("--api-key", default=os.environ.get("SHOAL_API_KEY") or None,
+                       help="require this key (Authorization: Bearer KEY); also "
+                       "$SHOAL_API_KEY")
+    serve.add_argument("--keys", choices=["auto", "on", "off"], default="auto",
+                       help="take keys made with `shoal keys issue` (auto: once one was "
+                       "issued)")
+    serve.add_argument("--key-policy", type=Path, help="per-key limits, JSON or TOML "
+                       "(default: $SHOAL_HOME/keys.policy.json)")
+    serve.add_argument("--cors-allow", default="", metavar="ORIGINS",
+                       help="browser origins allowed, comma-separated "
+                       "(https://app.example,http://localhost:*)")
+    serve.add_argument("--keepalive", type=float, default=5.0, metavar="SECONDS",
+                       help="keepalive interval while a request waits or its prompt "
+                       "prefills")
     _discovery_options(serve)
 
     node = sub.add_parser("node", help="serve a model to the fleet's heads")
@@ -139,6 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _split(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _cors(spec: str) -> tuple[str, ...]:
+    from engine.head.keys import KeysError, parse_allow_list
+
+    try:
+        return parse_allow_list(spec)
+    except KeysError as exc:
+        raise StartError(str(exc)) from None
 
 
 def _fleet(args: argparse.Namespace, home: Path) -> int:
@@ -199,7 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 chat_template=args.chat_template, fleet_listen=args.fleet_listen,
                 also_models=args.also_model,
                 discovery=args.discovery, seeds=_split(args.seeds),
-                tailscale_socket=args.tailscale_socket, home=home)
+                tailscale_socket=args.tailscale_socket, api_key=args.api_key,
+                keys=args.keys, key_policy=args.key_policy,
+                cors_allow=_cors(args.cors_allow),
+                keepalive_s=args.keepalive if args.keepalive > 0 else 5.0, home=home)
             return asyncio.run(run_serve(opts))
         if args.command == "node" and args.node_command == "leave":
             for line in leave(home, forget_token=args.forget_token) or ["no joined node here"]:

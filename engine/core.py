@@ -100,6 +100,11 @@ class ServeOptions:
     discovery: str = "both"  # lan | tailnet | both | none
     seeds: list[str] = field(default_factory=list)
     tailscale_socket: str | None = None
+    api_key: str | None = None  # --api-key: one static key, not rate-limited
+    keys: str = "auto"  # keys from `shoal keys issue`: auto (once one was issued) | on | off
+    key_policy: Path | None = None  # per-key limits; default $SHOAL_HOME/keys.policy.json
+    cors_allow: tuple[str, ...] = ()  # browser origins allowed to call the API
+    keepalive_s: float = 5.0  # seconds between keepalives while a request waits
     home: Path = field(default_factory=default_home)
 
 
@@ -263,7 +268,8 @@ def describe_node(agent: NodeAgent, host: str, port: int) -> str:
     return (f"runtime {info.runtime} serves {info.path}: context window "
             f"{info.context_window} tokens ({how}), {info.lanes} lanes\n"
             f"node '{agent.identity}' serving '{info.model}' on {host}:{port} "
-            f"(link {'encrypted' if agent.psk else 'plaintext, loopback only'})")
+            f"(link {'encrypted' if agent.psk else 'plaintext, loopback only'}): "
+            f"context window {info.context_window} tokens, {info.lanes} lanes")
 
 
 async def run_node(opts: NodeOptions) -> int:
@@ -298,6 +304,36 @@ class RunningHead:
         if self.local_agent is not None:
             await self.local_agent.close()
             await self.local_agent.engine.close()
+
+
+def configure_access(head: Head, opts: ServeOptions) -> None:
+    """Who may call the HTTP API: the static key, issued keys and their limits, browser
+    origins; and how often a waiting request gets a keepalive."""
+    from engine.head import keys
+
+    head.api_key = opts.api_key or None
+    head.cors_allow = opts.cors_allow
+    head.keepalive_s = opts.keepalive_s
+    secret_file = keys.secret_path(opts.home)
+    if opts.keys == "off" or (opts.keys == "auto" and not secret_file.exists()):
+        if head.api_key:
+            log.info("the API takes the key given with --api-key")
+        return
+    if opts.key_policy is not None and not opts.key_policy.exists():
+        raise StartError(f"no key policy at {opts.key_policy}; write one like "
+                         '{"default": {"rpm": 60, "burst": 10, "concurrent": 4}} '
+                         "or leave out --key-policy")
+    try:
+        head.keys_secret = keys.load_or_make_secret(secret_file)
+        head.key_policy = keys.load_policy(opts.key_policy or keys.policy_path(opts.home))
+    except keys.KeysError as exc:
+        raise StartError(str(exc)) from None
+    head.revoked_path = keys.revoked_path(opts.home)
+    limits = head.key_policy.default
+    log.info("the API takes keys from `shoal keys issue`%s; each limited to %g requests a "
+             "minute (burst %d) and %d at once unless the policy says otherwise",
+             " and the --api-key key" if head.api_key else "", limits.rpm, limits.burst,
+             limits.concurrent)
 
 
 async def start_head(opts: ServeOptions) -> RunningHead:
@@ -348,6 +384,7 @@ async def start_head(opts: ServeOptions) -> RunningHead:
                                queue_timeout_s=opts.queue_timeout_s)
         head = Head([model, *others], fleet, runner, tool_parser=opts.tool_call_parser,
                     aliases_path=opts.home / "aliases.json")
+        configure_access(head, opts)
         if embedded:
             node_opts = NodeOptions(model=opts.model or path, listen="127.0.0.1:0",
                                     runtime=runtime, model_name=name,

@@ -1,49 +1,105 @@
-"""The aiohttp application of the head: routes, limits and the error shape."""
+"""The aiohttp application of the head: routes, keys and limits, metrics, the error shape."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
-from engine.api import openai, ops
-from engine.api.errors import error_response
+from engine.api import admin, completions, ollama, openai, ops
+from engine.api.auth import Gate, add_cors_headers, gate_middleware
+from engine.api.errors import error_for
+from engine.api.metrics import METRICS, ApiMetrics, metrics_route
+from engine.api.openapi import openapi_route
 from engine.api.schemas import MAX_BODY
 from engine.head.head import Head
 
 log = logging.getLogger("shoal.api")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+GATE: web.AppKey[Gate] = web.AppKey("gate", Gate)
 
 
 @web.middleware
 async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure leaves in the OpenAI error shape; none as a traceback."""
+    """Every failure leaves in the route's error shape; none as a traceback."""
     try:
         return await handler(request)
     except web.HTTPRequestEntityTooLarge:
-        return error_response(413, f"the body is larger than {MAX_BODY} bytes",
-                              code="request_too_large")
+        return error_for(request, 413, f"the body is larger than {MAX_BODY} bytes",
+                         code="request_too_large")
     except web.HTTPNotFound:
-        return error_response(404, f"no route {request.method} {request.path}",
-                              code="not_found")
+        return error_for(request, 404, f"no route {request.method} {request.path[:200]}",
+                         code="not_found")
     except web.HTTPMethodNotAllowed as exc:
-        return error_response(405, f"{request.method} is not allowed on {request.path}; "
-                              f"use {', '.join(sorted(exc.allowed_methods))}",
-                              code="method_not_allowed")
+        return error_for(request, 405, f"{request.method} is not allowed on "
+                         f"{request.path[:200]}; use {', '.join(sorted(exc.allowed_methods))}",
+                         code="method_not_allowed",
+                         headers={"Allow": ",".join(sorted(exc.allowed_methods))})
     except web.HTTPException:
         raise
+    except ConnectionResetError:
+        log.info("client went away during %s %s", request.method, request.path[:200])
+        return web.Response(status=499)
     except Exception:
-        log.exception("unexpected error on %s %s", request.method, request.path)
-        return error_response(500, "internal error; the head's log has the details",
-                              code="internal_error")
+        log.exception("unexpected error on %s %s", request.method, request.path[:200])
+        return error_for(request, 500, "internal error; the head's log has the details",
+                         code="internal_error")
+
+
+def _route_label(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+def counting(metrics: ApiMetrics) -> Middleware:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        request[openai.ARRIVED] = time.monotonic()
+        metrics.in_flight += 1
+        status = 500
+        try:
+            resp = await handler(request)
+            status = resp.status
+            return resp
+        except web.HTTPException as exc:
+            status = exc.status
+            raise
+        finally:
+            metrics.in_flight -= 1
+            metrics.request(_route_label(request), request.method, status)
+
+    return middleware
 
 
 def build_app(head: Head) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY, middlewares=[openai_errors])
+    metrics = ApiMetrics()
+    gate = Gate(head)
+
+    def refused(reason: str) -> None:
+        metrics.refused[reason] += 1
+
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[
+        counting(metrics), openai_errors, gate_middleware(gate, refused)])
     app[openai.HEAD] = head
-    app.router.add_post("/v1/chat/completions", openai.chat_completions)
-    app.router.add_get("/v1/models", openai.list_models)
-    app.router.add_get("/v1/fleet", ops.fleet)
-    app.router.add_get("/health", ops.health)
+    app[METRICS] = metrics
+    app[GATE] = gate
+    app.on_response_prepare.append(add_cors_headers)
+    r = app.router
+    r.add_post("/v1/chat/completions", openai.chat_completions)
+    r.add_post("/v1/completions", completions.completions)
+    r.add_get("/v1/models", openai.list_models)
+    r.add_get("/v1/models/{model:.+}", openai.get_model)
+    r.add_post("/api/chat", ollama.chat)
+    r.add_post("/api/generate", ollama.generate)
+    r.add_get("/api/tags", ollama.tags)
+    r.add_post("/api/show", ollama.show)
+    r.add_get("/api/version", ollama.version)
+    r.add_get("/v1/fleet", ops.fleet)
+    r.add_get("/health", ops.health)
+    r.add_get("/metrics", metrics_route)
+    r.add_get("/openapi.json", openapi_route)
+    admin.add_routes(app)
     return app

@@ -1,18 +1,57 @@
-"""Errors in the OpenAI shape: {"error": {"message", "type", "code"}}."""
+"""Errors in the OpenAI shape: {"error": {"message", "type", "param", "code"}}.
+
+Ollama's routes (``/api/...``) answer in Ollama's own shape, ``{"error": "message"}``,
+which its clients read.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 from aiohttp import web
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error",
-          404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-          429: "rate_limit_error", 500: "server_error", 502: "server_error",
-          503: "server_error"}
+          403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
+          413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
+          502: "server_error", 503: "server_error"}
+
+
+def error_body(status: int, message: str, *, code: str | None = None,
+               param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),
+                      "param": param, "code": code}}
+
+
+def _headers(retry_after: int | None,
+             extra: dict[str, str] | None = None) -> dict[str, str] | None:
+    headers = dict(extra or {})
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
+    return headers or None
 
 
 def error_response(status: int, message: str, *, code: str | None = None,
-                   param: str | None = None, retry_after: int | None = None) -> web.Response:
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    body = {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),
-                      "param": param, "code": code}}
-    return web.json_response(body, status=status, headers=headers)
+                   param: str | None = None, retry_after: int | None = None,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(error_body(status, message, code=code, param=param),
+                             status=status, headers=_headers(retry_after, headers))
+
+
+def ollama_error(status: int, message: str, *, retry_after: int | None = None,
+                 headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": message}, status=status,
+                             headers=_headers(retry_after, headers))
+
+
+def is_ollama_path(path: str) -> bool:
+    return path == "/api" or path.startswith("/api/")
+
+
+def error_for(request: web.Request, status: int, message: str, *, code: str | None = None,
+              param: str | None = None, retry_after: int | None = None,
+              headers: dict[str, str] | None = None) -> web.Response:
+    """An error in the shape the route's clients read."""
+    if is_ollama_path(request.path):
+        return ollama_error(status, message, retry_after=retry_after, headers=headers)
+    return error_response(status, message, code=code, param=param, retry_after=retry_after,
+                          headers=headers)

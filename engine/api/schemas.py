@@ -49,6 +49,7 @@ _Temp = Annotated[float, msgspec.Meta(ge=0.0, le=100.0)]
 _Prob = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 _Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
 _MaxTok = Annotated[int, msgspec.Meta(ge=1, lt=1 << 31)]
+_Seed = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]  # what the link carries
 
 
 class ChatRequest(msgspec.Struct):
@@ -62,7 +63,7 @@ class ChatRequest(msgspec.Struct):
     top_p: _Prob | None = None
     top_k: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
     min_p: _Prob | None = None
-    seed: int | None = None
+    seed: _Seed | None = None
     stop: _Str | Annotated[list[_Str], msgspec.Meta(max_length=16)] | None = None
     n: int | None = None
     presence_penalty: _Penalty | None = None
@@ -124,3 +125,169 @@ def message_text(content: str | list[ContentPart] | None) -> str:
     if isinstance(content, str):
         return content
     return "".join(p.text or "" for p in content)
+
+
+# -- /v1/completions ------------------------------------------------------------------
+
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for the legacy completions route
+
+
+class CompletionRequest(msgspec.Struct):
+    model: _Name
+    prompt: _Str | Annotated[list[_Str], msgspec.Meta(max_length=16)] = ""
+    suffix: _Str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: _MaxTok | None = None
+    temperature: _Temp | None = None
+    top_p: _Prob | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
+    min_p: _Prob | None = None
+    seed: _Seed | None = None
+    stop: _Str | Annotated[list[_Str], msgspec.Meta(max_length=16)] | None = None
+    n: int | None = None
+    best_of: int | None = None
+    echo: bool | None = None
+    logprobs: int | None = None
+    presence_penalty: _Penalty | None = None
+    frequency_penalty: _Penalty | None = None
+    repeat_penalty: Annotated[float, msgspec.Meta(ge=0.0, le=10.0)] | None = None
+    logit_bias: dict[str, float] | None = None
+    user: _Name | None = None
+
+
+def unsupported_completion(req: CompletionRequest) -> str | None:
+    """Name the first parameter of a completion request we cannot honour, or None."""
+    if isinstance(req.prompt, list) and len(req.prompt) != 1:
+        return ("prompt as a list must hold exactly one string; send one request per prompt")
+    if req.n is not None and req.n != 1:
+        return "n other than 1 is not supported; send one request per completion"
+    if req.best_of is not None and req.best_of != 1:
+        return "best_of other than 1 is not supported"
+    if req.echo:
+        return "echo is not supported"
+    if req.logprobs:
+        return "logprobs is not supported"
+    if req.logit_bias:
+        return "logit_bias is not supported"
+    return None
+
+
+def completion_prompt(req: CompletionRequest) -> str:
+    return req.prompt[0] if isinstance(req.prompt, list) else req.prompt
+
+
+# -- Ollama: /api/chat, /api/generate, /api/show ----------------------------------------
+
+
+class OllamaOptions(msgspec.Struct):
+    """The options Shoal honours; Ollama's others (num_ctx, mirostat, ...) are ignored."""
+
+    temperature: _Temp | None = None
+    top_p: _Prob | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
+    min_p: _Prob | None = None
+    num_predict: Annotated[int, msgspec.Meta(ge=-2, lt=1 << 31)] | None = None
+    seed: _Seed | None = None
+    stop: _Str | Annotated[list[_Str], msgspec.Meta(max_length=16)] | None = None
+    repeat_penalty: Annotated[float, msgspec.Meta(ge=0.0, le=10.0)] | None = None
+    presence_penalty: _Penalty | None = None
+    frequency_penalty: _Penalty | None = None
+
+
+class OllamaFunction(msgspec.Struct):
+    name: _Name
+    arguments: dict[str, Any] | _Str = msgspec.field(default_factory=dict)
+
+
+class OllamaToolCall(msgspec.Struct):
+    function: OllamaFunction
+
+
+class OllamaMessage(msgspec.Struct):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: _Str = ""
+    images: Annotated[list[_Str], msgspec.Meta(max_length=64)] | None = None
+    tool_calls: Annotated[list[OllamaToolCall], msgspec.Meta(max_length=512)] | None = None
+    tool_name: _Name | None = None
+    thinking: _Str | None = None
+
+
+_Think = bool | Literal["low", "medium", "high"] | None
+_KeepAlive = Annotated[float, msgspec.Meta(ge=-1e9, le=1e9)] | _Name | None
+
+
+class OllamaChatRequest(msgspec.Struct):
+    model: _Name
+    messages: Annotated[list[OllamaMessage], msgspec.Meta(max_length=100_000)] = \
+        msgspec.field(default_factory=list)
+    tools: Annotated[list[dict[str, Any]], msgspec.Meta(max_length=512)] | None = None
+    format: Any = None
+    options: OllamaOptions | None = None
+    stream: bool = True
+    keep_alive: _KeepAlive = None
+    think: _Think = None
+
+
+class OllamaGenerateRequest(msgspec.Struct):
+    model: _Name
+    prompt: _Str = ""
+    suffix: _Str | None = None
+    system: _Str | None = None
+    template: _Str | None = None
+    context: Annotated[list[int], msgspec.Meta(max_length=1_000_000)] | None = None
+    raw: bool = False
+    images: Annotated[list[_Str], msgspec.Meta(max_length=64)] | None = None
+    format: Any = None
+    options: OllamaOptions | None = None
+    stream: bool = True
+    keep_alive: _KeepAlive = None
+    think: _Think = None
+
+
+class OllamaShowRequest(msgspec.Struct):
+    model: _Name | None = None
+    name: _Name | None = None  # the older spelling
+    verbose: bool = False
+
+
+def unsupported_ollama(req: OllamaChatRequest | OllamaGenerateRequest) -> str | None:
+    """Name the first field of an Ollama request we cannot honour, or None."""
+    if req.format not in (None, ""):
+        return "format (JSON output) is not supported; ask for JSON in the prompt"
+    if isinstance(req, OllamaGenerateRequest):
+        if req.images:
+            return "images are not supported; send text"
+        if req.template:
+            return ("template is not supported: the head renders the model's own chat "
+                    "template; send raw=true with a formatted prompt instead")
+        if req.context:
+            return "context is not supported; use /api/chat to continue a conversation"
+    else:
+        for msg in req.messages:
+            if msg.images:
+                return "images are not supported; send text"
+    n = req.options.num_predict if req.options else None
+    if n is not None and n == 0:
+        return "options.num_predict 0 asks for no tokens; give a positive number or -1"
+    return None
+
+
+def _decoder_for(kind: type[Any]) -> msgspec.json.Decoder[Any]:
+    return msgspec.json.Decoder(kind)
+
+
+_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+
+
+def decode_as(kind: type[Any], body: bytes) -> Any:
+    """Decode a request body strictly as ``kind``; BadRequest with the field at fault."""
+    dec = _decoders.get(kind)
+    if dec is None:
+        dec = _decoders[kind] = _decoder_for(kind)
+    try:
+        return dec.decode(body)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from None

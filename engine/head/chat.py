@@ -5,10 +5,12 @@ Nothing here touches HTTP; the API layer turns the events into JSON or SSE.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from engine.api.schemas import ChatRequest, message_text
 from engine.head.model import HeadModel
@@ -68,7 +70,21 @@ def _args(raw: str) -> Any:
         return raw
 
 
-def sampling_of(req: ChatRequest) -> m.SamplingParams:
+class SamplingFields(Protocol):
+    """The sampling fields that chat and completion requests share."""
+
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    min_p: float | None
+    seed: int | None
+    presence_penalty: float | None
+    frequency_penalty: float | None
+    repeat_penalty: float | None
+
+
+def sampling_of(req: SamplingFields) -> m.SamplingParams:
+    """The request's sampler settings, with llama.cpp's defaults for what it leaves out."""
     d = m.SamplingParams()
     return m.SamplingParams(
         temperature=d.temperature if req.temperature is None else req.temperature,
@@ -87,43 +103,47 @@ def template_kwargs(req: ChatRequest) -> dict[str, Any]:
     if req.reasoning_effort and req.reasoning_effort not in ("none", "minimal"):
         kwargs["enable_thinking"] = True
     if req.chat_template_kwargs:
-        kwargs.update(req.chat_template_kwargs)
+        kwargs.update({k: v for k, v in req.chat_template_kwargs.items()
+                       if k not in _RESERVED_KWARGS})
     return kwargs
 
 
-class ChatTurn:
-    """Prepares one request and runs it, yielding text, tool-call deltas and a final."""
+# what the head itself passes to a template; a request cannot override these
+_RESERVED_KWARGS = frozenset({"messages", "tools", "add_generation_prompt"})
 
-    def __init__(self, model: HeadModel, runner: SessionRunner, req: ChatRequest,
-                 routing: Routing, *, tool_parser: str | None = None) -> None:
+
+UNKNOWN_ROOM = 1 << 16
+
+
+class Turn:
+    """One generation on the fleet: prompt ids in, text and tool-call deltas and a final out."""
+
+    def __init__(self, model: HeadModel, runner: SessionRunner, prompt: list[int], *,
+                 routing: Routing, sampling: m.SamplingParams | None = None,
+                 max_tokens: int | None = None, stops: Sequence[str] = (),
+                 parser: ToolCallParser | None = None) -> None:
         self.model = model
         self.runner = runner
-        self.req = req
         self.routing = routing
-        try:
-            self.prompt = model.render(to_template_messages(req), tools=req.tools,
-                                       **template_kwargs(req))
-        except TemplateError as exc:
-            raise PlacementError(400, "invalid_request_error", str(exc)) from None
+        self.prompt = prompt
+        self.sampling = sampling if sampling is not None else m.SamplingParams()
         window = runner.fleet.context_window(model.name)
-        asked = req.max_completion_tokens or req.max_tokens
-        room = max(window - len(self.prompt), 1)
-        self.max_tokens = min(asked, room) if asked else room
-        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        self._stops = stops
-        self._parser: ToolCallParser | None = (
-            parser_for(tool_parser, model.template.family) if req.tools else None)
+        # no node connected yet (the request queues for one): the node stops at its window
+        room = max(window - len(prompt), 1) if window else UNKNOWN_ROOM
+        self.max_tokens = min(max_tokens, room) if max_tokens else room
+        self._stops = [s for s in stops if s]
+        self._parser = parser
         self.session = "s-" + secrets.token_hex(8)
 
     async def events(self) -> AsyncGenerator[ChatEvent, None]:
         detok = Detokenizer(self.model.vocab.token_bytes)
         stopper = StopMatcher(self._stops)
         parser = self._parser
+        r = self.routing
         job = Job(session=self.session, model=self.model.name, prompt=self.prompt,
-                  max_tokens=self.max_tokens,
-                  sampling=sampling_of(self.req), stop_ids=sorted(self.model.stop_ids),
-                  affinity=self.routing.affinity, pin_host=self.routing.pin_host,
-                  prefer=self.routing.prefer)
+                  max_tokens=self.max_tokens, sampling=self.sampling,
+                  stop_ids=sorted(self.model.stop_ids), affinity=r.affinity,
+                  pin_host=r.pin_host, prefer=r.prefer)
         calls: list[dict[str, Any]] = []
 
         def emit(text: str) -> list[TextDelta | ToolCallDelta]:
@@ -170,6 +190,104 @@ class ChatTurn:
                     return
         finally:
             await run.aclose()
+
+
+class ChatTurn(Turn):
+    """A chat request: messages rendered through the model's template, then a Turn."""
+
+    def __init__(self, model: HeadModel, runner: SessionRunner, req: ChatRequest,
+                 routing: Routing, *, tool_parser: str | None = None) -> None:
+        self.req = req
+        try:
+            prompt = model.render(to_template_messages(req), tools=req.tools,
+                                  **template_kwargs(req))
+        except TemplateError as exc:
+            raise PlacementError(400, "invalid_request_error", str(exc)) from None
+        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+        parser = parser_for(tool_parser, model.template.family) if req.tools else None
+        super().__init__(model, runner, prompt, routing=routing, sampling=sampling_of(req),
+                         max_tokens=req.max_completion_tokens or req.max_tokens, stops=stops,
+                         parser=parser)
+
+
+def _strip_bos(ids: list[int], bos: list[int]) -> list[int]:
+    return ids[len(bos):] if bos and ids[:len(bos)] == bos else ids
+
+
+def completion_prompt_ids(model: HeadModel, prompt: str, suffix: str | None) -> list[int]:
+    """Prompt ids of a raw completion; with ``suffix``, fill-in-the-middle through the
+    model's FIM tokens (BOS, prefix marker, prompt, suffix marker, suffix, middle marker).
+
+    An empty suffix uses FIM when the model has the tokens and a plain completion
+    otherwise; a non-empty one on a model without them is refused (400)."""
+    vocab = model.vocab
+    if suffix is None:
+        return vocab.encode(prompt, special=True)
+    fim = vocab.fim_ids()
+    if fim is None:
+        if not suffix:
+            return vocab.encode(prompt, special=True)
+        raise PlacementError(
+            400, "fim_unsupported",
+            f"model {model.name} has no fill-in-the-middle tokens; send the prompt without "
+            "a suffix, or serve a code model that has them (for example Qwen2.5-Coder)")
+    pre, suf, mid = fim
+    bos = vocab.encode("", special=True)
+    head = _strip_bos(vocab.encode(prompt, special=False), bos)
+    tail = _strip_bos(vocab.encode(suffix, special=False), bos)
+    return [*bos, pre, *head, suf, *tail, mid]
+
+
+_END: Any = object()
+
+
+class EventPump:
+    """Runs a turn's events in a task of its own so that the HTTP side can wait for the
+    next one with a timeout (keepalives) without cancelling the generation.
+
+    ``get`` raises TimeoutError when nothing came in time, re-raises what the turn
+    raised, and returns None once the turn has ended. ``close`` stops the turn (the
+    node's lane is released) when it has not ended."""
+
+    def __init__(self, events: AsyncGenerator[ChatEvent, None], *, depth: int = 256) -> None:
+        self._events = events
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(depth)
+        self._task = asyncio.create_task(self._run(), name="turn-events")
+        self.done = False
+
+    async def _run(self) -> None:
+        try:
+            async for ev in self._events:
+                await self._queue.put(ev)
+            await self._queue.put(_END)
+        except Exception as exc:
+            await self._queue.put(_Failed(exc))
+        finally:
+            await self._events.aclose()
+
+    async def get(self, wait_s: float | None) -> ChatEvent | None:
+        if self.done:
+            return None
+        async with asyncio.timeout(wait_s):
+            item = await self._queue.get()
+        if item is _END:
+            self.done = True
+            return None
+        if isinstance(item, _Failed):
+            self.done = True
+            raise item.exc
+        return item  # type: ignore[no-any-return]
+
+    async def close(self) -> None:
+        if not self._task.done():
+            self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+@dataclass(slots=True)
+class _Failed:
+    exc: Exception
 
 
 def _collect(calls: list[dict[str, Any]], ev: TextDelta | ToolCallDelta) -> None:

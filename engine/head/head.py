@@ -9,6 +9,7 @@ from typing import Any
 
 from engine.head import aliases as al
 from engine.head.fleet import Fleet
+from engine.head.keys import Policy
 from engine.head.model import HeadModel
 from engine.head.names import match_name
 from engine.head.peers import HeadPeers
@@ -37,8 +38,16 @@ class Head:
         self._alias_store = al.AliasStore(aliases_path) if aliases_path is not None else None
         self.aliases = self._alias_store.load() if self._alias_store else al.AliasTable()
         self.peers: HeadPeers | None = None  # other heads of the fleet, for aliases
-        # set by the composition root when the API is protected
-        self.api_key: str | None = None
+        # who may call the HTTP API, set by the composition root (engine.api.auth)
+        self.api_key: str | None = None  # --api-key
+        self.keys_secret: bytes | None = None  # issued keys sk-shoal-<name>-<sig>
+        self.revoked_path: Path | None = None  # their revocation list, re-read on change
+        self.key_policy: Policy | None = None  # per-key limits (the defaults when None)
+        self.cors_allow: tuple[str, ...] = ()  # browser origins allowed
+        # a waiting request gets a keepalive this often; a refusal keeps its status
+        # until commit_s (None: until the first keepalive)
+        self.keepalive_s: float = 5.0
+        self.commit_s: float | None = None
 
     def served(self) -> dict[str, bool]:
         """Models some connected node serves, each with whether a lane is free now."""

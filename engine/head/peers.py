@@ -97,6 +97,9 @@ class HeadPeers:
 
     def accepted(self, link: Link, hello: m.HeadHello) -> None:
         """A head dialed our fleet listener: known by where it listens, like a seed."""
+        if hello.head_id == self.head_id:
+            link.close()  # our own dial, after finding ourselves on the network
+            return
         host = link.peer.rpartition(":")[0]
         label = f"{host}:{hello.listen_port}" if hello.listen_port else f"id:{hello.head_id}"
         self._spawn(self.serve(link, hello.head_id, label=label), f"peer-{hello.head_id}")

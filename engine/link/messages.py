@@ -54,7 +54,7 @@ class SamplingParams(msgspec.Struct, frozen=True, array_like=True):
     top_p: float = 0.95
     top_k: int = 40
     min_p: float = 0.05
-    seed: int | None = None
+    seed: Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)] | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repeat_penalty: float = 1.0

@@ -353,3 +353,49 @@ async def test_head_warns_about_a_node_serving_another_model(cluster: Cluster):
                 assert r.status == 200
     nodes = {n["identity"]: n for n in (await fleet_state(head))["nodes"]}
     assert nodes["good"]["sessions_total"] == 4 and nodes["odd"]["sessions_total"] == 0
+
+
+async def test_conns_per_node_limits_concurrent_generations(cluster: Cluster):
+    cluster.token()
+    node = cluster.node("n0", lanes=4, speed=100.0)
+    head = cluster.head([node], extra=("--fleet-conns-per-node", "1", "--queue-timeout", "10"))
+    await wait_ready(head, 1)
+    assert (await fleet_state(head))["nodes"][0]["connections"] == 1
+    async with aiohttp.ClientSession() as http:
+        async def go(i: int) -> int:
+            async with http.post(url(head, "/v1/chat/completions"),
+                                 json=chat_body(max_tokens=20, seed=i)) as r:
+                await r.read()
+                return r.status
+        assert await asyncio.gather(*(go(i) for i in range(3))) == [200] * 3
+    await asyncio.sleep(1.2)
+    assert (await fleet_state(head))["nodes"][0]["peak_busy"] == 1
+
+
+async def test_routing_hints_pin_and_prefer(cluster: Cluster):
+    cluster.token()
+    nodes = [cluster.node(f"n{i}", lanes=1, speed=200.0) for i in range(3)]
+    head = cluster.head(nodes, extra=("--queue-timeout", "2"))
+    await wait_ready(head, 3)
+    async with aiohttp.ClientSession() as http:
+        async def ask(query: str = "", headers: dict | None = None, **kw: object):
+            async with http.post(url(head, "/v1/chat/completions" + query), headers=headers,
+                                 json=chat_body(max_tokens=kw.pop("n", 4), **kw)) as r:
+                await r.read()
+                return r.status, r.headers.get("X-Shoal-Node")
+
+        for _ in range(3):  # a pin always lands on the named node
+            assert await ask("?host=n2") == (200, "n2")
+        assert await ask("?prefer=n1,n0") == (200, "n1")
+        assert await ask("", headers={"X-Shoal-Prefer": "n0"}) == (200, "n0")
+        # a preferred node that is busy is passed over, never waited for
+        busy = asyncio.create_task(ask("?host=n1", n=300, seed=4))
+        await asyncio.sleep(0.5)
+        t0 = time.monotonic()
+        status, node = await ask("?prefer=n1")
+        assert status == 200 and node != "n1" and time.monotonic() - t0 < 1.5
+        # a name the fleet does not know is passed over too, and a pin to it is refused
+        assert (await ask("?prefer=ghost,n2"))[1] == "n2"
+        status, _ = await ask("?host=ghost")
+        assert status == 503
+        await busy

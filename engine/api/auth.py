@@ -1,0 +1,207 @@
+"""Who may call the head: API keys, per-key limits, and browser origins (CORS).
+
+Settings are read from the head at each request (``api_key``, ``keys_secret``,
+``key_policy``, ``revoked_path``, ``cors_allow``), so the composition root can set
+them at any time:
+
+- neither ``api_key`` nor ``keys_secret``: no keys (a head for this machine);
+- ``api_key``: that one static key (``--api-key``), with no limits;
+- ``keys_secret``: stateless keys ``sk-shoal-<name>-<sig>`` checked against the
+  secret and the revocation list at ``revoked_path`` (re-read when the file
+  changes), each limited by the policy (rate with burst, concurrent requests).
+
+``/health`` is always open. The alias routes keep their own rule (this machine,
+or the static key) so `shoal alias` works on the head's machine with keys on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from engine.api.errors import error_for
+from engine.api.openai import request_key
+from engine.head import keys
+from engine.link.transport import is_loopback
+
+log = logging.getLogger("shoal.api")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+OPEN_PATHS = frozenset({"/health"})
+ALLOW_HEADERS = ("Authorization, Content-Type, X-Session-Id, X-Session-Affinity, "
+                 "X-Shoal-Prefer, OpenAI-Organization, OpenAI-Project")
+EXPOSE_HEADERS = "X-Shoal-Model, X-Shoal-Alias, X-Shoal-Node, Retry-After"
+ALLOW_METHODS = "GET, POST, PUT, DELETE, OPTIONS"
+PREFLIGHT_MAX_AGE_S = 600
+CORS_ORIGIN = request_key("cors_origin", str)  # the allowed Origin to echo back
+KEY_NAME = request_key("key_name", str)  # the name of the issued key used
+
+
+@dataclass
+class _Keys:
+    """What the head's settings turned into; rebuilt when a setting changes."""
+
+    policy_source: object = None
+    limiter: keys.Limiter | None = None
+    revoked_source: object = None
+    watcher: keys.RevokedWatcher | None = None
+
+
+class Gate:
+    """Auth, limits and CORS for one app, reading the head's settings as it goes."""
+
+    def __init__(self, head: Any, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.head = head
+        self.clock = clock
+        self._keys = _Keys()
+        self._warned: str | None = None
+
+    # -- settings ------------------------------------------------------------------
+
+    @property
+    def api_key(self) -> str | None:
+        return getattr(self.head, "api_key", None) or None
+
+    @property
+    def secret(self) -> bytes | None:
+        return getattr(self.head, "keys_secret", None) or None
+
+    @property
+    def cors_allow(self) -> tuple[str, ...]:
+        return tuple(getattr(self.head, "cors_allow", ()) or ())
+
+    @property
+    def enabled(self) -> bool:
+        return self.api_key is not None or self.secret is not None
+
+    def limiter(self) -> keys.Limiter:
+        source = getattr(self.head, "key_policy", None)
+        if self._keys.limiter is None or source is not self._keys.policy_source:
+            if isinstance(source, keys.Policy):
+                policy = source
+            elif isinstance(source, str | Path):
+                try:
+                    policy = keys.load_policy(Path(source))
+                except keys.KeysError as exc:
+                    log.error("%s; using the default limits until it is fixed", exc)
+                    policy = keys.Policy()
+            else:
+                policy = keys.Policy()
+            self._keys.limiter = keys.Limiter(policy)
+            self._keys.policy_source = source
+        return self._keys.limiter
+
+    def revoked(self) -> frozenset[str]:
+        source = getattr(self.head, "revoked_path", None)
+        if source is None:
+            return frozenset()
+        if self._keys.watcher is None or source != self._keys.revoked_source:
+            self._keys.watcher = keys.RevokedWatcher(Path(source))
+            self._keys.revoked_source = source
+        names = self._keys.watcher.current()
+        err = self._keys.watcher.error
+        if err and err != self._warned:
+            log.warning("%s; keeping the last good revocation list", err)
+        self._warned = err
+        return names
+
+    # -- checks --------------------------------------------------------------------
+
+    def identify(self, token: str | None) -> tuple[str | None, str]:
+        """(key name, "") for an issued key, ("", "") for the static key, or
+        (None, why) when the token opens nothing."""
+        if token is None:
+            return None, ("this head needs an API key; send it as "
+                          "'Authorization: Bearer <key>'")
+        static = self.api_key
+        if static is not None and keys.static_key_ok(static, token):
+            return "", ""
+        secret = self.secret
+        if secret is not None:
+            name = keys.verify_key(secret, token, self.revoked())
+            if name is not None:
+                return name, ""
+            claimed = keys.key_name(token)
+            if claimed is not None and keys.verify_key(secret, token, frozenset()):
+                return None, (f"key {claimed!r} has been revoked; ask the fleet's owner "
+                              "for a new one")
+        return None, "the API key is not valid for this head; check it or ask for a new one"
+
+
+def _refuse(request: web.Request, status: int, message: str, code: str, *,
+            retry_after: int | None = None, headers: dict[str, str] | None = None
+            ) -> web.Response:
+    return error_for(request, status, message, code=code, retry_after=retry_after,
+                     headers=headers)
+
+
+def gate_middleware(gate: Gate,
+                    on_refused: Callable[[str], None] | None = None) -> Middleware:
+    def refused(reason: str) -> None:
+        if on_refused is not None:
+            on_refused(reason)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        origin = request.headers.get("Origin")
+        if path in OPEN_PATHS:
+            return await handler(request)
+        # browsers: the origin must be on the allow-list
+        if origin is not None:
+            if not keys.origin_allowed(origin, gate.cors_allow):
+                refused("origin")
+                return _refuse(request, 403, f"origin {origin[:200]!r} is not allowed; add it "
+                               "to the head's CORS allow-list (--cors-allow)",
+                               "origin_not_allowed")
+            request[CORS_ORIGIN] = origin
+            if request.method == "OPTIONS" and \
+                    "Access-Control-Request-Method" in request.headers:
+                return web.Response(status=204, headers={
+                    "Access-Control-Allow-Methods": ALLOW_METHODS,
+                    "Access-Control-Allow-Headers":
+                        request.headers.get("Access-Control-Request-Headers", ALLOW_HEADERS),
+                    "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_S)})
+        if not gate.enabled:
+            return await handler(request)
+        if path.startswith("/v1/aliases") and is_loopback(request.remote or ""):
+            return await handler(request)  # admin.py decides, as before keys
+        name, why = gate.identify(keys.bearer_token(request.headers.get("Authorization")))
+        if name is None:
+            refused("key")
+            return _refuse(request, 401, why, "invalid_api_key",
+                           headers={"WWW-Authenticate": 'Bearer realm="shoal"'})
+        if name == "":  # the static key: the operator's, not limited
+            return await handler(request)
+        limiter = gate.limiter()
+        verdict = limiter.admit(name, gate.clock())
+        if not verdict.ok:
+            refused(verdict.reason)
+            return _refuse(request, 429, verdict.message, f"rate_limited_{verdict.reason}",
+                           retry_after=verdict.retry_after_s)
+        request[KEY_NAME] = name
+        try:
+            return await handler(request)
+        finally:
+            limiter.release(name)
+
+    return middleware
+
+
+async def add_cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: CORS headers on every answer to an allowed origin,
+    streams included (their headers leave before the handler returns)."""
+    origin = request.get(CORS_ORIGIN)
+    if origin is None:
+        return
+    response.headers["Access-Control-Allow-Origin"] = origin
+    response.headers["Access-Control-Expose-Headers"] = EXPOSE_HEADERS
+    vary = response.headers.get("Vary")
+    response.headers["Vary"] = f"{vary}, Origin" if vary else "Origin"

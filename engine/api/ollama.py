@@ -1,0 +1,366 @@
+"""Ollama's native routes: /api/chat, /api/generate, /api/tags, /api/show, /api/version.
+
+Shaped as Ollama answers them, so its clients and the tools built on them work
+unchanged: NDJSON streams by default (``"stream": false`` for one JSON object),
+durations in nanoseconds, ``done_reason``, and errors as ``{"error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from engine import __version__
+from engine.api.errors import ollama_error
+from engine.api.openai import (
+    HEAD,
+    Wire,
+    answer,
+    model_headers,
+    placement_refusal,
+    refuse_resolution,
+    resolve_model,
+    routing_of,
+)
+from engine.api.schemas import (
+    BadRequest,
+    ChatRequest,
+    Message,
+    OllamaChatRequest,
+    OllamaGenerateRequest,
+    OllamaOptions,
+    OllamaShowRequest,
+    ToolCall,
+    ToolCallFunction,
+    decode_as,
+    unsupported_ollama,
+)
+from engine.head.chat import (
+    ChatEvent,
+    ChatTurn,
+    Turn,
+    completion_prompt_ids,
+    sampling_of,
+)
+from engine.head.head import Head
+from engine.head.model import HeadModel
+from engine.head.sessions import PlacementError
+from engine.head.templates import TemplateError
+from engine.head.tools import TextDelta, ToolCallDelta
+
+# the Ollama API version these routes follow; clients that check a minimum version
+# (for tools, thinking, suffix) compare against it
+OLLAMA_API_VERSION = "0.12.0"
+_QUANT = re.compile(r"(?i)(?:^|[.\-_])((?:I?Q\d(?:_[A-Z0-9]+)*)|BF16|F16|F32)$")
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _ns(seconds: float) -> int:
+    return max(0, int(seconds * 1e9))
+
+
+def _think(value: bool | str | None) -> dict[str, Any]:
+    """Ollama's ``think``: off unless asked (small reasoning models spend their budget)."""
+    if value is None:
+        return {}
+    return {"chat_template_kwargs": {"enable_thinking": value is not False}}
+
+
+def _max_tokens(options: OllamaOptions | None) -> int | None:
+    n = options.num_predict if options else None
+    return n if n is not None and n > 0 else None  # -1 and -2: until the window is full
+
+
+def _stops(options: OllamaOptions | None) -> list[str]:
+    stop = options.stop if options else None
+    return [stop] if isinstance(stop, str) else list(stop or [])
+
+
+def _sampling_fields(options: OllamaOptions | None) -> dict[str, Any]:
+    if options is None:
+        return {}
+    return {k: getattr(options, k) for k in (
+        "temperature", "top_p", "top_k", "min_p", "seed", "repeat_penalty",
+        "presence_penalty", "frequency_penalty") if getattr(options, k) is not None}
+
+
+class _Ollama(Wire):
+    """Chunks as Ollama writes them; the last one carries ``done`` and the timings."""
+
+    key = "response"
+
+    def __init__(self, request: web.Request, head: Head, model: str, *,
+                 stream: bool) -> None:
+        super().__init__(request, head, model)
+        self.streaming = stream
+        self.content_type = "application/x-ndjson" if stream else "application/json"
+        self.text: list[str] = []
+        self.calls: list[dict[str, Any]] = []
+
+    def piece(self, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        return {"model": self.model, "created_at": _now(), self.key: text, "done": False}
+
+    def line(self, obj: dict[str, Any]) -> bytes:
+        return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+    def event(self, ev: ChatEvent) -> bytes:
+        if isinstance(ev, TextDelta):
+            if not self.streaming:
+                self.text.append(ev.text)
+                return b""
+            return self.line(self.piece(ev.text)) if ev.text else b""
+        if isinstance(ev, ToolCallDelta):
+            call = {"function": {"name": ev.name or "",
+                                 "arguments": _arguments(ev.arguments_fragment)}}
+            if not self.streaming:
+                self.calls.append(call)
+                return b""
+            return self.line(self.piece("", [call]))
+        return b""
+
+    def done(self) -> dict[str, Any]:
+        final = self.final
+        assert final is not None
+        end = time.monotonic()
+        first = self.first_at if self.first_at is not None else end
+        body = self.piece("".join(self.text), self.calls or None)
+        body.update({
+            "done": True, "done_reason": "length" if final.finish_reason == "length" else "stop",
+            "total_duration": _ns(end - self.arrived), "load_duration": 0,
+            "prompt_eval_count": final.prompt_tokens,
+            "prompt_eval_duration": _ns(first - self.arrived),
+            "eval_count": final.completion_tokens, "eval_duration": _ns(end - first)})
+        return body
+
+    def end(self) -> bytes:
+        body = self.done()
+        return self.line(body) if self.streaming else json.dumps(body).encode()
+
+    def failed(self, exc: PlacementError) -> bytes:
+        out = json.dumps({"error": str(exc)}).encode()
+        return out + b"\n" if self.streaming else out
+
+    def refuse(self, exc: PlacementError, names: dict[str, str]) -> web.Response:
+        return placement_refusal(self.request, exc, names)
+
+
+class ChatWire(_Ollama):
+    key = "message"
+
+    def piece(self, text: str, calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            message["tool_calls"] = calls
+        return {"model": self.model, "created_at": _now(), "message": message, "done": False}
+
+
+def _arguments(raw: str) -> Any:
+    try:
+        value = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _loaded(model: str, key: str, names: dict[str, str]) -> web.Response:
+    """Ollama's answer to a request with nothing to generate: the model is "loaded"."""
+    body: dict[str, Any] = {"model": model, "created_at": _now(), "done": True,
+                            "done_reason": "load"}
+    body[key] = {"role": "assistant", "content": ""} if key == "message" else ""
+    return web.json_response(body, headers=names)
+
+
+def _to_chat(req: OllamaChatRequest, stream: bool) -> ChatRequest:
+    messages = []
+    for msg in req.messages:
+        calls = None
+        if msg.tool_calls:
+            calls = [ToolCall(function=ToolCallFunction(
+                name=c.function.name,
+                arguments=(c.function.arguments if isinstance(c.function.arguments, str)
+                           else json.dumps(c.function.arguments))))
+                for c in msg.tool_calls]
+        messages.append(Message(role=msg.role, content=msg.content, tool_calls=calls,
+                                name=msg.tool_name if msg.role == "tool" else None))
+    return ChatRequest(model=req.model, messages=messages, stream=stream,
+                       max_tokens=_max_tokens(req.options), stop=_stops(req.options) or None,
+                       tools=req.tools or None, **_sampling_fields(req.options),
+                       **_think(req.think))
+
+
+async def _decode(request: web.Request, kind: type[Any]) -> Any:
+    try:
+        return decode_as(kind, await request.read())
+    except BadRequest as exc:
+        return ollama_error(400, str(exc))
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    head = request.app[HEAD]
+    req = await _decode(request, OllamaChatRequest)
+    if isinstance(req, web.Response):
+        return req
+    problem = unsupported_ollama(req)
+    if problem:
+        return ollama_error(400, problem)
+    found = resolve_model(head, req.model, ollama=True)
+    refused = refuse_resolution(request, found)
+    if refused is not None:
+        return refused
+    assert found.model is not None
+    names = model_headers(found)
+    if not req.messages:
+        return _loaded(req.model, "message", names)
+    chat_req = _to_chat(req, req.stream)
+    try:
+        turn = ChatTurn(head.models[found.model], head.runner, chat_req, routing_of(request),
+                        tool_parser=head.tool_parser)
+    except PlacementError as exc:
+        return placement_refusal(request, exc, names)
+    head.metrics.requests += 1
+    return await answer(request, head, turn,
+                        ChatWire(request, head, req.model, stream=req.stream), names)
+
+
+def _generate_prompt(model: HeadModel, req: OllamaGenerateRequest) -> list[int]:
+    if req.suffix is not None or req.raw:
+        return completion_prompt_ids(model, req.prompt, req.suffix)
+    messages = []
+    if req.system:
+        messages.append({"role": "system", "content": req.system})
+    messages.append({"role": "user", "content": req.prompt})
+    enable = req.think is not None and req.think is not False
+    try:
+        return model.render(messages, tools=None, enable_thinking=enable)
+    except TemplateError as exc:
+        raise PlacementError(400, "invalid_request_error", str(exc)) from None
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    head = request.app[HEAD]
+    req = await _decode(request, OllamaGenerateRequest)
+    if isinstance(req, web.Response):
+        return req
+    problem = unsupported_ollama(req)
+    if problem:
+        return ollama_error(400, problem)
+    found = resolve_model(head, req.model, ollama=True)
+    refused = refuse_resolution(request, found)
+    if refused is not None:
+        return refused
+    assert found.model is not None
+    names = model_headers(found)
+    if not req.prompt and req.suffix is None:
+        return _loaded(req.model, "response", names)
+    model = head.models[found.model]
+    sampling = sampling_of(ChatRequest(model=req.model, messages=[],
+                                       **_sampling_fields(req.options)))
+    try:
+        prompt = _generate_prompt(model, req)
+        turn = Turn(model, head.runner, prompt, routing=routing_of(request), sampling=sampling,
+                    max_tokens=_max_tokens(req.options), stops=_stops(req.options))
+    except PlacementError as exc:
+        return placement_refusal(request, exc, names)
+    head.metrics.requests += 1
+    return await answer(request, head, turn,
+                        _Ollama(request, head, req.model, stream=req.stream), names)
+
+
+# -- models --------------------------------------------------------------------------
+
+
+def _details(model: HeadModel) -> dict[str, Any]:
+    meta = model.vocab.metadata()
+    arch = meta.get("general.architecture", "") or model.template.family
+    quant = _QUANT.search(model.name)
+    return {"parent_model": "",
+            "format": {"llamacpp": "gguf", "mlx": "safetensors"}.get(model.runtime,
+                                                                     model.runtime),
+            "family": arch, "families": [arch] if arch else [],
+            "parameter_size": meta.get("general.size_label", ""),
+            "quantization_level": quant.group(1).upper() if quant else ""}
+
+
+def _size(model: HeadModel) -> int:
+    path = getattr(model.vocab, "path", None)
+    try:
+        return Path(path).stat().st_size if isinstance(path, str) else 0
+    except OSError:
+        return 0
+
+
+def _modified(head: Head) -> str:
+    return datetime.fromtimestamp(head.started_wall, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _entry(head: Head, name: str, model: HeadModel) -> dict[str, Any]:
+    return {"name": name, "model": name, "modified_at": _modified(head), "size": _size(model),
+            # an identifier of the name (the head has no blob to hash)
+            "digest": hashlib.sha256(name.encode()).hexdigest(),
+            "details": _details(model)}
+
+
+async def tags(request: web.Request) -> web.Response:
+    head = request.app[HEAD]
+    served = head.served()
+    models = [_entry(head, name, model) for name, model in head.models.items()
+              if name in served]
+    for alias in head.aliases.entries():
+        found = head.resolve(alias.name)
+        if found.model is not None and found.model in head.models:
+            models.append(_entry(head, alias.name, head.models[found.model]))
+    return web.json_response({"models": models})
+
+
+def _capabilities(model: HeadModel) -> list[str]:
+    caps = ["completion"]
+    source = model.template.source
+    if "tools" in source:
+        caps.append("tools")
+    if model.vocab.fim_ids() is not None:
+        caps.append("insert")
+    if "enable_thinking" in source or "<think>" in source:
+        caps.append("thinking")
+    return caps
+
+
+async def show(request: web.Request) -> web.Response:
+    head = request.app[HEAD]
+    req = await _decode(request, OllamaShowRequest)
+    if isinstance(req, web.Response):
+        return req
+    wanted = req.model or req.name
+    if not wanted:
+        return ollama_error(400, "say which model to show: {\"model\": NAME}")
+    found = resolve_model(head, wanted, ollama=True)
+    refused = refuse_resolution(request, found)
+    if refused is not None:
+        return refused
+    assert found.model is not None
+    model = head.models[found.model]
+    meta = model.vocab.metadata()
+    info: dict[str, Any] = {k: v for k, v in meta.items() if not k.startswith("tokenizer.")}
+    window = head.fleet.context_window(model.name)
+    if window:
+        arch = meta.get("general.architecture", "shoal")
+        info[f"{arch}.context_length"] = window
+    return web.json_response({
+        "modelfile": f"# served by Shoal through its fleet\nFROM {model.name}\n",
+        "parameters": "", "template": model.template.source,
+        "details": _details(model), "model_info": info,
+        "capabilities": _capabilities(model), "modified_at": _modified(head)},
+        headers=model_headers(found))
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": OLLAMA_API_VERSION, "shoal": __version__})

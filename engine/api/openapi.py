@@ -1,0 +1,217 @@
+"""GET /openapi.json: the head's whole HTTP surface as OpenAPI 3.1.
+
+Request bodies come from the msgspec structs the routes decode with, so the
+description cannot drift from what the head accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from engine import __version__
+from engine.api import schemas as s
+
+REF = "#/components/schemas/{name}"
+_STRUCTS: tuple[type[msgspec.Struct], ...] = (
+    s.ChatRequest, s.CompletionRequest, s.OllamaChatRequest, s.OllamaGenerateRequest,
+    s.OllamaShowRequest)
+
+_ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]},
+                   "code": {"type": ["string", "null"]}}}}}
+_OLLAMA_ERROR = {"type": "object", "required": ["error"],
+                 "properties": {"error": {"type": "string"}}}
+_ALIAS_SET = {"type": "object", "required": ["target"], "properties": {
+    "target": {"type": "string", "maxLength": 512},
+    "fallbacks": {"type": "array", "items": {"type": "string", "maxLength": 512},
+                  "maxItems": 16}}}
+_OBJECT = {"type": "object"}
+
+# (method, path, operationId, summary, request schema name or inline schema, kind)
+# kind: "openai" | "ollama" | "stream" (may answer SSE) | "ndjson" | "text" | "plain"
+Route = tuple[str, str, str, str, str | dict[str, Any] | None, str]
+ROUTES: tuple[Route, ...] = (
+    ("post", "/v1/chat/completions", "createChatCompletion",
+     "Chat completion (SSE with stream: true)", "ChatRequest", "stream"),
+    ("post", "/v1/completions", "createCompletion",
+     "Text completion; with suffix, fill-in-the-middle (SSE with stream: true)",
+     "CompletionRequest", "stream"),
+    ("get", "/v1/models", "listModels", "Models served by the fleet, and aliases", None,
+     "openai"),
+    ("get", "/v1/models/{model}", "retrieveModel", "One model or alias", None, "openai"),
+    ("post", "/api/chat", "ollamaChat", "Ollama chat (NDJSON stream unless stream: false)",
+     "OllamaChatRequest", "ndjson"),
+    ("post", "/api/generate", "ollamaGenerate",
+     "Ollama generate (NDJSON stream unless stream: false)", "OllamaGenerateRequest",
+     "ndjson"),
+    ("get", "/api/tags", "ollamaTags", "Ollama: models served by the fleet", None, "ollama"),
+    ("post", "/api/show", "ollamaShow", "Ollama: one model's details", "OllamaShowRequest",
+     "ollama"),
+    ("get", "/api/version", "ollamaVersion", "Ollama API version", None, "ollama"),
+    ("get", "/health", "health", "Liveness and ready nodes", None, "plain"),
+    ("get", "/metrics", "metrics", "Prometheus metrics", None, "text"),
+    ("get", "/v1/fleet", "fleet", "Nodes, lanes, KV occupancy and rates", None, "openai"),
+    ("get", "/openapi.json", "openapi", "This description", None, "plain"),
+    ("get", "/v1/aliases", "listAliases", "Aliases and what they resolve to", None, "openai"),
+    ("get", "/v1/aliases/export", "exportAliases", "The alias table as a file", None,
+     "openai"),
+    ("post", "/v1/aliases/import", "importAliases", "Import an alias table (this machine)",
+     _OBJECT, "openai"),
+    ("get", "/v1/aliases/{name}/history", "aliasHistory", "Versions of one alias", None,
+     "openai"),
+    ("put", "/v1/aliases/{name}", "setAlias", "Point an alias at a model (this machine)",
+     _ALIAS_SET, "openai"),
+    ("delete", "/v1/aliases/{name}", "removeAlias", "Remove an alias (this machine)", None,
+     "openai"),
+    ("post", "/v1/aliases/{name}/revert", "revertAlias",
+     "Point an alias back at its previous target (this machine)", None, "openai"),
+)
+
+_STATUSES = {"400": "Invalid request", "401": "Missing or invalid API key",
+             "403": "Origin not allowed, or not from this machine",
+             "404": "Unknown model, alias or route", "413": "Body too large",
+             "429": "Rate limited or fleet busy (see Retry-After)",
+             "503": "No node serves the model now (see Retry-After)"}
+
+
+def _responses(kind: str) -> dict[str, Any]:
+    err = _OLLAMA_ERROR if kind in ("ollama", "ndjson") else _ERROR
+    if kind == "stream":
+        ok = {"description": "The answer (JSON), or its events (SSE)", "content": {
+            "application/json": {"schema": _OBJECT},
+            "text/event-stream": {"schema": {"type": "string"}}}}
+    elif kind == "ndjson":
+        ok = {"description": "The answer (JSON), or its chunks (NDJSON)", "content": {
+            "application/json": {"schema": _OBJECT},
+            "application/x-ndjson": {"schema": {"type": "string"}}}}
+    elif kind == "text":
+        ok = {"description": "Prometheus text format", "content": {
+            "text/plain": {"schema": {"type": "string"}}}}
+    else:
+        ok = {"description": "OK", "content": {"application/json": {"schema": _OBJECT}}}
+    out: dict[str, Any] = {"200": ok}
+    for status, what in _STATUSES.items():
+        out[status] = {"description": what,
+                       "content": {"application/json": {"schema": err}}}
+    return out
+
+
+def _params(path: str) -> list[dict[str, Any]]:
+    params = []
+    for name in ("model", "name"):
+        if "{" + name + "}" in path:
+            params.append({"name": name, "in": "path", "required": True,
+                           "schema": {"type": "string", "minLength": 1, "maxLength": 512}})
+    if path in ("/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate"):
+        params += [
+            {"name": "host", "in": "query", "required": False,
+             "description": "pin the request to the node of this name",
+             "schema": {"type": "string", "maxLength": 256}},
+            {"name": "prefer", "in": "query", "required": False,
+             "description": "nodes to prefer when they have a free lane, comma-separated",
+             "schema": {"type": "string", "maxLength": 4096}},
+            {"name": "X-Session-Id", "in": "header", "required": False,
+             "description": "keeps a conversation on the node that has its prompt cached",
+             "schema": {"type": "string", "maxLength": 256}},
+        ]
+    return params
+
+
+_NULL = {"type": "null"}
+_ONE = {"anyOf": [{"const": 1}, _NULL]}
+_NO = {"anyOf": [{"const": False}, _NULL]}
+_NOTHING = {"anyOf": [{"const": 0}, _NULL]}
+_EMPTY_MAP = {"anyOf": [{"type": "object", "maxProperties": 0}, _NULL]}
+_EMPTY_LIST = {"anyOf": [{"type": "array", "maxItems": 0}, _NULL]}
+_NO_FORMAT = {"anyOf": [{"const": ""}, _NULL]}
+
+# What the routes refuse beyond the structs' types (each with its own clear 400),
+# written into the description so that it says exactly what is accepted.
+_REFINE: dict[str, dict[str, Any]] = {
+    "ChatRequest": {"n": _ONE, "logprobs": _NO, "top_logprobs": _NOTHING,
+                    "logit_bias": _EMPTY_MAP,
+                    "response_format": {"anyOf": [
+                        {"type": "object", "properties": {"type": {"const": "text"}}}, _NULL]}},
+    "ContentPart": {"type": {"const": "text"}},
+    "CompletionRequest": {
+        "prompt": {"anyOf": [{"type": "string", "minLength": 1, "maxLength": s.MAX_BODY},
+                             {"type": "array", "minItems": 1, "maxItems": 1,
+                              "items": {"type": "string", "minLength": 1,
+                                        "maxLength": s.MAX_BODY}}]},
+        "n": _ONE, "best_of": _ONE, "echo": _NO, "logprobs": _NOTHING,
+        "logit_bias": _EMPTY_MAP},
+    "OllamaChatRequest": {"format": _NO_FORMAT},
+    "OllamaGenerateRequest": {"format": _NO_FORMAT, "images": _EMPTY_LIST,
+                              "template": _NO_FORMAT, "context": _EMPTY_LIST},
+    "OllamaMessage": {"images": _EMPTY_LIST},
+    "OllamaOptions": {"num_predict": {"anyOf": [
+        {"type": "integer", "minimum": -2, "maximum": -1},
+        {"type": "integer", "minimum": 1, "exclusiveMaximum": 1 << 31}, _NULL]}},
+}
+
+
+def _refine(components: dict[str, Any]) -> None:
+    for name, props in _REFINE.items():
+        schema = components[name]
+        for prop, value in props.items():
+            default = schema["properties"][prop].get("default", ...)
+            schema["properties"][prop] = dict(value)
+            if default is not ... and prop != "prompt":
+                schema["properties"][prop]["default"] = default
+    completion = components["CompletionRequest"]
+    completion["required"] = sorted({*completion.get("required", []), "prompt"})
+    if "required" in components["ContentPart"]:
+        components["ContentPart"]["required"] = sorted(
+            {*components["ContentPart"]["required"], "text"})
+    else:
+        components["ContentPart"]["required"] = ["type", "text"]
+    components["ContentPart"]["properties"]["text"] = {"type": "string",
+                                                       "maxLength": s.MAX_BODY}
+    show = components["OllamaShowRequest"]
+    show["anyOf"] = [{"required": ["model"], "properties": {"model": {"type": "string",
+                                                                      "minLength": 1}}},
+                     {"required": ["name"], "properties": {"name": {"type": "string",
+                                                                    "minLength": 1}}}]
+
+
+def build_spec() -> dict[str, Any]:
+    _, components = msgspec.json.schema_components(_STRUCTS, ref_template=REF)
+    _refine(components)
+    paths: dict[str, dict[str, Any]] = {}
+    for method, path, op_id, summary, body, kind in ROUTES:
+        op: dict[str, Any] = {"operationId": op_id, "summary": summary,
+                              "responses": _responses(kind)}
+        params = _params(path)
+        if params:
+            op["parameters"] = params
+        if body is not None:
+            schema = {"$ref": REF.format(name=body)} if isinstance(body, str) else body
+            op["requestBody"] = {"required": True, "content": {
+                "application/json": {"schema": schema}}}
+        paths.setdefault(path, {})[method] = op
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Shoal head", "version": __version__,
+                 "description": "OpenAI- and Ollama-compatible API of a Shoal fleet."},
+        "servers": [{"url": "/"}],
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                           "description": "only when the head has keys"}}},
+    }
+
+
+_SPEC: dict[str, Any] | None = None
+
+
+async def openapi_route(request: web.Request) -> web.Response:
+    global _SPEC
+    if _SPEC is None:
+        _SPEC = build_spec()
+    return web.json_response(_SPEC)

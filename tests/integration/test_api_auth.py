@@ -1,0 +1,184 @@
+"""Keys, revocation, per-key limits and CORS over HTTP, on an in-process head."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from engine.head import keys
+from tests.integration.test_api_surface import MODEL, chat_body, live_head, read_lines
+
+pytestmark = pytest.mark.timeout(60)
+SECRET = bytes(range(100, 132))
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def test_static_api_key():
+    async with live_head(api_key="s3cret-key") as live, aiohttp.ClientSession() as http:
+        async with http.get(live.url("/v1/models")) as r:
+            assert r.status == 401
+            assert r.headers["WWW-Authenticate"].startswith("Bearer")
+            err = (await r.json())["error"]
+        assert err["type"] == "authentication_error" and err["code"] == "invalid_api_key"
+        assert "Authorization: Bearer" in err["message"]
+        async with http.get(live.url("/v1/models"), headers=bearer("wrong")) as r:
+            assert r.status == 401
+        async with http.post(live.url("/v1/chat/completions"), json=chat_body(max_tokens=2),
+                             headers=bearer("s3cret-key")) as r:
+            assert r.status == 200
+        # Ollama's routes answer in Ollama's error shape
+        async with http.get(live.url("/api/tags")) as r:
+            assert r.status == 401 and isinstance((await r.json())["error"], str)
+        # /health stays open; alias reads from this machine keep working for `shoal alias`
+        async with http.get(live.url("/health")) as r:
+            assert r.status == 200
+        async with http.get(live.url("/v1/aliases")) as r:
+            assert r.status == 200
+
+
+async def test_issued_and_revoked_keys(tmp_path: Path):
+    revoked = tmp_path / "fleet" / "revoked.json"
+    alice = keys.issue_key(SECRET, "alice")
+    forged = keys.issue_key(bytes(32), "alice")
+    async with live_head(keys_secret=SECRET, revoked_path=revoked) as live, \
+            aiohttp.ClientSession() as http:
+        async def status(key: str) -> tuple[int, str]:
+            async with http.get(live.url("/v1/models"), headers=bearer(key)) as r:
+                body = await r.json()
+                return r.status, body["error"]["message"] if r.status != 200 else ""
+
+        assert (await status(alice))[0] == 200
+        assert (await status(forged))[0] == 401
+        assert (await status(alice[:-1] + ("A" if alice[-1] != "A" else "B")))[0] == 401
+        assert (await status("sk-shoal-"))[0] == 401
+        # revoked while the head runs: the next request sees the changed file
+        keys.revoke(revoked, "alice")
+        code, message = await status(alice)
+        assert code == 401 and "key 'alice' has been revoked" in message
+        assert (await status(keys.issue_key(SECRET, "bob")))[0] == 200
+        keys.unrevoke(revoked, "alice")
+        assert (await status(alice))[0] == 200
+        # a corrupt list keeps the last good one
+        revoked.write_text("{not json")
+        assert (await status(alice))[0] == 200
+
+
+async def test_rate_limit_answers_429_with_retry_after():
+    policy = keys.Policy(default=keys.Limits(rpm=6, burst=2, concurrent=4),
+                         keys={"carol": keys.Limits(rpm=600, burst=50, concurrent=4)})
+    dave, carol = keys.issue_key(SECRET, "dave"), keys.issue_key(SECRET, "carol")
+    async with live_head(keys_secret=SECRET, key_policy=policy) as live, \
+            aiohttp.ClientSession() as http:
+        statuses = []
+        for _ in range(3):
+            async with http.get(live.url("/v1/models"), headers=bearer(dave)) as r:
+                statuses.append(r.status)
+                if r.status == 429:
+                    retry = int(r.headers["Retry-After"])
+                    err = (await r.json())["error"]
+        assert statuses == [200, 200, 429]
+        assert 1 <= retry <= 10  # a token every 10 s at 6 per minute
+        assert err["type"] == "rate_limit_error" and err["code"] == "rate_limited_rate"
+        assert "6 requests per minute, burst 2" in err["message"]
+        # another key has its own bucket (and its own policy entry)
+        for _ in range(5):
+            async with http.get(live.url("/v1/models"), headers=bearer(carol)) as r:
+                assert r.status == 200
+        async with http.get(live.url("/metrics"), headers=bearer(carol)) as r:
+            text = await r.text()
+        assert 'shoal_refused_total{reason="rate"} 1' in text
+
+
+async def test_concurrency_cap_and_release_on_every_path():
+    policy = keys.Policy(default=keys.Limits(rpm=6000, burst=100, concurrent=1))
+    erin = keys.issue_key(SECRET, "erin")
+    async with live_head(keys_secret=SECRET, key_policy=policy, speed=40.0) as live, \
+            aiohttp.ClientSession() as http:
+        slow = chat_body(max_tokens=40, seed=1, stream=True)
+
+        async def long_stream() -> int:
+            async with http.post(live.url("/v1/chat/completions"), json=slow,
+                                 headers=bearer(erin)) as r:
+                await r.read()
+                return r.status
+
+        first = asyncio.create_task(long_stream())
+        await asyncio.sleep(0.3)
+        async with http.get(live.url("/v1/models"), headers=bearer(erin)) as r:
+            assert r.status == 429 and r.headers["Retry-After"] == "1"
+            assert (await r.json())["error"]["code"] == "rate_limited_concurrency"
+        assert await first == 200
+        async with http.get(live.url("/v1/models"), headers=bearer(erin)) as r:
+            assert r.status == 200  # released when the stream ended
+        # refused requests release too (a 404 and a 400)
+        async with http.post(live.url("/v1/chat/completions"), json={"model": "nope"},
+                             headers=bearer(erin)) as r:
+            assert r.status == 400
+        async with http.get(live.url("/v1/nothing"), headers=bearer(erin)) as r:
+            assert r.status == 404
+        # a client that goes away mid-stream releases its slot
+        async with http.post(live.url("/v1/chat/completions"),
+                             json={**slow, "max_tokens": 400}, headers=bearer(erin)) as r:
+            assert r.status == 200
+            await r.content.readline()
+        # the response is closed here, before the end of the stream
+        for _ in range(20):
+            await asyncio.sleep(0.1)
+            async with http.get(live.url("/v1/models"), headers=bearer(erin)) as r:
+                if r.status == 200:
+                    break
+        assert r.status == 200
+
+
+async def test_cors_allow_list_and_preflight():
+    allow = keys.parse_allow_list("https://app.example,http://localhost:*")
+    async with live_head(cors_allow=allow, api_key="k") as live, \
+            aiohttp.ClientSession() as http:
+        ok = {"Origin": "https://app.example", **bearer("k")}
+        async with http.get(live.url("/v1/models"), headers=ok) as r:
+            assert r.status == 200
+            assert r.headers["Access-Control-Allow-Origin"] == "https://app.example"
+            assert "Origin" in r.headers["Vary"]
+            assert "X-Shoal-Model" in r.headers["Access-Control-Expose-Headers"]
+        # a stream gets them too (its headers leave before the handler returns)
+        async with http.post(live.url("/v1/chat/completions"),
+                             json=chat_body(max_tokens=3, stream=True),
+                             headers={**bearer("k"), "Origin": "http://localhost:5173"}) as r:
+            assert r.headers["Access-Control-Allow-Origin"] == "http://localhost:5173"
+            assert (await read_lines(r))[-2].strip() == "data: [DONE]"
+        async with http.get(live.url("/v1/models"),
+                            headers={"Origin": "https://evil.example", **bearer("k")}) as r:
+            assert r.status == 403
+            assert "not allowed" in (await r.json())["error"]["message"]
+            assert "Access-Control-Allow-Origin" not in r.headers
+        # preflight: answered without a key for an allowed origin, refused otherwise
+        pre = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+               "Access-Control-Request-Headers": "authorization, content-type"}
+        async with http.options(live.url("/v1/chat/completions"), headers=pre) as r:
+            assert r.status == 204
+            assert r.headers["Access-Control-Allow-Origin"] == "https://app.example"
+            assert "POST" in r.headers["Access-Control-Allow-Methods"]
+            assert r.headers["Access-Control-Allow-Headers"] == "authorization, content-type"
+        async with http.options(live.url("/v1/chat/completions"),
+                                headers={**pre, "Origin": "https://evil.example"}) as r:
+            assert r.status == 403
+        # no Origin (curl, SDKs): no CORS headers, served as usual
+        async with http.get(live.url("/v1/models"), headers=bearer("k")) as r:
+            assert r.status == 200 and "Access-Control-Allow-Origin" not in r.headers
+
+
+async def test_no_keys_configured_means_no_auth():
+    async with live_head() as live, aiohttp.ClientSession() as http:
+        async with http.post(live.url("/api/generate"),
+                             json={"model": MODEL, "prompt": "x", "stream": False,
+                                   "options": {"num_predict": 2}}) as r:
+            assert r.status == 200 and json.loads(await r.read())["done"]
+        async with http.get(live.url("/v1/models"), headers=bearer("anything")) as r:
+            assert r.status == 200
