@@ -45,8 +45,9 @@ def _percent(text: str) -> float:
 
 
 def _discovery_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--discovery", choices=["lan", "tailnet", "both", "none"], default="both",
-                   help="where to look for the fleet: mDNS on the LAN, the tailnet, or both")
+    p.add_argument("--discovery", choices=["lan", "tailnet", "both", "none"], default=None,
+                   help="where to look for the fleet: mDNS on the LAN, the tailnet, or both "
+                   "(default: both, or the config file's)")
     p.add_argument("--seeds", default="", help="HOST:PORT,... to try where discovery "
                    "cannot reach")
     p.add_argument("--tailscale-socket", help="tailscaled's LocalAPI socket (default: the "
@@ -116,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="another model this head serves through nodes (repeatable)")
     serve.add_argument("--fleet-listen", help="ADDR:PORT where nodes join (announced on the "
                        "network)")
+    serve.add_argument("--node-port", type=_positive, default=8455,
+                       help="where this head looks for listening nodes on tailnet peers")
     serve.add_argument("--api-key", default=os.environ.get("SHOAL_API_KEY") or None,
                        help="require this key (Authorization: Bearer KEY); also "
                        "$SHOAL_API_KEY")
@@ -134,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     node = sub.add_parser("node", help="serve a model to the fleet's heads")
     _node_options(node, listen=True)
+    node.add_argument("--discovery", choices=["lan", "tailnet", "both", "none"], default=None,
+                      help="announce this node on the LAN so heads dial it (default: both, "
+                      "or the config file's)")
     node_sub = node.add_subparsers(dest="node_command")
     join = node_sub.add_parser("join", help="dial the fleet's head (found on the network when "
                                "no address is given)")
@@ -154,6 +160,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _split(text: str) -> list[str]:
     return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _apply_config(args: argparse.Namespace, home: Path) -> None:
+    """Discovery settings from $SHOAL_HOME/config.toml where the flags leave them out."""
+    from engine.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(home)
+    except ConfigError as exc:
+        raise StartError(str(exc)) from None
+    if getattr(args, "discovery", "unset") is None:
+        args.discovery = cfg.discovery
+    if getattr(args, "seeds", None) == "" and cfg.seeds:
+        args.seeds = ",".join(cfg.seeds)
+    if hasattr(args, "tailscale_socket") and args.tailscale_socket is None:
+        args.tailscale_socket = cfg.tailscale_socket
 
 
 def _cors(spec: str) -> tuple[str, ...]:
@@ -204,6 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     home = default_home()
     try:
+        _apply_config(args, home)
         if args.command == "fleet":
             return _fleet(args, home)
         if args.command in ("alias", "keys"):
@@ -226,7 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tailscale_socket=args.tailscale_socket, api_key=args.api_key,
                 keys=args.keys, key_policy=args.key_policy,
                 cors_allow=_cors(args.cors_allow),
-                keepalive_s=args.keepalive if args.keepalive > 0 else 5.0, home=home)
+                keepalive_s=args.keepalive if args.keepalive > 0 else 5.0,
+                node_port=args.node_port, home=home)
             return asyncio.run(run_serve(opts))
         if args.command == "node" and args.node_command == "leave":
             for line in leave(home, forget_token=args.forget_token) or ["no joined node here"]:
@@ -245,6 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             setup_logging("shoal-node")
             nopts = _node_opts(args, home, NodeOptions)
             nopts.listen = args.listen
+            nopts.discovery = args.discovery
             return asyncio.run(run_node(nopts))
     except (StartError, TokenError) as exc:
         print(f"shoal: {exc}", file=sys.stderr)

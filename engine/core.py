@@ -74,6 +74,7 @@ class NodeOptions:
     handshake_timeout_ms: int = 10_000
     idle_timeout_ms: int = 120_000
     mock_speed: float = 0.0
+    discovery: str = "both"  # a listening node announces itself on the LAN unless "none"
     home: Path = field(default_factory=default_home)
 
 
@@ -105,6 +106,7 @@ class ServeOptions:
     key_policy: Path | None = None  # per-key limits; default $SHOAL_HOME/keys.policy.json
     cors_allow: tuple[str, ...] = ()  # browser origins allowed to call the API
     keepalive_s: float = 5.0  # seconds between keepalives while a request waits
+    node_port: int = 8455  # where a head looks for listening nodes on tailnet peers
     home: Path = field(default_factory=default_home)
 
 
@@ -276,9 +278,17 @@ async def run_node(opts: NodeOptions) -> int:
     stop = _stop_event()
     agent, host, port = await start_node(opts)
     print(describe_node(agent, host, port), flush=True)
+    closers: list[Callable[[], Awaitable[None]]] = []
+    if not is_loopback(host) and opts.discovery in ("lan", "both"):
+        from engine.discovery.service import announce_node
+
+        closers = await announce_node(opts.discovery, identity=agent.identity,
+                                      model=agent.engine.info.model, psk=agent.psk, port=port)
     try:
         await stop.wait()
     finally:
+        for close in closers:
+            await close()
         await agent.close()
         await agent.engine.close()
     return 0
@@ -450,13 +460,24 @@ async def start_head_discovery(opts: ServeOptions, head: Head, psk: bytes | None
         return closers
     finder = HeadFinder(opts.discovery, psk=psk, seeds=[],
                         tailscale_socket=opts.tailscale_socket, head_port=join_port)
+    node_finder = HeadFinder(opts.discovery, psk=psk, seeds=[],
+                             tailscale_socket=opts.tailscale_socket, head_port=opts.node_port,
+                             role="node")
     await finder.start()
+    await node_finder.start()
 
     async def look() -> None:
         while True:
             for found in await finder.find(timeout_s=3.0):
                 if head.peers is not None:
                     head.peers.dial(found.host, found.port)
+            # listening nodes of this fleet, announced on the LAN or on a tailnet peer
+            for node in await node_finder.find(timeout_s=1.0):
+                known = any(p.dialed and (p.host, p.port) == (node.host, node.port)
+                            for p in head.fleet.pools.values())
+                if not known:
+                    log.info("found a node at %s (%s); dialing it", node, node.source)
+                    head.fleet.add_dialed(node.host, node.port)
             await asyncio.sleep(REDISCOVER_S)
 
     task = asyncio.create_task(look(), name="head-discovery")
@@ -466,6 +487,7 @@ async def start_head_discovery(opts: ServeOptions, head: Head, psk: bytes | None
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await finder.close()
+        await node_finder.close()
 
     return [*closers, stop]
 

@@ -16,6 +16,9 @@ from collections.abc import Awaitable, Callable
 from engine.discovery.fleet_id import fleet_id
 from engine.discovery.mdns import Announcer, Browser
 from engine.head.fleet import Fleet
+from engine.link import messages as m
+from engine.link.connection import LinkError
+from engine.link.transport import LinkClosed, dial
 from engine.node.join import HeadAddress, JoinRefused, probe_head
 
 log = logging.getLogger("shoal.discovery")
@@ -46,11 +49,47 @@ async def announce_head(mode: str, *, fleet: Fleet, psk: bytes | None,
     return [announcer.close]
 
 
+async def announce_node(mode: str, *, identity: str, model: str, psk: bytes | None,
+                        port: int) -> list[Callable[[], Awaitable[None]]]:
+    """Announce a listening node on the LAN, so heads of its fleet dial it."""
+    lan, _ = _modes(mode)
+    if not lan:
+        return []
+    announcer = Announcer()
+    try:
+        await announcer.start(instance=f"shoal-node-{identity}", port=port, role="node",
+                              model=model, fleet=fleet_id(psk))
+    except OSError as exc:
+        log.warning("cannot announce this node on the LAN (%s); heads can still dial it by "
+                    "address", exc)
+        return []
+    return [announcer.close]
+
+
+async def probe_node(node: HeadAddress, *, psk: bytes | None,
+                     timeout_s: float = PROBE_TIMEOUT_S) -> m.NodeHello | None:
+    """A node of this fleet listening there says hello; anything else is None."""
+    try:
+        link = await dial(node.host, node.port, psk=psk, timeout_s=timeout_s)
+    except (OSError, TimeoutError, LinkError):
+        return None
+    try:
+        async with asyncio.timeout(timeout_s):
+            hello = await link.recv()
+    except (TimeoutError, LinkClosed):
+        return None
+    finally:
+        link.close()
+    return hello if isinstance(hello, m.NodeHello) else None
+
+
 class HeadFinder:
-    """Where a joining node looks for the heads of its fleet."""
+    """Where a joining node looks for the heads of its fleet (or a head for its nodes)."""
 
     def __init__(self, mode: str, *, psk: bytes | None, seeds: list[str],
-                 tailscale_socket: str | None, head_port: int = 8454) -> None:
+                 tailscale_socket: str | None, head_port: int = 8454,
+                 role: str = "head") -> None:
+        self.role = role
         self.lan, self.tailnet = _modes(mode)
         self.psk = psk
         self.fleet = fleet_id(psk)
@@ -113,10 +152,10 @@ class HeadFinder:
         deadline = loop.time() + timeout_s
         while True:
             heads = [HeadAddress(f.host, f.port, "lan")
-                     for f in browser.found(self.fleet, "head")]
+                     for f in browser.found(self.fleet, self.role)]
             remaining = deadline - loop.time()
             if heads or remaining <= 0:
-                if not heads:
+                if not heads and self.role == "head":
                     others = browser.found(None, "head")
                     if others:
                         self._problems.append(
@@ -153,6 +192,8 @@ class HeadFinder:
 
     async def _probe_all(self, candidates: list[HeadAddress]) -> list[HeadAddress]:
         async def one(head: HeadAddress) -> HeadAddress | None:
+            if self.role == "node":
+                return head if await probe_node(head, psk=self.psk) is not None else None
             try:
                 await probe_head(head, psk=self.psk, timeout_s=PROBE_TIMEOUT_S)
             except JoinRefused as exc:

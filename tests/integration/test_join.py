@@ -175,3 +175,27 @@ async def test_pairing_by_qr_image_joins_a_new_machine(cluster: Cluster, tmp_pat
     assert stored.read_text().strip() == token
     assert stat.S_IMODE(stored.stat().st_mode) == 0o600
     assert token not in node.log_text() + head.log_text()
+
+
+async def test_head_finds_a_listening_node_over_the_tailnet(cluster: Cluster, tmp_path: Path):
+    cluster.token()
+    node = cluster.node("listener")
+    sock = tmp_path / "tailscaled.sock"
+    peers = [{"HostName": "box", "TailscaleIPs": ["127.0.0.1"], "Online": True}]
+    with fake_tailscaled(sock, peers):
+        head = cluster.head([], extra=("--fleet-listen", "127.0.0.1:0", "--discovery",
+                                       "tailnet", "--tailscale-socket", str(sock),
+                                       "--node-port", str(node.port)))
+        await wait_node(head, f"127.0.0.1:{node.port}")
+        await chat_ok(head)
+    assert f"found a node at 127.0.0.1:{node.port} (tailnet); dialing it" in head.log_text()
+
+
+async def test_config_file_sets_discovery(cluster: Cluster):
+    cluster.token()
+    cluster.home.mkdir(parents=True, exist_ok=True)
+    (cluster.home / "config.toml").write_text('[discovery]\nmode = "none"\n')
+    out = subprocess.run([*SHOAL, "node", "join", "--runtime", "mock", "--model", "m"],
+                         env=cluster.env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert "no head of this fleet found (nowhere: discovery is off)" in out.stderr
