@@ -36,8 +36,10 @@ async def wait_node(head: Proc, key: str, state: str = "ready", timeout: float =
 
 
 async def chat_ok(head: Proc, **kw: object) -> dict:
+    # seed 3: the mock writes 400 tokens for "hello" before its end token
+    body = chat_body(max_tokens=5, **{"seed": 3, **kw})
     async with aiohttp.ClientSession() as http, \
-            http.post(url(head, "/v1/chat/completions"), json=chat_body(max_tokens=5, **kw)) as r:
+            http.post(url(head, "/v1/chat/completions"), json=body) as r:
         assert r.status == 200, await r.text()
         return await r.json()
 

@@ -58,7 +58,8 @@ def fleet(ns: str, port: int) -> dict:
 
 
 def chat(ns: str, port: int) -> dict:
-    body = json.dumps({"model": "mock-m", "max_tokens": 4,
+    # seed 1: the mock writes 400 tokens for "hi" before its end token
+    body = json.dumps({"model": "mock-m", "max_tokens": 4, "seed": 1,
                        "messages": [{"role": "user", "content": "hi"}]})
     code = ("import urllib.request, sys; r = urllib.request.Request("
             f"'http://127.0.0.1:{port}/v1/chat/completions', data=sys.argv[1].encode(), "
