@@ -535,6 +535,8 @@ class JoinOptions(NodeOptions):
 
 
 REDISCOVER_S = 60.0
+LOST_CHECK_S = 5.0  # how often a joined node checks whether every head stopped answering
+LOST_AFTER = 3  # failed dials in a row before a head counts as gone
 
 
 def node_state_path(home: Path) -> Path:
@@ -578,19 +580,27 @@ async def run_node_join(opts: JoinOptions) -> int:
               f"'{info.model}' (link {'encrypted' if psk else 'plaintext, loopback only'})",
               flush=True)
         _write_node_state(opts.home, heads)
+        loop = asyncio.get_running_loop()
+        next_look = loop.time() + REDISCOVER_S
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(REDISCOVER_S if given is None else None):
+                async with asyncio.timeout(LOST_CHECK_S if given is None else None):
                     await stop.wait()
             if stop.is_set() or given is not None:
                 break
-            # look again: new heads are linked; heads that moved are found at their new place
+            # look again every REDISCOVER_S, and at once when every head stopped answering
+            # (it may have moved): new heads are linked, moved ones found at their new place
+            lost = all(joiner.failures.get(h, 0) >= LOST_AFTER for h in joiner.heads)
+            if not lost and loop.time() < next_look:
+                continue
+            next_look = loop.time() + REDISCOVER_S
             found = await finder.find(timeout_s=3.0)
             for head in found:
                 if head not in joiner.heads:
+                    log.info("found the head at %s (%s)", head, head.source)
                     joiner.link(head)
             for head in joiner.heads:
-                if joiner.failures.get(head, 0) >= 3 and head not in found:
+                if joiner.failures.get(head, 0) >= LOST_AFTER and head not in found:
                     log.info("the head at %s is gone; forgetting it", head)
                     await joiner.unlink(head)
     finally:

@@ -201,3 +201,25 @@ async def test_config_file_sets_discovery(cluster: Cluster):
                          env=cluster.env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
     assert "no head of this fleet found (nowhere: discovery is off)" in out.stderr
+
+
+async def test_node_finds_a_head_that_moved(cluster: Cluster, tmp_path: Path):
+    cluster.token()
+    first, port = joinless_head(cluster)
+    sock = tmp_path / "tailscaled.sock"
+    peers = [{"HostName": "desk", "TailscaleIPs": ["127.0.0.1"], "Online": True}]
+    with fake_tailscaled(sock, peers):
+        node = cluster.joined_node("roamer", "--discovery", "tailnet", "--tailscale-socket",
+                                   str(sock), "--head-port", str(port))
+        await wait_node(first, "joined:roamer")
+        # the head's machine comes back on another address; the tailnet says where
+        first.signal(signal.SIGKILL)
+        first.popen.wait(5)
+        peers[0] = {**peers[0], "TailscaleIPs": ["127.0.0.2"]}
+        moved = cluster.head([], extra=("--fleet-listen", f"127.0.0.2:{port}",
+                                        "--discovery", "none"))
+        await wait_node(moved, "joined:roamer", timeout=30)
+        await chat_ok(moved)
+    log = node.log_text()
+    assert f"found the head at 127.0.0.2:{port} (tailnet)" in log
+    assert f"the head at 127.0.0.1:{port} is gone; forgetting it" in log
