@@ -41,9 +41,8 @@ import statistics
 import sys
 import threading
 import time
-import weakref
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -58,6 +57,7 @@ from engine.runtimes.base import (
     Sampling,
 )
 from engine.runtimes.llamacpp import available_memory_bytes, size_window
+from engine.runtimes.threaded import ThreadedGeneration, TokenSink
 
 RUNTIME_ID = "mlx"
 
@@ -172,81 +172,8 @@ def _weights_bytes(folder: Path) -> int:
 # the asyncio side of one generation
 
 
-class _Sink:
-    """Where the decode thread drops tokens; lives on the caller's event loop."""
-
-    __slots__ = ("_buf", "_done", "_event", "_result", "loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._buf: list[int] = []
-        self._done = False
-        self._result: GenerationResult | None = None
-        self._event = asyncio.Event()
-
-    # called on the loop (through call_soon_threadsafe)
-    def push(self, tokens: list[int], result: GenerationResult | None) -> None:
-        if self._done:
-            return
-        self._buf.extend(tokens)
-        if result is not None:
-            self._result = result
-            self._done = True
-        self._event.set()
-
-
-class MlxGeneration:
-    """A running generation: async-iterate for batches of ids, then read ``result``."""
-
-    def __init__(self, engine: MlxEngine, job: _Job, sink: _Sink) -> None:
-        self._sink = sink
-        self._job_id = job.id
-        self._cancel = engine._post_cancel
-        # a generation dropped without being read frees its lane
-        self._finalizer = weakref.finalize(self, engine._post_cancel, job.id)
-        self._finalizer.atexit = False
-
-    def __aiter__(self) -> AsyncGenerator[list[int], None]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncGenerator[list[int], None]:
-        sink = self._sink
-        try:
-            while True:
-                if sink._buf:
-                    batch = sink._buf
-                    sink._buf = []
-                    yield batch
-                    continue
-                if sink._done:
-                    self._finalizer.detach()
-                    return
-                sink._event.clear()
-                await sink._event.wait()
-        finally:
-            if not sink._done:
-                self.cancel()
-
-    @property
-    def done(self) -> bool:
-        return self._sink._done
-
-    @property
-    def result(self) -> GenerationResult:
-        res = self._sink._result
-        if res is None:
-            raise RuntimeError("the generation is still running; read result after iterating")
-        return res
-
-    def cancel(self) -> None:
-        if not self._sink._done:
-            self._cancel(self._job_id)
-
-    async def wait(self) -> GenerationResult:
-        """Drain what is left and return the result."""
-        async for _ in self:
-            pass
-        return self.result
+class MlxGeneration(ThreadedGeneration):
+    """A generation on an mlx lane."""
 
 
 # ----------------------------------------------------------------------------
@@ -257,7 +184,7 @@ class MlxGeneration:
 class _Job:
     id: int
     request: GenerationRequest
-    sink: _Sink
+    sink: TokenSink
     t_submit: float
     prompt: list[int] = field(default_factory=list)
     stops: frozenset[int] = frozenset()
@@ -484,7 +411,7 @@ class MlxEngine:
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self._n_vocab}")
         loop = asyncio.get_running_loop()
-        sink = _Sink(loop)
+        sink = TokenSink(loop)
         with self._lock:
             if not self._accepting:
                 raise RuntimeError("the engine is closing")
@@ -499,7 +426,7 @@ class MlxEngine:
             )
             self._busy += 1
             self._commands.put(job)
-        return MlxGeneration(self, job, sink)
+        return MlxGeneration(self._post_cancel, job.id, sink)
 
     def _post_cancel(self, job_id: int) -> None:
         if not self._closed:
