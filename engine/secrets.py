@@ -17,13 +17,13 @@ code call these functions through ``asyncio.to_thread``.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import secrets
-import tempfile
 from pathlib import Path
 from typing import Any, Literal, Protocol
+
+from engine.files import write_private
 
 log = logging.getLogger("shoal.secrets")
 
@@ -95,22 +95,8 @@ def _read_text(path: Path) -> str | None:
 def _write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically, readable by this user only (0600)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        write_private(path, text.encode("ascii"))
     except OSError as exc:
-        raise TokenError(f"cannot write the fleet token at {path}: {exc.strerror}; "
-                         f"check that {path.parent} is writable") from None
-    try:
-        try:
-            os.write(fd, text.encode("ascii"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
         raise TokenError(f"cannot write the fleet token at {path}: {exc.strerror}; "
                          f"check that {path.parent} is writable") from None
 

@@ -51,17 +51,15 @@ some node serves -> whether any of those nodes has a free lane now.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
-import os
-import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.files import write_private
 from engine.head.names import match_name, match_name_tier
 
 FORMAT = "shoal-aliases"
@@ -472,32 +470,6 @@ def default_path(home: Path | None = None) -> Path:
     return home / FILE_NAME
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file, fsync, rename), mode 0600."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
-
 def load(path: Path) -> AliasTable:
     """The table saved at ``path``; empty when the file does not exist, AliasError
     (one line naming the file and the fix) when it is unreadable or corrupt."""
@@ -514,7 +486,7 @@ def load(path: Path) -> AliasTable:
 def save(path: Path, table: AliasTable) -> None:
     """Write ``table`` to ``path`` atomically, readable by the owner only."""
     try:
-        _write_private(path, table.to_json().encode("utf-8"))
+        write_private(path, table.to_json().encode("utf-8"))
     except OSError as exc:
         raise AliasError(f"cannot write the alias table at {path}: {exc.strerror}; "
                          "check the permissions and free space of its folder") from None

@@ -46,12 +46,10 @@ CORS
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import hmac
 import json
 import math
-import os
 import re
 import secrets
 import tomllib
@@ -60,6 +58,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.files import write_private
 from engine.head.limits import Bucket, fresh, take
 
 KEY_PREFIX = "sk-shoal-"
@@ -177,42 +176,6 @@ def bearer_token(authorization: str | None) -> str | None:
 # -- files -------------------------------------------------------------------------
 
 
-def _write_private(path: Path, data: bytes, *, replace: bool = True) -> bool:
-    """Write ``data`` to ``path`` atomically (temp file, fsync, rename), mode 0600.
-    With ``replace=False`` an existing file is kept and False is returned."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    written = True
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if replace:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)  # fails when another process made it first
-            except FileExistsError:
-                written = False
-            os.unlink(tmp)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    return written
-
-
 def _read_secret(path: Path) -> bytes | None:
     try:
         text = path.read_text(encoding="ascii", errors="replace")
@@ -239,7 +202,7 @@ def load_or_make_secret(path: Path) -> bytes:
         return existing
     secret = secrets.token_bytes(SECRET_BYTES)
     try:
-        made = _write_private(path, secret.hex().encode("ascii") + b"\n", replace=False)
+        made = write_private(path, secret.hex().encode("ascii") + b"\n", replace=False)
     except OSError as exc:
         raise KeysError(f"cannot write the keys secret at {path}: {exc.strerror}; "
                         "check the permissions of its folder") from None
@@ -254,7 +217,7 @@ def rotate_secret(path: Path) -> bytes:
     """Replace the keys secret: every key issued so far stops working."""
     secret = secrets.token_bytes(SECRET_BYTES)
     try:
-        _write_private(path, secret.hex().encode("ascii") + b"\n")
+        write_private(path, secret.hex().encode("ascii") + b"\n")
     except OSError as exc:
         raise KeysError(f"cannot write the keys secret at {path}: {exc.strerror}; "
                         "check the permissions of its folder") from None
@@ -291,7 +254,7 @@ def load_revoked(path: Path) -> frozenset[str]:
 def _save_revoked(path: Path, names: frozenset[str]) -> None:
     doc = {"format": REVOKED_FORMAT, "version": 1, "names": sorted(names)}
     try:
-        _write_private(path, (json.dumps(doc, indent=1) + "\n").encode("ascii"))
+        write_private(path, (json.dumps(doc, indent=1) + "\n").encode("ascii"))
     except OSError as exc:
         raise KeysError(f"cannot write the revocation list at {path}: {exc.strerror}; "
                         "check the permissions of its folder") from None
