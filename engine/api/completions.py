@@ -16,6 +16,7 @@ from aiohttp import web
 from engine.api.errors import error_for
 from engine.api.openai import (
     HEAD,
+    CollectedJSON,
     SSEWire,
     Wire,
     answer,
@@ -76,17 +77,10 @@ class CompletionStream(SSEWire):
         return b"data: [DONE]\n\n"
 
 
-class CompletionJSON(Wire):
+class CompletionJSON(CollectedJSON):
     def __init__(self, request: web.Request, head: Head, req: CompletionRequest,
                  cid: str) -> None:
-        super().__init__(request, head, req.model)
-        self.cid = cid
-        self.text: list[str] = []
-
-    def event(self, ev: ChatEvent) -> bytes:
-        if isinstance(ev, TextDelta):
-            self.text.append(ev.text)
-        return b""
+        super().__init__(request, head, req.model, cid)
 
     def end(self) -> bytes:
         final = self.final

@@ -307,9 +307,11 @@ class ChatStream(SSEWire):
         return b"data: [DONE]\n\n"
 
 
-class ChatJSON(Wire):
-    def __init__(self, request: web.Request, head: Head, req: ChatRequest, cid: str) -> None:
-        super().__init__(request, head, req.model)
+class CollectedJSON(Wire):
+    """A non-streaming answer: the text is gathered and written once, at the end."""
+
+    def __init__(self, request: web.Request, head: Head, model: str, cid: str) -> None:
+        super().__init__(request, head, model)
         self.cid = cid
         self.text: list[str] = []
 
@@ -317,6 +319,11 @@ class ChatJSON(Wire):
         if isinstance(ev, TextDelta):
             self.text.append(ev.text)
         return b""
+
+
+class ChatJSON(CollectedJSON):
+    def __init__(self, request: web.Request, head: Head, req: ChatRequest, cid: str) -> None:
+        super().__init__(request, head, req.model, cid)
 
     def end(self) -> bytes:
         final = self.final
