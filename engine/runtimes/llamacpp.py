@@ -43,7 +43,7 @@ from engine.runtimes.base import (
     RuntimeUnavailable,
     Sampling,
 )
-from engine.runtimes.threaded import ThreadedGeneration, TokenSink
+from engine.runtimes.threaded import ThreadedGeneration, TokenSink, check_prompt
 
 RUNTIME_ID = "llamacpp"
 
@@ -414,17 +414,7 @@ class LlamaCppEngine:
             raise RuntimeError(f"the llamacpp engine stopped: {self._failure!r}")
         if self._thread is None or self._closed:
             raise RuntimeError("the engine is not running; await start() first")
-        prompt = [int(t) for t in request.prompt]
-        if not prompt:
-            raise ValueError("the prompt is empty; send at least one token")
-        if len(prompt) >= self._window:
-            raise ValueError(
-                f"the prompt has {len(prompt)} tokens and the window is {self._window}; "
-                "shorten it or start the node with a larger --max-context"
-            )
-        bad = [t for t in prompt if not 0 <= t < self._n_vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary of {self._n_vocab}")
+        prompt = check_prompt(request.prompt, window=self._window, n_vocab=self._n_vocab)
         loop = asyncio.get_running_loop()
         sink = TokenSink(loop)
         with self._lock:

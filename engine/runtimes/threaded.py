@@ -10,9 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import weakref
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from engine.runtimes.base import GenerationResult
+
+
+def check_prompt(prompt: Sequence[int], *, window: int, n_vocab: int) -> list[int]:
+    """The prompt as a list, or ValueError naming what is wrong with it and the fix."""
+    ids = [int(t) for t in prompt]
+    if not ids:
+        raise ValueError("the prompt is empty; send at least one token")
+    if len(ids) >= window:
+        raise ValueError(f"the prompt has {len(ids)} tokens and the window is {window}; "
+                         "shorten it or start the node with a larger --max-context")
+    bad = [t for t in ids if not 0 <= t < n_vocab]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the vocabulary of {n_vocab}")
+    return ids
 
 
 class TokenSink:
