@@ -20,11 +20,9 @@ from engine.api.openai import (
     SSEWire,
     Wire,
     answer,
-    model_headers,
     placement_refusal,
-    refuse_resolution,
-    resolve_model,
     routing_of,
+    runnable,
     sse,
 )
 from engine.api.schemas import (
@@ -102,13 +100,11 @@ async def completions(request: web.Request) -> web.StreamResponse:
     problem = unsupported_completion(req)
     if problem:
         return error_for(request, 400, problem, code="unsupported_parameter")
-    found = resolve_model(head, req.model)
-    refused = refuse_resolution(request, found)
-    if refused is not None:
-        return refused
-    assert found.model is not None
-    names = model_headers(found)
-    model = head.models[found.model]
+    resolved = runnable(request, head, req.model)
+    if isinstance(resolved, web.Response):
+        return resolved
+    model_name, names = resolved
+    model = head.models[model_name]
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     try:
         prompt = completion_prompt_ids(model, completion_prompt(req), req.suffix)

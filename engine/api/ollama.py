@@ -23,11 +23,9 @@ from engine.api.openai import (
     HEAD,
     Wire,
     answer,
-    model_headers,
     placement_refusal,
-    refuse_resolution,
-    resolve_model,
     routing_of,
+    runnable,
 )
 from engine.api.schemas import (
     BadRequest,
@@ -213,17 +211,15 @@ async def chat(request: web.Request) -> web.StreamResponse:
     problem = unsupported_ollama(req)
     if problem:
         return ollama_error(400, problem)
-    found = resolve_model(head, req.model, ollama=True)
-    refused = refuse_resolution(request, found)
-    if refused is not None:
-        return refused
-    assert found.model is not None
-    names = model_headers(found)
+    resolved = runnable(request, head, req.model, ollama=True)
+    if isinstance(resolved, web.Response):
+        return resolved
+    model_name, names = resolved
     if not req.messages:
         return _loaded(req.model, "message", names)
     chat_req = _to_chat(req, req.stream)
     try:
-        turn = ChatTurn(head.models[found.model], head.runner, chat_req, routing_of(request),
+        turn = ChatTurn(head.models[model_name], head.runner, chat_req, routing_of(request),
                         tool_parser=head.tool_parser)
     except PlacementError as exc:
         return placement_refusal(request, exc, names)
@@ -254,15 +250,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
     problem = unsupported_ollama(req)
     if problem:
         return ollama_error(400, problem)
-    found = resolve_model(head, req.model, ollama=True)
-    refused = refuse_resolution(request, found)
-    if refused is not None:
-        return refused
-    assert found.model is not None
-    names = model_headers(found)
+    resolved = runnable(request, head, req.model, ollama=True)
+    if isinstance(resolved, web.Response):
+        return resolved
+    model_name, names = resolved
     if not req.prompt and req.suffix is None:
         return _loaded(req.model, "response", names)
-    model = head.models[found.model]
+    model = head.models[model_name]
     sampling = sampling_of(ChatRequest(model=req.model, messages=[],
                                        **_sampling_fields(req.options)))
     try:
@@ -342,12 +336,11 @@ async def show(request: web.Request) -> web.Response:
     wanted = req.model or req.name
     if not wanted:
         return ollama_error(400, "say which model to show: {\"model\": NAME}")
-    found = resolve_model(head, wanted, ollama=True)
-    refused = refuse_resolution(request, found)
-    if refused is not None:
-        return refused
-    assert found.model is not None
-    model = head.models[found.model]
+    resolved = runnable(request, head, wanted, ollama=True)
+    if isinstance(resolved, web.Response):
+        return resolved
+    model_name, names = resolved
+    model = head.models[model_name]
     meta = model.vocab.metadata()
     info: dict[str, Any] = {k: v for k, v in meta.items() if not k.startswith("tokenizer.")}
     window = head.fleet.context_window(model.name)
@@ -359,7 +352,7 @@ async def show(request: web.Request) -> web.Response:
         "parameters": "", "template": model.template.source,
         "details": _details(model), "model_info": info,
         "capabilities": _capabilities(model), "modified_at": _modified(head)},
-        headers=model_headers(found))
+        headers=names)
 
 
 async def version(request: web.Request) -> web.Response:

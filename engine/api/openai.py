@@ -96,6 +96,17 @@ def refuse_resolution(request: web.Request, found: al.Resolution) -> web.Respons
                      retry_after=found.retry_after, headers=model_headers(found))
 
 
+def runnable(request: web.Request, head: Head, requested: str, *,
+             ollama: bool = False) -> tuple[str, dict[str, str]] | web.Response:
+    """The model a request's name runs and the X-Shoal-* headers, or the refusal."""
+    found = resolve_model(head, requested, ollama=ollama)
+    refused = refuse_resolution(request, found)
+    if refused is not None:
+        return refused
+    assert found.model is not None
+    return found.model, model_headers(found)
+
+
 def placement_refusal(request: web.Request, exc: PlacementError,
                       names: dict[str, str]) -> web.Response:
     return error_for(request, exc.status, str(exc), code=exc.code,
@@ -350,14 +361,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     problem = unsupported(req)
     if problem:
         return error_for(request, 400, problem, code="unsupported_parameter")
-    found = resolve_model(head, req.model)
-    refused = refuse_resolution(request, found)
-    if refused is not None:
-        return refused
-    assert found.model is not None
-    names = model_headers(found)
+    resolved = runnable(request, head, req.model)
+    if isinstance(resolved, web.Response):
+        return resolved
+    model_name, names = resolved
     try:
-        turn = ChatTurn(head.models[found.model], head.runner, req, routing_of(request),
+        turn = ChatTurn(head.models[model_name], head.runner, req, routing_of(request),
                         tool_parser=head.tool_parser)
     except PlacementError as exc:
         return placement_refusal(request, exc, names)

@@ -659,15 +659,8 @@ class MlxEngine:
             self._busy -= 1
 
     def _deliver(self, job: _Job, tokens: list[int], result: GenerationResult | None) -> None:
-        if not tokens and result is None:
-            return
-        sink = job.sink
-        try:
-            sink.loop.call_soon_threadsafe(sink.push, tokens, result)
-        except RuntimeError:
-            # the caller's loop is gone: nobody reads this generation any more
-            if result is None:
-                self._commands.put(job.id)
+        if not job.sink.hand_over(tokens, result) and result is None:
+            self._commands.put(job.id)  # nobody reads it any more: cancel the job
 
 
 # ----------------------------------------------------------------------------

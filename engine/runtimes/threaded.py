@@ -41,6 +41,19 @@ class TokenSink:
         self._result: GenerationResult | None = None
         self._event = asyncio.Event()
 
+    def hand_over(self, tokens: list[int], result: GenerationResult | None) -> bool:
+        """From the decode thread: pass tokens (and the end) to the loop.
+
+        False when the caller's loop is gone and nobody reads this generation.
+        """
+        if not tokens and result is None:
+            return True
+        try:
+            self.loop.call_soon_threadsafe(self.push, tokens, result)
+        except RuntimeError:
+            return False
+        return True
+
     # called on the loop (through call_soon_threadsafe)
     def push(self, tokens: list[int], result: GenerationResult | None) -> None:
         if self._done:
