@@ -35,6 +35,7 @@ from engine.api.schemas import (
     OllamaGenerateRequest,
     OllamaOptions,
     OllamaShowRequest,
+    SamplingRequest,
     ToolCall,
     ToolCallFunction,
     decode_as,
@@ -257,8 +258,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if not req.prompt and req.suffix is None:
         return _loaded(req.model, "response", names)
     model = head.models[model_name]
-    sampling = sampling_of(ChatRequest(model=req.model, messages=[],
-                                       **_sampling_fields(req.options)))
+    sampling = sampling_of(SamplingRequest(**_sampling_fields(req.options)))
     try:
         prompt = _generate_prompt(model, req)
         turn = Turn(model, head.runner, prompt, routing=routing_of(request), sampling=sampling,

@@ -52,13 +52,9 @@ _MaxTok = Annotated[int, msgspec.Meta(ge=1, lt=1 << 31)]
 _Seed = Annotated[int, msgspec.Meta(ge=-(1 << 63), le=(1 << 63) - 1)]  # what the link carries
 
 
-class ChatRequest(msgspec.Struct):
-    model: _Name
-    messages: Annotated[list[Message], msgspec.Meta(min_length=1, max_length=100_000)]
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    max_tokens: _MaxTok | None = None
-    max_completion_tokens: _MaxTok | None = None
+class SamplingRequest(msgspec.Struct, kw_only=True):
+    """The sampling fields that chat and completion requests share."""
+
     temperature: _Temp | None = None
     top_p: _Prob | None = None
     top_k: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
@@ -69,6 +65,15 @@ class ChatRequest(msgspec.Struct):
     presence_penalty: _Penalty | None = None
     frequency_penalty: _Penalty | None = None
     repeat_penalty: Annotated[float, msgspec.Meta(ge=0.0, le=10.0)] | None = None
+
+
+class ChatRequest(SamplingRequest, kw_only=True):
+    model: _Name
+    messages: Annotated[list[Message], msgspec.Meta(min_length=1, max_length=100_000)]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: _MaxTok | None = None
+    max_completion_tokens: _MaxTok | None = None
     tools: Annotated[list[dict[str, Any]], msgspec.Meta(max_length=512)] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -132,26 +137,16 @@ def message_text(content: str | list[ContentPart] | None) -> str:
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for the legacy completions route
 
 
-class CompletionRequest(msgspec.Struct):
+class CompletionRequest(SamplingRequest, kw_only=True):
     model: _Name
     prompt: _Str | Annotated[list[_Str], msgspec.Meta(max_length=16)] = ""
     suffix: _Str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: _MaxTok | None = None
-    temperature: _Temp | None = None
-    top_p: _Prob | None = None
-    top_k: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
-    min_p: _Prob | None = None
-    seed: _Seed | None = None
-    stop: _Str | Annotated[list[_Str], msgspec.Meta(max_length=16)] | None = None
-    n: int | None = None
     best_of: int | None = None
     echo: bool | None = None
     logprobs: int | None = None
-    presence_penalty: _Penalty | None = None
-    frequency_penalty: _Penalty | None = None
-    repeat_penalty: Annotated[float, msgspec.Meta(ge=0.0, le=10.0)] | None = None
     logit_bias: dict[str, float] | None = None
     user: _Name | None = None
 

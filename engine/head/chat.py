@@ -10,9 +10,9 @@ import contextlib
 import secrets
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from engine.api.schemas import ChatRequest, message_text
+from engine.api.schemas import ChatRequest, SamplingRequest, message_text
 from engine.head.model import HeadModel
 from engine.head.sessions import Finish, Job, PlacementError, SessionRunner
 from engine.head.templates import TemplateError
@@ -70,20 +70,7 @@ def _args(raw: str) -> Any:
         return raw
 
 
-class SamplingFields(Protocol):
-    """The sampling fields that chat and completion requests share."""
-
-    temperature: float | None
-    top_p: float | None
-    top_k: int | None
-    min_p: float | None
-    seed: int | None
-    presence_penalty: float | None
-    frequency_penalty: float | None
-    repeat_penalty: float | None
-
-
-def sampling_of(req: SamplingFields) -> m.SamplingParams:
+def sampling_of(req: SamplingRequest) -> m.SamplingParams:
     """The request's sampler settings, with llama.cpp's defaults for what it leaves out."""
     d = m.SamplingParams()
     return m.SamplingParams(
