@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -90,7 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "address on port 8454)")
     pair.add_argument("--fleet-name", default=None, help="a name for the fleet (default: "
                       "this machine's name)")
-    pair.add_argument("--png", type=Path, help="also save the QR code as a PNG file")
+    pair.add_argument("--png", type=Path, help="also save the QR code as a PNG file "
+                      "(mode 0600: it holds the token)")
 
     serve = sub.add_parser("serve", help="run a head (and a local node unless --fleet)")
     serve.add_argument("model", nargs="?", help="model id or path (default: the embedded one)")
@@ -119,9 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
                        "network)")
     serve.add_argument("--node-port", type=_positive, default=8455,
                        help="where this head looks for listening nodes on tailnet peers")
-    serve.add_argument("--api-key", default=os.environ.get("SHOAL_API_KEY") or None,
-                       help="require this key (Authorization: Bearer KEY); also "
-                       "$SHOAL_API_KEY")
+    serve.add_argument("--api-key", default=None,
+                       help="require this key (Authorization: Bearer KEY); other users can "
+                       "read a command line (ps), so prefer --api-key-file or $SHOAL_API_KEY "
+                       "(shoal moves a key given here out of its command line at start)")
+    serve.add_argument("--api-key-file", type=Path, metavar="PATH",
+                       help="require the key held in this file (mode 0600)")
     serve.add_argument("--keys", choices=["auto", "on", "off"], default="auto",
                        help="take keys made with `shoal keys issue` (auto: once one was "
                        "issued)")
@@ -144,7 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     join = node_sub.add_parser("join", help="dial the fleet's head (found on the network when "
                                "no address is given)")
     join.add_argument("head", nargs="?", help="HOST:PORT of the head")
-    join.add_argument("--code", help="a join URL (shoal://join?...) or a QR image holding one")
+    join.add_argument("--code", metavar="CODE",
+                      help="the join code: a shoal://join?... URL, - to read it from stdin, "
+                      "or a file (@FILE or a path) holding it as text or a QR image. Other "
+                      "users can read a command line (ps): shoal moves a URL given here out "
+                      "of its own at start, but your shell history keeps it")
     join.add_argument("--head-port", type=_positive, default=8454,
                       help="the port heads take joins on, where discovery looks (default 8454)")
     _node_options(join, listen=False)
@@ -210,6 +219,141 @@ def _fleet(args: argparse.Namespace, home: Path) -> int:
     return 0
 
 
+# -- secrets given on the command line ------------------------------------------------
+#
+# Any user of the machine can read a process's command line (ps, /proc/PID/cmdline)
+# for as long as it runs. A secret given there (a join code holds the fleet token;
+# an API key) is moved out at once: the process runs itself again without it, handing
+# the value over through an inherited pipe, so the running node or head never shows it.
+
+SECRETS_FD_ENV = "SHOAL_ARGV_SECRETS_FD"
+SECRET_OPTIONS = {"code": "--code", "api_key": "--api-key"}  # dest -> option
+MAX_HANDED_OVER = 16_384
+
+
+def without_option(argv: Sequence[str], option: str) -> list[str]:
+    """``argv`` without every ``OPTION VALUE`` and ``OPTION=VALUE`` (an abbreviation
+    of OPTION too, as argparse takes it); what follows ``--`` is kept."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            out.extend(argv[i:])
+            break
+        name, eq, _ = arg.partition("=")
+        if len(name) > 2 and name.startswith("--") and option.startswith(name):
+            i += 1 if eq else 2
+            continue
+        out.append(arg)
+        i += 1
+    return out
+
+
+def _literal_code(code: str) -> bool:
+    """Whether --code was given the join URL itself (not -, @FILE or a path)."""
+    return code != "-" and not code.startswith("@") and not Path(code).is_file()
+
+
+def _secrets_in_argv(args: argparse.Namespace) -> dict[str, str]:
+    found: dict[str, str] = {}
+    code = getattr(args, "code", None)
+    if isinstance(code, str) and _literal_code(code):
+        found["code"] = code
+    key = getattr(args, "api_key", None)
+    if isinstance(key, str):
+        found["api_key"] = key
+    return found
+
+
+def _hand_over_and_exec(found: dict[str, str]) -> None:
+    """Run this program again without the secrets in its command line; they go through a
+    pipe the new program inherits. Returns (after a warning) only where that cannot be
+    done; on success it does not return."""
+    tail = sys.argv[1:]
+    for dest in found:
+        tail = without_option(tail, SECRET_OPTIONS[dest])
+    orig = list(getattr(sys, "orig_argv", []))
+    n = len(sys.argv) - 1
+    data = json.dumps(found).encode("utf-8")
+    if os.name == "nt" or not orig or (n and orig[-n:] != sys.argv[1:]) \
+            or any(arg == v or arg.endswith(f"={v}") for v in found.values() for arg in tail) \
+            or len(data) > MAX_HANDED_OVER:
+        names = " and ".join(SECRET_OPTIONS[d] for d in found)
+        print(f"shoal: other users of this machine can read the value of {names} in its "
+              "command line; use --code - or @FILE, --api-key-file or $SHOAL_API_KEY instead",
+              file=sys.stderr)
+        return
+    prefix = orig[:len(orig) - n] if n else orig
+    read_end, write_end = os.pipe()
+    try:
+        view = memoryview(data)
+        while view:  # far below a pipe's buffer: this never waits for the reader
+            view = view[os.write(write_end, view):]
+    finally:
+        os.close(write_end)
+    os.set_inheritable(read_end, True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    env = {**os.environ, SECRETS_FD_ENV: str(read_end)}
+    os.execve(sys.executable, [*prefix, *tail], env)  # noqa: S606 - this very program
+
+
+def _take_handed_over() -> dict[str, str]:
+    """The secrets the previous image of this process handed over (see above)."""
+    fd_text = os.environ.pop(SECRETS_FD_ENV, None)  # not for our children
+    if fd_text is None:
+        return {}
+    try:
+        fd = int(fd_text)
+        with os.fdopen(fd, "rb") as pipe:
+            found = json.loads(pipe.read(MAX_HANDED_OVER + 1))
+        if not isinstance(found, dict) or not set(found) <= set(SECRET_OPTIONS) \
+                or not all(isinstance(v, str) for v in found.values()):
+            raise ValueError
+    except (OSError, ValueError):
+        raise StartError("the options moved out of the command line at start were lost; "
+                         "run the command again") from None
+    return found
+
+
+def _read_stdin_code() -> str:
+    """``--code -``: the join code from stdin, typed without echo on a terminal."""
+    if sys.stdin.isatty():
+        import getpass
+
+        return getpass.getpass("shoal: paste the join code (shoal://join?...) and press "
+                               "Enter: ", stream=sys.stderr)
+    line = sys.stdin.readline(MAX_HANDED_OVER)
+    if not line.strip():
+        raise StartError("--code - read no join code from stdin; pipe it in, e.g. "
+                         "`shoal node join --code - < code.txt`")
+    return line
+
+
+def _api_key(args: argparse.Namespace) -> str | None:
+    """The static key: --api-key, --api-key-file (private) or $SHOAL_API_KEY."""
+    from engine.files import ExposedFileError, read_private
+
+    path: Path | None = args.api_key_file
+    if path is None:
+        return args.api_key or os.environ.get("SHOAL_API_KEY") or None
+    if args.api_key:
+        raise StartError("give the API key with --api-key or --api-key-file, not both")
+    try:
+        data = read_private(path)
+    except ExposedFileError as exc:
+        raise StartError(f"other users can read or change the API key file {path} (mode "
+                         f"{exc.mode:04o}); run `chmod 600 {path}`") from None
+    except OSError as exc:
+        raise StartError(f"cannot read the API key file {path}: {exc.strerror}") from None
+    key = (data or b"").decode("utf-8", errors="replace").strip()
+    if data is None or not key:
+        raise StartError(f"there is no API key in {path}; write the key there or leave out "
+                         "--api-key-file")
+    return key
+
+
 def _node_opts(args: argparse.Namespace, home: Path, cls: type[NodeOptions]) -> NodeOptions:
     if not args.model:
         raise StartError("say which model to serve with --model (a GGUF path or "
@@ -226,6 +370,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     home = default_home()
     try:
+        if argv is None:  # this process's own command line
+            found = _secrets_in_argv(args)
+            if found:
+                _hand_over_and_exec(found)
+            for dest, value in _take_handed_over().items():
+                setattr(args, dest, value)
         _apply_config(args, home)
         if args.command == "fleet":
             return _fleet(args, home)
@@ -246,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 chat_template=args.chat_template, fleet_listen=args.fleet_listen,
                 also_models=args.also_model,
                 discovery=args.discovery, seeds=_split(args.seeds),
-                tailscale_socket=args.tailscale_socket, api_key=args.api_key,
+                tailscale_socket=args.tailscale_socket, api_key=_api_key(args),
                 keys=args.keys, key_policy=args.key_policy,
                 cors_allow=_cors(args.cors_allow),
                 keepalive_s=args.keepalive if args.keepalive > 0 else 5.0,
@@ -260,7 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             setup_logging("shoal-node")
             jopts = _node_opts(args, home, JoinOptions)
             assert isinstance(jopts, JoinOptions)
-            jopts.head, jopts.code = args.head, args.code
+            code = _read_stdin_code() if args.code == "-" else args.code
+            jopts.head, jopts.code = args.head, code
             jopts.discovery, jopts.seeds = args.discovery, _split(args.seeds)
             jopts.tailscale_socket = args.tailscale_socket
             jopts.head_port = args.head_port

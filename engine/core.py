@@ -527,7 +527,7 @@ def env_flag(name: str) -> bool:
 @dataclass
 class JoinOptions(NodeOptions):
     head: str | None = None  # HOST:PORT; found on the network when None
-    code: str | None = None  # shoal://join?... or a QR image holding it
+    code: str | None = None  # shoal://join?..., or a file (@PATH or a path) holding it
     discovery: str = "both"
     seeds: list[str] = field(default_factory=list)
     tailscale_socket: str | None = None
@@ -621,11 +621,8 @@ def _join_credentials(opts: JoinOptions) -> tuple[bytes | None, HeadAddress | No
         from engine import pairing
         from engine.secrets import store_fleet_token
 
-        text = opts.code
-        if not text.startswith("shoal://") and Path(text).is_file():
-            text = pairing.read_qr_image(Path(text))
         try:
-            code = pairing.parse_join_url(text)
+            code = pairing.parse_join_url(pairing.join_code_from(opts.code))
         except pairing.PairingError as exc:
             raise StartError(str(exc)) from None
         where = store_fleet_token(opts.home, code.token, "auto")

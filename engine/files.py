@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import stat
 from pathlib import Path
 
 
@@ -42,3 +43,45 @@ def write_private(path: Path, data: bytes, *, replace: bool = True) -> bool:
         finally:
             os.close(dfd)
     return written
+
+
+class ExposedFileError(OSError):
+    """A secret file that users other than its owner may read or change."""
+
+    def __init__(self, path: Path, mode: int) -> None:
+        super().__init__(f"{path} has mode {mode:04o}; run `chmod 600 {path}`")
+        self.path = path
+        self.mode = mode
+
+
+PRIVATE_MAX_BYTES = 1 << 16
+
+
+def read_private(path: Path, *, max_bytes: int = PRIVATE_MAX_BYTES) -> bytes | None:
+    """The bytes of a secret file (at most ``max_bytes``), None when it does not exist.
+
+    Raises ExposedFileError when group or others have any access to it: a secret
+    others can read is no longer a secret, and one they can change is not ours (the
+    rule ssh applies to private keys). The mode is read from the opened file, so a
+    file swapped in after the check is not read. Not checked on Windows (no modes).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        return None
+    try:
+        if os.name != "nt":
+            mode = stat.S_IMODE(os.fstat(fd).st_mode)
+            if mode & 0o077:
+                raise ExposedFileError(path, mode)
+        chunks: list[bytes] = []
+        left = max_bytes
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 14))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

@@ -5,8 +5,8 @@ machine needs: where the head takes joins, the fleet token, and the fleet's
 name for people. Parsing is strict and every refusal is one line that never
 repeats what was given (the text holds the token).
 
-Writing and reading image files blocks: from asyncio code call
-:func:`save_qr_png` and :func:`read_qr_image` through ``asyncio.to_thread``.
+Writing and reading files blocks: from asyncio code call :func:`save_qr_png`,
+:func:`read_qr_image` and :func:`join_code_from` through ``asyncio.to_thread``.
 """
 
 from __future__ import annotations
@@ -220,10 +220,20 @@ def qr_text(url: str, *, ansi: bool = True, invert: bool = False) -> str:
 
 
 def save_qr_png(url: str, path: Path) -> None:
-    """Write the QR code for ``url`` as a PNG (black on white, 4-module quiet zone)."""
+    """Write the QR code for ``url`` as a PNG (black on white, 4-module quiet zone).
+
+    The image carries the fleet token, so it is written like the token file: mode
+    0600, atomically (an existing file is replaced, never left half written).
+    """
+    import io
+
+    from engine.files import write_private
+
+    out = io.BytesIO()
+    _qr(url).save(out, kind="png", scale=PNG_SCALE, border=PNG_BORDER,
+                  dark="black", light="white")
     try:
-        _qr(url).save(str(path), kind="png", scale=PNG_SCALE, border=PNG_BORDER,
-                      dark="black", light="white")
+        write_private(path, out.getvalue())
     except OSError as exc:
         raise PairingError(f"cannot write the QR image {path}: {exc.strerror}; "
                            "choose a writable path") from None
@@ -257,3 +267,33 @@ def read_qr_image(path: Path) -> str:
     if len(codes) > 1:
         raise PairingError(f"{path} holds several join codes; crop it to one")
     return codes[0].strip()
+
+
+TEXT_CODE_MAX_BYTES = 4096  # a text file holding a join code; bigger ones are images
+
+
+def join_code_from(spec: str) -> str:
+    """The join URL that ``spec`` gives: the URL itself, or a file (``@PATH`` or a path)
+    holding it as text or as a QR image. Reads files: call from a thread in asyncio code.
+    """
+    text = spec.strip()
+    if text.lower().startswith(f"{SCHEME}://"):
+        return text
+    named = text.startswith("@")
+    path = Path(text[1:] if named else text)
+    if not path.is_file():
+        if named:
+            raise PairingError(f"there is no file at {path}; give the file holding the join "
+                               "code (text or a QR image), or the code itself")
+        return text  # not a file: parse_join_url says what it is not
+    try:
+        with path.open("rb") as f:
+            head = f.read(TEXT_CODE_MAX_BYTES + 1)
+    except OSError as exc:
+        raise PairingError(f"cannot read {path}: {exc.strerror}; check its permissions") \
+            from None
+    if len(head) <= TEXT_CODE_MAX_BYTES:
+        written = head.decode("utf-8", errors="replace").strip()
+        if written.lower().startswith(f"{SCHEME}://"):
+            return written
+    return read_qr_image(path)

@@ -23,7 +23,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from engine.files import write_private
+from engine.files import ExposedFileError, read_private, write_private
 
 log = logging.getLogger("shoal.secrets")
 
@@ -62,7 +62,8 @@ def parse_token(text: str, *, source: str) -> bytes:
 
 
 def read_token(path: Path) -> bytes | None:
-    """The token at path, None when the file does not exist."""
+    """The token at path, None when the file does not exist; TokenError when it is
+    malformed or readable by other users (group or others)."""
     text = _read_text(path)
     return None if text is None else parse_token(text, source=str(path))
 
@@ -83,13 +84,16 @@ def ensure_token(path: Path, *, rotate: bool = False) -> bytes:
 
 
 def _read_text(path: Path) -> str | None:
+    """The token file's text; refused when other users may read or change it."""
     try:
-        return path.read_text(encoding="ascii", errors="replace")
-    except FileNotFoundError:
-        return None
+        data = read_private(path)
+    except ExposedFileError as exc:
+        raise TokenError(f"other users can read or change the fleet token file {path} "
+                         f"(mode {exc.mode:04o}); run `chmod 600 {path}`") from None
     except OSError as exc:
         raise TokenError(f"cannot read the fleet token at {path}: {exc.strerror}; "
                          "check its permissions") from None
+    return None if data is None else data.decode("ascii", errors="replace")
 
 
 def _write_private(path: Path, text: str) -> None:

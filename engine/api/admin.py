@@ -15,6 +15,7 @@ from aiohttp import web
 from engine.api.errors import error_response
 from engine.api.openai import HEAD
 from engine.head import aliases as al
+from engine.head import keys
 from engine.head.head import Head
 from engine.link.transport import is_loopback
 
@@ -31,8 +32,9 @@ def _allowed(request: web.Request) -> bool:
         return True
     head: Head = request.app[HEAD]
     key = getattr(head, "api_key", None)
-    auth = request.headers.get("Authorization", "")
-    return bool(key) and auth == f"Bearer {key}"
+    presented = keys.bearer_token(request.headers.get("Authorization"))
+    # static_key_ok compares in constant time, and lets anything in without a key: not here
+    return bool(key) and presented is not None and keys.static_key_ok(key, presented)
 
 
 def _refuse() -> web.Response:

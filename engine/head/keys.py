@@ -58,7 +58,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.files import write_private
+from engine.files import ExposedFileError, read_private, write_private
 from engine.head.limits import Bucket, fresh, take
 
 KEY_PREFIX = "sk-shoal-"
@@ -176,16 +176,21 @@ def bearer_token(authorization: str | None) -> str | None:
 # -- files -------------------------------------------------------------------------
 
 
-def _read_secret(path: Path) -> bytes | None:
+def read_secret(path: Path) -> bytes | None:
+    """The keys secret at ``path``, None when absent; refused when malformed or open
+    to other users (anyone who reads it can mint every key)."""
     try:
-        text = path.read_text(encoding="ascii", errors="replace")
-    except FileNotFoundError:
-        return None
+        raw = read_private(path)
+    except ExposedFileError as exc:
+        raise KeysError(f"other users can read or change the keys secret {path} (mode "
+                        f"{exc.mode:04o}); run `chmod 600 {path}`") from None
     except OSError as exc:
         raise KeysError(f"cannot read the keys secret at {path}: {exc.strerror}; "
                         "check its permissions") from None
+    if raw is None:
+        return None
     try:
-        data = bytes.fromhex(text.strip())
+        data = bytes.fromhex(raw.decode("ascii", errors="replace").strip())
     except ValueError:
         data = b""
     if len(data) != SECRET_BYTES:
@@ -197,7 +202,7 @@ def _read_secret(path: Path) -> bytes | None:
 def load_or_make_secret(path: Path) -> bytes:
     """The keys secret at ``path``, made (32 random bytes, 0600) when absent.
     Two processes racing to make it end with the same secret."""
-    existing = _read_secret(path)
+    existing = read_secret(path)
     if existing is not None:
         return existing
     secret = secrets.token_bytes(SECRET_BYTES)
@@ -208,7 +213,7 @@ def load_or_make_secret(path: Path) -> bytes:
                         "check the permissions of its folder") from None
     if made:
         return secret
-    again = _read_secret(path)
+    again = read_secret(path)
     assert again is not None
     return again
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from engine.head import keys
 from tests.integration.test_api_surface import MODEL, chat_body, live_head, read_lines
@@ -182,3 +185,40 @@ async def test_no_keys_configured_means_no_auth():
             assert r.status == 200 and json.loads(await r.read())["done"]
         async with http.get(live.url("/v1/models"), headers=bearer("anything")) as r:
             assert r.status == 200
+
+
+def test_alias_writes_compare_the_static_key_in_constant_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from unittest import mock
+
+    from aiohttp.test_utils import make_mocked_request
+
+    from engine.api import admin
+    from engine.api.openai import HEAD
+
+    app = web.Application()
+    app[HEAD] = SimpleNamespace(api_key="s3cret-key")  # type: ignore[assignment]
+    transport = mock.Mock()
+    transport.get_extra_info.side_effect = lambda name, default=None: (
+        ("192.0.2.7", 50000) if name == "peername" else default)
+    compared: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+
+    def allowed(auth: str | None) -> bool:
+        headers = {"Authorization": auth} if auth is not None else {}
+        request = make_mocked_request("PUT", "/v1/aliases/a", headers=headers, app=app,
+                                      transport=transport)
+        assert request.remote == "192.0.2.7"
+        return admin._allowed(request)
+
+    assert allowed("Bearer s3cret-key")
+    assert compared  # through hmac.compare_digest, not ==
+    assert not allowed("Bearer s3cret-kez") and not allowed(None) and not allowed("s3cret-key")
+    app[HEAD] = SimpleNamespace(api_key=None)  # type: ignore[assignment]
+    assert not allowed("Bearer anything")

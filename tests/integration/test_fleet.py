@@ -187,6 +187,7 @@ async def test_wrong_token_is_refused_at_the_handshake(cluster: Cluster, tmp_pat
     cluster.token()
     other = tmp_path / "other-token"
     other.write_text("ab" * 32)
+    other.chmod(0o600)  # a token file open to other users is refused
     node = cluster.node("n0", extra=("--auth-file", str(other)))
     head = cluster.head([node])
     deadline = time.monotonic() + 10

@@ -89,6 +89,7 @@ async def test_wrong_token_stops_the_node_before_loading(cluster: Cluster, tmp_p
     head, port = joinless_head(cluster)
     other = tmp_path / "other-token"
     other.write_text("cd" * 32)
+    other.chmod(0o600)  # a token file open to other users is refused
     out = subprocess.run([*SHOAL, "node", "join", f"127.0.0.1:{port}", "--runtime", "mock",
                           "--model", "m", "--auth-file", str(other)],
                          env=cluster.env, capture_output=True, text=True, timeout=30)

@@ -191,6 +191,26 @@ def test_file_store_is_private_and_atomic(tmp_path: Path) -> None:
 def test_bad_file_token_message_hides_content(tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text("cd" * 31 + "zz\n")
+    path.chmod(0o600)
     with pytest.raises(sec.TokenError) as err:
         sec.read_token(path)
     assert "cd" * 31 not in str(err.value) and str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660, 0o606])
+def test_a_token_file_open_to_other_users_is_refused(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mode: int) -> None:
+    monkeypatch.setattr(sec, "_real_backend", lambda: None)  # no keychain: the file
+    path = tmp_path / "fleet" / "token"
+    sec.write_token(path, bytes(range(32)))
+    path.chmod(mode)
+    for read in (lambda: sec.read_token(path), lambda: sec.FileStore(path).get("x"),
+                 lambda: sec.load_fleet_token(tmp_path)):
+        with pytest.raises(sec.TokenError) as err:
+            read()
+        message = str(err.value)
+        assert message == (f"other users can read or change the fleet token file {path} "
+                           f"(mode {mode:04o}); run `chmod 600 {path}`")
+        assert bytes(range(32)).hex() not in message
+    path.chmod(0o600)
+    assert sec.read_token(path) == bytes(range(32))

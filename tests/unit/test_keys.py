@@ -28,6 +28,7 @@ from engine.head.keys import (
     origin_allowed,
     parse_allow_list,
     policy_path,
+    read_secret,
     revoke,
     revoked_path,
     rotate_secret,
@@ -134,8 +135,24 @@ def test_corrupt_secret_is_refused(tmp_path: Path) -> None:
     path = secret_path(tmp_path)
     path.parent.mkdir(parents=True)
     path.write_text("not hex\n")
+    path.chmod(0o600)
     with pytest.raises(KeysError, match="does not hold a keys secret"):
         load_or_make_secret(path)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o602])
+def test_secret_file_open_to_other_users_is_refused(tmp_path: Path, mode: int) -> None:
+    # whoever reads the secret can mint every key: refuse it like ssh refuses a key file
+    path = secret_path(tmp_path)
+    made = load_or_make_secret(path)
+    path.chmod(mode)
+    with pytest.raises(KeysError) as exc:
+        read_secret(path)
+    message = str(exc.value)
+    assert f"(mode {mode:04o}); run `chmod 600 {path}`" in message
+    assert made.hex() not in message and "\n" not in message
+    path.chmod(0o600)
+    assert read_secret(path) == made
 
 
 def test_revocation_list_file(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -200,3 +202,45 @@ def test_image_errors(tmp_path: Path) -> None:
     pairing._qr("https://example.com/").save(str(other), kind="png", scale=8)
     with pytest.raises(PairingError, match="not a Shoal join code"):
         read_qr_image(other)
+
+
+def test_png_holding_the_token_is_private(tmp_path: Path) -> None:
+    url = join_url("10.0.0.2:8454", TOKEN, "desk")
+    path = tmp_path / "pair.png"
+    old = os.umask(0o022)  # the usual umask: a plain write would leave it 0644
+    try:
+        save_qr_png(url, path)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        path.chmod(0o644)  # an older, readable copy is replaced by a private one
+        save_qr_png(url, path)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_qr_image(path) == url
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pair.png"]  # no temp file left
+
+
+def test_png_in_an_unwritable_place_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    with pytest.raises(PairingError, match="cannot write the QR image") as err:
+        save_qr_png(join_url("h:1", TOKEN, "f"), tmp_path / "file" / "pair.png")
+    assert HEX not in str(err.value)
+
+
+def test_join_code_from_a_url_a_text_file_or_an_image(tmp_path: Path) -> None:
+    url = join_url("10.0.0.2:8454", TOKEN, "desk")
+    assert pairing.join_code_from(f"  {url}\n") == url
+    text = tmp_path / "code.txt"
+    text.write_text(url + "\n")
+    assert pairing.join_code_from(str(text)) == url
+    assert pairing.join_code_from(f"@{text}") == url
+    png = tmp_path / "code.png"
+    save_qr_png(url, png)
+    assert pairing.join_code_from(f"@{png}") == url
+    assert pairing.join_code_from(str(png)) == url
+    with pytest.raises(PairingError, match="there is no file at") as err:
+        pairing.join_code_from(f"@{tmp_path / 'missing.txt'}")
+    assert "\n" not in str(err.value)
+    # not a file and not a URL: parsing says it is not a join code
+    with pytest.raises(PairingError, match="not a Shoal join code"):
+        parse_join_url(pairing.join_code_from("nonsense"))
