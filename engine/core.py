@@ -318,14 +318,18 @@ class RunningHead:
 
 def configure_access(head: Head, opts: ServeOptions) -> None:
     """Who may call the HTTP API: the static key, issued keys and their limits, browser
-    origins; and how often a waiting request gets a keepalive."""
+    origins; and how often a waiting request gets a keepalive.
+
+    The keys files are checked here, so a broken one fails the start; the API then
+    watches them, so `shoal keys issue|revoke` and a rotated secret take effect on
+    the running head (with --keys auto, keys turn on when the first is issued).
+    """
     from engine.head import keys
 
     head.api_key = opts.api_key or None
     head.cors_allow = opts.cors_allow
     head.keepalive_s = opts.keepalive_s
-    secret_file = keys.secret_path(opts.home)
-    if opts.keys == "off" or (opts.keys == "auto" and not secret_file.exists()):
+    if opts.keys == "off":
         if head.api_key:
             log.info("the API takes the key given with --api-key")
         return
@@ -333,13 +337,23 @@ def configure_access(head: Head, opts: ServeOptions) -> None:
         raise StartError(f"no key policy at {opts.key_policy}; write one like "
                          '{"default": {"rpm": 60, "burst": 10, "concurrent": 4}} '
                          "or leave out --key-policy")
+    secret_file = keys.secret_path(opts.home)
+    policy_file = opts.key_policy or keys.policy_path(opts.home)
     try:
-        head.keys_secret = keys.load_or_make_secret(secret_file)
-        head.key_policy = keys.load_policy(opts.key_policy or keys.policy_path(opts.home))
+        secret = (keys.load_or_make_secret(secret_file) if opts.keys == "on"
+                  else keys.read_secret(secret_file))
+        policy = keys.load_policy(policy_file)
     except keys.KeysError as exc:
         raise StartError(str(exc)) from None
+    head.keys_secret_path = secret_file
+    head.key_policy_path = policy_file
     head.revoked_path = keys.revoked_path(opts.home)
-    limits = head.key_policy.default
+    if secret is None:
+        log.info("the API takes the key given with --api-key, and keys from `shoal keys "
+                 "issue NAME` once one is made" if head.api_key else
+                 "the API needs no key until `shoal keys issue NAME` makes one")
+        return
+    limits = policy.default
     log.info("the API takes keys from `shoal keys issue`%s; each limited to %g requests a "
              "minute (burst %d) and %d at once unless the policy says otherwise",
              " and the --api-key key" if head.api_key else "", limits.rpm, limits.burst,

@@ -1,14 +1,19 @@
 """Who may call the head: API keys, per-key limits, and browser origins (CORS).
 
-Settings are read from the head at each request (``api_key``, ``keys_secret``,
-``key_policy``, ``revoked_path``, ``cors_allow``), so the composition root can set
+Settings are read from the head at each request, so the composition root can set
 them at any time:
 
-- neither ``api_key`` nor ``keys_secret``: no keys (a head for this machine);
+- neither ``api_key`` nor a keys secret: no keys (a head for this machine);
 - ``api_key``: that one static key (``--api-key``), with no limits;
-- ``keys_secret``: stateless keys ``sk-shoal-<name>-<sig>`` checked against the
-  secret and the revocation list at ``revoked_path`` (re-read when the file
-  changes), each limited by the policy (rate with burst, concurrent requests).
+- ``keys_secret`` (bytes) or ``keys_secret_path`` (a file, watched): stateless
+  keys ``sk-shoal-<name>-<sig>`` checked against the secret and the revocation
+  list at ``revoked_path``, each limited by the policy (``key_policy``, or the
+  file ``key_policy_path``: rate with burst, concurrent requests).
+
+The files are watched (`keys.FileWatch`): a key issued, revoked or rotated, or a
+policy edited, reaches the running head within a second. Keys turn on when the
+secret file appears; once seen, a removed secret refuses every issued key (it
+fails closed) until `shoal keys issue` makes a new one.
 
 ``/health`` is always open. The alias routes keep their own rule (this machine,
 or the static key) so `shoal alias` works on the head's machine with keys on.
@@ -44,24 +49,28 @@ CORS_ORIGIN = request_key("cors_origin", str)  # the allowed Origin to echo back
 KEY_NAME = request_key("key_name", str)  # the name of the issued key used
 
 
-@dataclass
-class _Keys:
-    """What the head's settings turned into; rebuilt when a setting changes."""
+# -- the gate ----------------------------------------------------------------------
 
-    policy_source: object = None
-    limiter: keys.Limiter | None = None
-    revoked_source: object = None
-    watcher: keys.RevokedWatcher | None = None
+
+@dataclass
+class _Watches:
+    """The watched files, made when a setting names a path (and again if it changes)."""
+
+    secret: keys.FileWatch[bytes | None] | None = None
+    policy: keys.FileWatch[keys.Policy] | None = None
+    revoked: keys.RevokedWatcher | None = None
 
 
 class Gate:
-    """Auth, limits and CORS for one app, reading the head's settings as it goes."""
+    """Auth, limits and CORS for one app, reading the head's settings as it goes.
+    ``clock`` paces the file checks."""
 
     def __init__(self, head: Any, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.head = head
         self.clock = clock
-        self._keys = _Keys()
-        self._warned: str | None = None
+        self._watch = _Watches()
+        self._limiter: keys.Limiter | None = None
+        self._warned: dict[str, str | None] = {}
 
     # -- settings ------------------------------------------------------------------
 
@@ -70,46 +79,72 @@ class Gate:
         return getattr(self.head, "api_key", None) or None
 
     @property
-    def secret(self) -> bytes | None:
-        return getattr(self.head, "keys_secret", None) or None
-
-    @property
     def cors_allow(self) -> tuple[str, ...]:
         return tuple(getattr(self.head, "cors_allow", ()) or ())
 
+    def _report(self, what: str, problem: str | None) -> None:
+        """Log a watched file's problem once, when it changes."""
+        if problem and problem != self._warned.get(what):
+            log.warning("%s", problem)
+        self._warned[what] = problem
+
+    def _watched(self, what: str, w: keys.FileWatch[Any]) -> None:
+        self._report(what, w.error and f"{w.error}; keeping the last good {what}")
+
+    def secret(self) -> tuple[bool, bytes | None]:
+        """(whether issued keys are on, the secret that verifies them)."""
+        fixed = getattr(self.head, "keys_secret", None)
+        if fixed:
+            return True, bytes(fixed)
+        source = getattr(self.head, "keys_secret_path", None)
+        if source is None:
+            return False, None
+        w = self._watch.secret
+        if w is None or w.path != Path(source):
+            w = self._watch.secret = keys.FileWatch(Path(source), keys.read_secret, None)
+        value = w.current(self.clock())
+        if w.seen and value is None and w.error is None:
+            self._report("keys secret", f"the keys secret {w.path} is gone: every issued key "
+                         "is refused until `shoal keys issue NAME` makes a new one")
+        else:
+            self._watched("keys secret", w)
+        return w.seen, value
+
     @property
     def enabled(self) -> bool:
-        return self.api_key is not None or self.secret is not None
+        return self.api_key is not None or self.secret()[0]
 
     def limiter(self) -> keys.Limiter:
         source = getattr(self.head, "key_policy", None)
-        if self._keys.limiter is None or source is not self._keys.policy_source:
-            if isinstance(source, keys.Policy):
-                policy = source
-            elif isinstance(source, str | Path):
-                try:
-                    policy = keys.load_policy(Path(source))
-                except keys.KeysError as exc:
-                    log.error("%s; using the default limits until it is fixed", exc)
-                    policy = keys.Policy()
-            else:
+        if isinstance(source, keys.Policy):
+            policy = source
+        else:
+            path = source if isinstance(source, str | Path) else \
+                getattr(self.head, "key_policy_path", None)
+            if path is None:
                 policy = keys.Policy()
-            self._keys.limiter = keys.Limiter(policy)
-            self._keys.policy_source = source
-        return self._keys.limiter
+            else:
+                w = self._watch.policy
+                if w is None or w.path != Path(path):
+                    w = self._watch.policy = keys.FileWatch(Path(path), keys.load_policy,
+                                                            keys.Policy())
+                policy = w.current(self.clock())
+                self._watched("key policy", w)
+        if self._limiter is None:
+            self._limiter = keys.Limiter(policy)
+        elif self._limiter.policy is not policy:
+            self._limiter.policy = policy  # an edited policy keeps each key's bucket
+        return self._limiter
 
     def revoked(self) -> frozenset[str]:
         source = getattr(self.head, "revoked_path", None)
         if source is None:
             return frozenset()
-        if self._keys.watcher is None or source != self._keys.revoked_source:
-            self._keys.watcher = keys.RevokedWatcher(Path(source))
-            self._keys.revoked_source = source
-        names = self._keys.watcher.current()
-        err = self._keys.watcher.error
-        if err and err != self._warned:
-            log.warning("%s; keeping the last good revocation list", err)
-        self._warned = err
+        w = self._watch.revoked
+        if w is None or w.path != Path(source):
+            w = self._watch.revoked = keys.RevokedWatcher(Path(source))
+        names = w.current(self.clock())
+        self._watched("revocation list", w)
         return names
 
     # -- checks --------------------------------------------------------------------
@@ -123,7 +158,7 @@ class Gate:
         static = self.api_key
         if static is not None and keys.static_key_ok(static, token):
             return "", ""
-        secret = self.secret
+        _on, secret = self.secret()
         if secret is not None:
             name = keys.verify_key(secret, token, self.revoked())
             if name is not None:

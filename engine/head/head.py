@@ -44,6 +44,9 @@ class Head:
         self.revoked_path: Path | None = None  # their revocation list, re-read on change
         self.key_policy: Policy | None = None  # per-key limits (the defaults when None)
         self.cors_allow: tuple[str, ...] = ()  # browser origins allowed
+        # the same, as files the gate watches, so `shoal keys` reaches a running head
+        self.keys_secret_path: Path | None = None  # keys turn on when it appears
+        self.key_policy_path: Path | None = None
         # a waiting request gets a keepalive this often; a refusal keeps its status
         # until commit_s (None: until the first keepalive)
         self.keepalive_s: float = 5.0

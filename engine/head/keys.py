@@ -26,6 +26,10 @@ Files (thin adapters; the policy code is pure)
 
     A key's entry may give only some fields; the others come from ``default``.
 
+    A running head watches all three (`FileWatch`), so issuing, revoking,
+    rotating and editing the policy apply within a second, with no restart. The
+    keys secret, like the token, is refused when other users may read it.
+
 Limits
     `Limiter` keeps, per key name, a token bucket (`engine.head.limits`: ``rpm``
     per minute sustained, ``burst`` at once) and the number of requests in
@@ -54,9 +58,10 @@ import re
 import secrets
 import tomllib
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from engine.files import ExposedFileError, read_private, write_private
 from engine.head.limits import Bucket, fresh, take
@@ -71,6 +76,7 @@ REVOKED_FORMAT = "shoal-revoked"
 CONCURRENCY_RETRY_S = 1
 MAX_RETRY_S = 86_400
 DEFAULT_CORS_ALLOW: tuple[str, ...] = ()
+T = TypeVar("T")
 
 
 class KeysError(ValueError):
@@ -285,36 +291,74 @@ def unrevoke(path: Path, name: str) -> bool:
     return True
 
 
-class RevokedWatcher:
-    """The revocation list at a path, re-read when the file changes (by mtime and
-    size), so `shoal keys revoke` reaches a running head without a restart. A
-    file that turns corrupt keeps the last good list (and the error is kept in
-    ``error`` for the log)."""
+Stamp = tuple[int, int, int]  # (mtime_ns, size, inode)
+WATCH_EVERY_S = 0.5  # a change reaches a running head within this (plus one request)
 
-    def __init__(self, path: Path) -> None:
+
+def file_stamp(path: Path) -> Stamp | None:
+    """What tells a changed file apart, None when it does not exist. The inode
+    catches an atomic replacement (every Shoal writer renames a new file into
+    place) even when the size and the mtime's granularity would not."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+class FileWatch(Generic[T]):
+    """A value loaded from one file and re-loaded when the file changes, so
+    `shoal keys issue`, `revoke` and a rotated secret reach a running head
+    without a restart.
+
+    ``current(now)`` stats the file at most once per ``every_s`` (time passed
+    in) and reads it only when its stamp changed: cheap enough to call from the
+    request path. A file that turns unreadable or corrupt keeps the last good
+    value, its error kept in ``error`` for the log; a missing file gives
+    ``missing``. ``seen`` tells whether the file ever existed at a check.
+    """
+
+    def __init__(self, path: Path, load: Callable[[Path], T], missing: T, *,
+                 every_s: float = WATCH_EVERY_S) -> None:
         self.path = path
+        self.every_s = every_s
         self.error: str | None = None
-        self._stamp: tuple[int, int] | None = None
-        self._names: frozenset[str] = frozenset()
+        self.seen = False
+        self.value: T = missing
+        self._load = load
+        self._missing = missing
+        self._stamp: Stamp | None = None
+        self._checked: float | None = None
 
-    def current(self) -> frozenset[str]:
+    def current(self, now: float) -> T:
+        if self._checked is not None and 0 <= now - self._checked < self.every_s:
+            return self.value
+        self._checked = now
         try:
-            st = self.path.stat()
-            stamp: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
-        except FileNotFoundError:
-            stamp = None
+            stamp = file_stamp(self.path)
         except OSError as exc:
-            self.error = f"cannot stat the revocation list at {self.path}: {exc.strerror}"
-            return self._names
+            self.error = f"cannot read {self.path}: {exc.strerror}; check its permissions"
+            return self.value
+        if stamp is None:
+            self.value, self._stamp, self.error = self._missing, None, None
+            return self.value
+        self.seen = True
         if stamp == self._stamp and self.error is None:
-            return self._names
+            return self.value
         try:
-            self._names = load_revoked(self.path)
+            self.value = self._load(self.path)
             self.error = None
-            self._stamp = stamp
         except KeysError as exc:
             self.error = str(exc)
-        return self._names
+        self._stamp = stamp
+        return self.value
+
+
+class RevokedWatcher(FileWatch[frozenset[str]]):
+    """The revocation list at a path, re-read when the file changes."""
+
+    def __init__(self, path: Path, *, every_s: float = WATCH_EVERY_S) -> None:
+        super().__init__(path, load_revoked, frozenset(), every_s=every_s)
 
 
 # -- policy ------------------------------------------------------------------------

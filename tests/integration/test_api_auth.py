@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TypeVar
 
 import aiohttp
 import pytest
@@ -17,10 +20,23 @@ from tests.integration.test_api_surface import MODEL, chat_body, live_head, read
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = bytes(range(100, 132))
+T = TypeVar("T")
 
 
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
+
+
+async def until(probe: Callable[[], Awaitable[T]], done: Callable[[T], bool],
+                timeout: float = 10.0) -> T:
+    """Probe until ``done`` holds (a watched file reaches the head within a second)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = await probe()
+        if done(result) or time.monotonic() > deadline:
+            assert done(result), result
+            return result
+        await asyncio.sleep(0.05)
 
 
 async def test_static_api_key():
@@ -46,11 +62,12 @@ async def test_static_api_key():
             assert r.status == 200
 
 
-async def test_issued_and_revoked_keys(tmp_path: Path):
+async def test_issued_and_revoked_keys(tmp_path: Path, caplog: pytest.LogCaptureFixture):
     revoked = tmp_path / "fleet" / "revoked.json"
     alice = keys.issue_key(SECRET, "alice")
     forged = keys.issue_key(bytes(32), "alice")
-    async with live_head(keys_secret=SECRET, revoked_path=revoked) as live, \
+    roomy = keys.Policy(default=keys.Limits(rpm=60_000, burst=1000, concurrent=4))
+    async with live_head(keys_secret=SECRET, revoked_path=revoked, key_policy=roomy) as live, \
             aiohttp.ClientSession() as http:
         async def status(key: str) -> tuple[int, str]:
             async with http.get(live.url("/v1/models"), headers=bearer(key)) as r:
@@ -61,16 +78,18 @@ async def test_issued_and_revoked_keys(tmp_path: Path):
         assert (await status(forged))[0] == 401
         assert (await status(alice[:-1] + ("A" if alice[-1] != "A" else "B")))[0] == 401
         assert (await status("sk-shoal-"))[0] == 401
-        # revoked while the head runs: the next request sees the changed file
+        # revoked while the head runs: a request within the watch interval sees it
         keys.revoke(revoked, "alice")
-        code, message = await status(alice)
-        assert code == 401 and "key 'alice' has been revoked" in message
+        code, message = await until(lambda: status(alice), lambda r: r[0] == 401)
+        assert "key 'alice' has been revoked" in message
         assert (await status(keys.issue_key(SECRET, "bob")))[0] == 200
         keys.unrevoke(revoked, "alice")
-        assert (await status(alice))[0] == 200
-        # a corrupt list keeps the last good one
+        await until(lambda: status(alice), lambda r: r[0] == 200)
+        # a corrupt list keeps the last good one (once the head has read it and said so)
         revoked.write_text("{not json")
-        assert (await status(alice))[0] == 200
+        code, _ = await until(lambda: status(alice), lambda _r: "not valid JSON" in caplog.text)
+        assert code == 200
+        assert "keeping the last good revocation list" in caplog.text
 
 
 async def test_rate_limit_answers_429_with_retry_after():
@@ -185,6 +204,39 @@ async def test_no_keys_configured_means_no_auth():
             assert r.status == 200 and json.loads(await r.read())["done"]
         async with http.get(live.url("/v1/models"), headers=bearer("anything")) as r:
             assert r.status == 200
+
+
+async def test_keys_turn_on_when_the_secret_file_appears_and_follow_it(tmp_path: Path):
+    home = tmp_path
+    secret_file = keys.secret_path(home)
+    keys.policy_path(home).write_text(json.dumps(
+        {"default": {"rpm": 60_000, "burst": 1000, "concurrent": 4}}))
+    async with live_head(keys_secret_path=secret_file, revoked_path=keys.revoked_path(home),
+                         key_policy_path=keys.policy_path(home)) as live, \
+            aiohttp.ClientSession() as http:
+        async def status(key: str | None = None) -> int:
+            async with http.get(live.url("/v1/models"),
+                                headers=bearer(key) if key else {}) as r:
+                return r.status
+
+        assert await status() == 200  # no secret yet: no keys
+        secret = keys.load_or_make_secret(secret_file)  # what `shoal keys issue` does
+        await until(status, lambda code: code == 401)
+        alice = keys.issue_key(secret, "alice")
+        assert await status(alice) == 200
+        # an edited policy applies to the running head
+        keys.policy_path(home).write_text(json.dumps(
+            {"default": {"rpm": 1, "burst": 1, "concurrent": 4}}))
+        await until(lambda: status(alice), lambda code: code == 429)
+        keys.policy_path(home).unlink()  # back to the default limits (burst 10)
+        # rotated: the old key is refused, a new one taken
+        new = keys.rotate_secret(secret_file)
+        await until(lambda: status(alice), lambda code: code == 401)
+        assert await status(keys.issue_key(new, "bob")) == 200
+        # removed: every issued key is refused (it fails closed); no key does not open it
+        secret_file.unlink()
+        await until(lambda: status(keys.issue_key(new, "bob")), lambda code: code == 401)
+        assert await status() == 401
 
 
 def test_alias_writes_compare_the_static_key_in_constant_time(

@@ -13,6 +13,7 @@ from engine.head.keys import (
     DEFAULT_LIMITS,
     KEY_PREFIX,
     Admission,
+    FileWatch,
     KeysError,
     Limiter,
     Limits,
@@ -184,16 +185,60 @@ def test_corrupt_revocation_list_is_refused(tmp_path: Path) -> None:
 
 def test_revoked_watcher_sees_changes(tmp_path: Path) -> None:
     path = tmp_path / "revoked.json"
-    w = RevokedWatcher(path)
-    assert w.current() == frozenset()
+    w = RevokedWatcher(path, every_s=0.5)
+    assert w.current(0.0) == frozenset()
     revoke(path, "alice")
-    assert w.current() == {"alice"}
+    assert w.current(0.1) == frozenset()  # checked at most every 0.5 s
+    assert w.current(0.5) == {"alice"}
     path.write_text("garbage that is longer than before")
-    assert w.current() == {"alice"}  # the last good list is kept
+    assert w.current(1.0) == {"alice"}  # the last good list is kept
     assert w.error is not None and "not valid JSON" in w.error
     revoke(path.with_name("other.json"), "x")
     os.replace(path.with_name("other.json"), path)
-    assert w.current() == {"x"} and w.error is None
+    assert w.current(1.5) == {"x"} and w.error is None
+    path.unlink()
+    assert w.current(2.0) == frozenset() and w.seen
+
+
+def test_a_same_size_replacement_within_one_mtime_tick_is_seen(tmp_path: Path) -> None:
+    # (mtime, size) alone misses it: coarse file system clocks, equal-length names
+    path = tmp_path / "revoked.json"
+    revoke(path, "alice")
+    w = RevokedWatcher(path, every_s=0.0)
+    assert w.current(0.0) == {"alice"}
+    before = path.stat()
+    other = path.with_name("other.json")
+    revoke(other, "bobby")
+    os.utime(other, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(other, path)
+    assert path.stat().st_size == before.st_size
+    assert path.stat().st_mtime_ns == before.st_mtime_ns
+    assert w.current(1.0) == {"bobby"}
+
+
+def test_file_watch_of_the_keys_secret(tmp_path: Path) -> None:
+    path = secret_path(tmp_path)
+    reads: list[Path] = []
+
+    def load(p: Path) -> bytes | None:
+        reads.append(p)
+        return read_secret(p)
+
+    w: FileWatch[bytes | None] = FileWatch(path, load, None, every_s=1.0)
+    assert w.current(0.0) is None and not w.seen and reads == []
+    first = load_or_make_secret(path)
+    assert w.current(0.5) is None  # not looked at again yet
+    assert w.current(1.0) == first and w.seen and len(reads) == 1
+    assert w.current(2.0) == first and len(reads) == 1  # unchanged: a stat, no read
+    second = rotate_secret(path)
+    assert w.current(3.0) == second and len(reads) == 2
+    path.write_text("broken\n")
+    path.chmod(0o600)
+    assert w.current(4.0) == second and w.error is not None  # the last good one is kept
+    path.unlink()
+    assert w.current(5.0) is None and w.seen and w.error is None
+    third = load_or_make_secret(path)
+    assert w.current(4.5) == third  # a clock that went back looks again
 
 
 # -- static key and bearer ----------------------------------------------------------
