@@ -135,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--cors-allow", default="", metavar="ORIGINS",
                        help="browser origins allowed, comma-separated "
                        "(https://app.example,http://localhost:*)")
+    serve.add_argument("--allow-host", action="append", default=[], metavar="HOST",
+                       help="also answer requests addressed to HOST (a proxy's or tunnel's "
+                       "name, *.example.com, or * for any); repeatable or comma-separated. "
+                       "Only this machine's names and addresses are served otherwise, "
+                       "against DNS rebinding")
     serve.add_argument("--keepalive", type=float, default=5.0, metavar="SECONDS",
                        help="keepalive interval while a request waits or its prompt "
                        "prefills")
@@ -354,6 +359,15 @@ def _api_key(args: argparse.Namespace) -> str | None:
     return key
 
 
+def _allow_hosts(specs: list[str]) -> tuple[str, ...]:
+    from engine.api.auth import HostError, parse_allowed_hosts
+
+    try:
+        return parse_allowed_hosts(specs)
+    except HostError as exc:
+        raise StartError(str(exc)) from None
+
+
 def _node_opts(args: argparse.Namespace, home: Path, cls: type[NodeOptions]) -> NodeOptions:
     if not args.model:
         raise StartError("say which model to serve with --model (a GGUF path or "
@@ -398,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 discovery=args.discovery, seeds=_split(args.seeds),
                 tailscale_socket=args.tailscale_socket, api_key=_api_key(args),
                 keys=args.keys, key_policy=args.key_policy,
-                cors_allow=_cors(args.cors_allow),
+                cors_allow=_cors(args.cors_allow), allow_hosts=_allow_hosts(args.allow_host),
                 keepalive_s=args.keepalive if args.keepalive > 0 else 5.0,
                 node_port=args.node_port, home=home)
             return asyncio.run(run_serve(opts))

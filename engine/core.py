@@ -105,6 +105,7 @@ class ServeOptions:
     keys: str = "auto"  # keys from `shoal keys issue`: auto (once one was issued) | on | off
     key_policy: Path | None = None  # per-key limits; default $SHOAL_HOME/keys.policy.json
     cors_allow: tuple[str, ...] = ()  # browser origins allowed to call the API
+    allow_hosts: tuple[str, ...] = ()  # Host values served besides this machine's (--allow-host)
     keepalive_s: float = 5.0  # seconds between keepalives while a request waits
     node_port: int = 8455  # where a head looks for listening nodes on tailnet peers
     home: Path = field(default_factory=default_home)
@@ -317,18 +318,21 @@ class RunningHead:
 
 
 def configure_access(head: Head, opts: ServeOptions) -> None:
-    """Who may call the HTTP API: the static key, issued keys and their limits, browser
-    origins; and how often a waiting request gets a keepalive.
+    """Who may call the HTTP API: the Host names served, the static key, issued keys and
+    their limits, browser origins; and how often a waiting request gets a keepalive.
 
     The keys files are checked here, so a broken one fails the start; the API then
     watches them, so `shoal keys issue|revoke` and a rotated secret take effect on
     the running head (with --keys auto, keys turn on when the first is issued).
     """
+    from engine.api.auth import machine_names
     from engine.head import keys
 
     head.api_key = opts.api_key or None
     head.cors_allow = opts.cors_allow
     head.keepalive_s = opts.keepalive_s
+    head.allowed_hosts = opts.allow_hosts
+    head.host_names = machine_names(fqdn=True)  # may ask DNS: once, at start
     if opts.keys == "off":
         if head.api_key:
             log.info("the API takes the key given with --api-key")

@@ -1,8 +1,11 @@
-"""Who may call the head: API keys, per-key limits, and browser origins (CORS).
+"""Who may call the head: the Host it is reached by, API keys, per-key limits, and
+browser origins (CORS).
 
 Settings are read from the head at each request, so the composition root can set
 them at any time:
 
+- ``allowed_hosts`` and ``host_names``: the ``Host`` values served besides
+  loopback and this machine's names and addresses (`host_allowed`);
 - neither ``api_key`` nor a keys secret: no keys (a head for this machine);
 - ``api_key``: that one static key (``--api-key``), with no limits;
 - ``keys_secret`` (bytes) or ``keys_secret_path`` (a file, watched): stateless
@@ -15,15 +18,20 @@ policy edited, reaches the running head within a second. Keys turn on when the
 secret file appears; once seen, a removed secret refuses every issued key (it
 fails closed) until `shoal keys issue` makes a new one.
 
-``/health`` is always open. The alias routes keep their own rule (this machine,
-or the static key) so `shoal alias` works on the head's machine with keys on.
+The Host check comes first and covers every path: a web page whose name was
+rebound to 127.0.0.1 reaches the head as same-origin, with its own name in
+``Host``. ``/health`` is otherwise open. The alias routes keep their own rule
+(this machine, or the static key) so `shoal alias` works on the head's machine
+with keys on.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,8 +53,136 @@ ALLOW_HEADERS = ("Authorization, Content-Type, X-Session-Id, X-Session-Affinity,
 EXPOSE_HEADERS = "X-Shoal-Model, X-Shoal-Alias, X-Shoal-Node, Retry-After"
 ALLOW_METHODS = "GET, POST, PUT, DELETE, OPTIONS"
 PREFLIGHT_MAX_AGE_S = 600
+NAMES_REFRESH_S = 30.0  # a missed Host looks up this machine's addresses again this often
 CORS_ORIGIN = request_key("cors_origin", str)  # the allowed Origin to echo back
 KEY_NAME = request_key("key_name", str)  # the name of the issued key used
+
+
+# -- Host (DNS rebinding) ----------------------------------------------------------
+
+
+class HostError(ValueError):
+    """An unusable --allow-host entry; one line, cause and fix."""
+
+
+def _port_ok(text: str) -> bool:
+    return text == "" or (text.isascii() and text.isdigit() and len(text) <= 5)
+
+
+def host_of(header: str) -> str | None:
+    """The host of a ``Host`` value, lower case, without port, brackets or a trailing
+    dot; None when it is malformed."""
+    h = header.strip().lower()
+    if h.startswith("["):
+        inner, sep, rest = h[1:].partition("]")
+        if not sep or not inner or (rest and not (rest[0] == ":" and _port_ok(rest[1:]))):
+            return None
+        return _canonical(inner)
+    if h.count(":") > 1:  # a bare IPv6 address: not valid in Host, but unambiguous
+        return _canonical(h)
+    name, _, port = h.partition(":")
+    if not name or not _port_ok(port):
+        return None
+    return _canonical(name.rstrip("."))
+
+
+def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        ip = ipaddress.ip_address(name.split("%", 1)[0])  # no zone id
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def _canonical(name: str) -> str:
+    ip = _ip(name)
+    return str(ip) if ip is not None else name
+
+
+def _names_this_machine(host: str) -> bool:
+    """Loopback (127.0.0.0/8, ::1, localhost, *.localhost) or the unspecified address,
+    which also reaches this machine."""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    ip = _ip(host)
+    return ip is not None and (ip.is_loopback or ip.is_unspecified)
+
+
+def _matches(host: str, pattern: str) -> bool:
+    if pattern == "*" or pattern == host:
+        return True
+    return pattern.startswith("*.") and host.endswith(pattern[1:])
+
+
+def host_allowed(host_header: str | None, allowed: Iterable[str],
+                 own_names: Collection[str]) -> bool:
+    """Whether a request that names ``host_header`` is served.
+
+    A missing or empty ``Host`` (HTTP/1.0, an authority-less request) is; so is
+    one naming loopback, one of ``own_names`` (this machine's names and
+    addresses), or one ``allowed`` (``*``, ``*.example.com``, or an exact name
+    or address), with or without a port. Anything else may be a web page whose
+    name now resolves here (DNS rebinding), reading the API with the user's
+    browser.
+    """
+    if host_header is None or not host_header.strip():
+        return True
+    host = host_of(host_header)
+    if host is None:
+        return False
+    if _names_this_machine(host):
+        return True
+    if any(host == _canonical(n.lower().rstrip(".")) for n in own_names):
+        return True
+    return any(_matches(host, p) for p in allowed)
+
+
+def parse_allowed_hosts(specs: Iterable[str]) -> tuple[str, ...]:
+    """``--allow-host`` values (each may be a comma list) as patterns for host_allowed."""
+    out: list[str] = []
+    for spec in specs:
+        for raw in spec.split(","):
+            entry = raw.strip()
+            if not entry:
+                continue
+            if entry == "*":
+                out.append("*")
+                continue
+            wild = entry.startswith("*.")
+            host = host_of(entry[2:] if wild else entry)
+            if host is None or "*" in host or "/" in host:
+                raise HostError(f"--allow-host {entry[:100]!r} is not a host name or address; "
+                                "write it like shoal.example.com, *.example.com, "
+                                "192.168.1.5 or *")
+            out.append(f"*.{host}" if wild else host)
+    return tuple(dict.fromkeys(out))
+
+
+def machine_names(*, fqdn: bool = False) -> frozenset[str]:
+    """This machine's host names and interface addresses, as a Host may name them.
+
+    ``fqdn`` adds the fully qualified name, which can mean a DNS query: ask for it
+    at start, not on the request path.
+    """
+    names: set[str] = set()
+    host = socket.gethostname().lower().rstrip(".")
+    if host:
+        short = host.split(".", 1)[0]
+        names |= {host, short, f"{short}.local"}  # .local: the mDNS name on a LAN
+    if fqdn:
+        names.add(socket.getfqdn().lower().rstrip("."))
+    try:
+        import ifaddr
+
+        for adapter in ifaddr.get_adapters():
+            for ip in adapter.ips:
+                names.add(_canonical(ip.ip if isinstance(ip.ip, str) else ip.ip[0]))
+    except (ImportError, OSError) as exc:
+        log.debug("no interface addresses: %s", type(exc).__name__)
+    names.discard("")
+    return frozenset(names)
 
 
 # -- the gate ----------------------------------------------------------------------
@@ -62,12 +198,16 @@ class _Watches:
 
 
 class Gate:
-    """Auth, limits and CORS for one app, reading the head's settings as it goes.
-    ``clock`` paces the file checks."""
+    """Host check, auth, limits and CORS for one app, reading the head's settings as
+    it goes. ``clock`` paces the file checks; ``names`` finds this machine's names."""
 
-    def __init__(self, head: Any, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, head: Any, *, clock: Callable[[], float] = time.monotonic,
+                 names: Callable[[], frozenset[str]] = machine_names) -> None:
         self.head = head
         self.clock = clock
+        self._names_source = names
+        self._names: frozenset[str] = frozenset()
+        self._names_at: float | None = None
         self._watch = _Watches()
         self._limiter: keys.Limiter | None = None
         self._warned: dict[str, str | None] = {}
@@ -81,6 +221,10 @@ class Gate:
     @property
     def cors_allow(self) -> tuple[str, ...]:
         return tuple(getattr(self.head, "cors_allow", ()) or ())
+
+    @property
+    def allowed_hosts(self) -> tuple[str, ...]:
+        return tuple(getattr(self.head, "allowed_hosts", ()) or ())
 
     def _report(self, what: str, problem: str | None) -> None:
         """Log a watched file's problem once, when it changes."""
@@ -149,6 +293,19 @@ class Gate:
 
     # -- checks --------------------------------------------------------------------
 
+    def host_ok(self, host: str | None) -> bool:
+        """Whether a request naming ``host`` is served (see `host_allowed`)."""
+        allowed = self.allowed_hosts
+        fixed = getattr(self.head, "host_names", None) or frozenset()
+        if host_allowed(host, allowed, self._names | fixed):
+            return True
+        now = self.clock()
+        if self._names_at is not None and now - self._names_at < NAMES_REFRESH_S:
+            return False
+        # addresses come and go (DHCP, a VPN coming up): look again, at most this often
+        self._names, self._names_at = self._names_source(), now
+        return host_allowed(host, allowed, self._names | fixed)
+
     def identify(self, token: str | None) -> tuple[str | None, str]:
         """(key name, "") for an issued key, ("", "") for the static key, or
         (None, why) when the token opens nothing."""
@@ -187,6 +344,15 @@ def gate_middleware(gate: Gate,
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         path = request.path
         origin = request.headers.get("Origin")
+        host = request.headers.get("Host")
+        # first: a page rebound to this address must not read anything, /health included
+        if not gate.host_ok(host):
+            refused("host")
+            shown = host_of(host or "") or (host or "")[:100]
+            return _refuse(request, 403, f"this head does not answer to the host name "
+                           f"{shown[:100]!r} (a guard against DNS rebinding); if you reach it "
+                           f"by that name, start it with --allow-host {shown[:100]}",
+                           "host_not_allowed")
         if path in OPEN_PATHS:
             return await handler(request)
         # browsers: the origin must be on the allow-list

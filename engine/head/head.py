@@ -47,6 +47,9 @@ class Head:
         # the same, as files the gate watches, so `shoal keys` reaches a running head
         self.keys_secret_path: Path | None = None  # keys turn on when it appears
         self.key_policy_path: Path | None = None
+        # Host values served besides loopback and this machine's (DNS rebinding)
+        self.allowed_hosts: tuple[str, ...] = ()  # --allow-host
+        self.host_names: frozenset[str] = frozenset()  # this machine's, found at start
         # a waiting request gets a keepalive this often; a refusal keeps its status
         # until commit_s (None: until the first keepalive)
         self.keepalive_s: float = 5.0

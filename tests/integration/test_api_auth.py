@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import socket
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from engine.head import keys
+from tests.integration.conftest import SHOAL, Cluster
 from tests.integration.test_api_surface import MODEL, chat_body, live_head, read_lines
 
 pytestmark = pytest.mark.timeout(60)
@@ -239,6 +242,47 @@ async def test_keys_turn_on_when_the_secret_file_appears_and_follow_it(tmp_path:
         assert await status() == 401
 
 
+async def test_only_hosts_that_name_this_machine_are_served():
+    async with live_head() as live, aiohttp.ClientSession() as http:
+        async def get(path: str, host: str) -> tuple[int, object]:
+            async with http.get(live.url(path), headers={"Host": host}) as r:
+                return r.status, await r.json(content_type=None)
+
+        for host in (f"127.0.0.1:{live.port}", f"localhost:{live.port}", "localhost",
+                     f"[::1]:{live.port}", "ui.localhost"):
+            assert (await get("/v1/models", host))[0] == 200, host
+        # a page whose name was rebound to 127.0.0.1 reads nothing, /health included
+        for path in ("/v1/models", "/v1/fleet", "/metrics", "/v1/aliases/export", "/health",
+                     "/v1/nothing"):
+            code, body = await get(path, f"rebind.evil.example:{live.port}")
+            assert code == 403, path
+            assert isinstance(body, dict)
+            err = body["error"]
+            assert err["code"] == "host_not_allowed" and err["type"] == "permission_error"
+            assert err["message"] == (
+                "this head does not answer to the host name 'rebind.evil.example' (a guard "
+                "against DNS rebinding); if you reach it by that name, start it with "
+                "--allow-host rebind.evil.example")
+        code, body = await get("/api/tags", "rebind.evil.example")  # Ollama's shape
+        assert code == 403 and isinstance(body, dict)
+        assert isinstance(body["error"], str) and "--allow-host" in body["error"]
+        async with http.get(live.url("/metrics")) as r:
+            assert 'shoal_refused_total{reason="host"} 7' in await r.text()
+        # the user's own proxy name, once allowed
+        live.head.allowed_hosts = ("rebind.evil.example",)
+        assert (await get("/v1/models", "rebind.evil.example"))[0] == 200
+        live.head.allowed_hosts = ("*",)
+        assert (await get("/v1/models", "anything.example"))[0] == 200
+        live.head.allowed_hosts = ()
+        # HTTP/1.0 without a Host header is served
+        reader, writer = await asyncio.open_connection("127.0.0.1", live.port)
+        writer.write(b"GET /v1/models HTTP/1.0\r\n\r\n")
+        status_line = await reader.readline()
+        writer.close()
+        await writer.wait_closed()
+        assert status_line.split()[1] == b"200"
+
+
 def test_alias_writes_compare_the_static_key_in_constant_time(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from unittest import mock
@@ -274,3 +318,24 @@ def test_alias_writes_compare_the_static_key_in_constant_time(
     assert not allowed("Bearer s3cret-kez") and not allowed(None) and not allowed("s3cret-key")
     app[HEAD] = SimpleNamespace(api_key=None)  # type: ignore[assignment]
     assert not allowed("Bearer anything")
+
+
+async def test_allow_host_on_the_command_line(cluster: Cluster):
+    cluster.token()
+    head = cluster.head([], extra=("--allow-host", "proxy.example,*.tail.ts.net",
+                                   "--allow-host", "10.9.8.7"))
+    async with aiohttp.ClientSession() as http:
+        for host, want in (("proxy.example", 200), ("box.tail.ts.net:443", 200),
+                           ("10.9.8.7:8453", 200), (f"127.0.0.1:{head.port}", 200),
+                           (socket.gethostname(), 200), ("evil.example", 403),
+                           ("tail.ts.net", 403)):
+            async with http.get(f"http://127.0.0.1:{head.port}/v1/models",
+                                headers={"Host": host}) as r:
+                assert r.status == want, host
+    out = subprocess.run([*SHOAL, "serve", "--runtime", "mock", "--http", "127.0.0.1:0",
+                          "--allow-host", "http://proxy.example"], env=cluster.env,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("shoal: --allow-host 'http://proxy.example' is not a host "
+                                  "name or address; write it like shoal.example.com, "
+                                  "*.example.com, 192.168.1.5 or *")
