@@ -13,31 +13,46 @@ from typing import Any
 from engine.core import StartError
 
 
+def _head_option(p: argparse.ArgumentParser, *, again: bool = False) -> None:
+    """``--head`` on `alias` and again on each verb, so it may come before or after the
+    verb (`shoal alias set a b --head H`): on a verb it is left out unless given."""
+    p.add_argument("--head", default=argparse.SUPPRESS if again else "127.0.0.1:8453",
+                   metavar="HOST:PORT", help="the head to talk to (default: this machine's, "
+                   "127.0.0.1:8453)")
+
+
 def add_parsers(sub: Any) -> None:
     alias = sub.add_parser("alias", help="fleet-wide names for models")
-    alias.add_argument("--head", default="127.0.0.1:8453", help="the head to talk to "
-                       "(default: this machine's)")
-    asub = alias.add_subparsers(dest="alias_command", required=True)
+    _head_option(alias)
+    asub = alias.add_subparsers(dest="alias_command", required=True,
+                                metavar="{set,ls,history,revert,rm,export,import}",
+                                help="`shoal alias VERB --help` for its arguments")
     aset = asub.add_parser("set", help="point NAME at TARGET (then the fallbacks)")
-    aset.add_argument("name")
-    aset.add_argument("target")
-    aset.add_argument("--fallback", action="append", default=[], metavar="MODEL")
-    asub.add_parser("ls", help="list the aliases")
+    aset.add_argument("name", help="the alias clients will ask for")
+    aset.add_argument("target", help="the model (or alias) it stands for")
+    aset.add_argument("--fallback", action="append", default=[], metavar="MODEL",
+                      help="a model to use when TARGET is unavailable (repeatable, in order)")
+    verbs = [aset, asub.add_parser("ls", help="list the aliases")]
     for verb, text in (("history", "every version of an alias"),
                        ("revert", "swap an alias back to its previous target"),
                        ("rm", "remove an alias")):
         p = asub.add_parser(verb, help=text)
-        p.add_argument("name")
-    asub.add_parser("export", help="print the table as JSON (an off-fleet copy)")
+        p.add_argument("name", help="the alias")
+        verbs.append(p)
+    verbs.append(asub.add_parser("export", help="print the table as JSON (an off-fleet copy)"))
     imp = asub.add_parser("import", help="load a table written by export")
-    imp.add_argument("file", type=Path)
+    imp.add_argument("file", type=Path, help="a JSON file written by `shoal alias export`")
+    verbs.append(imp)
+    for p in verbs:
+        _head_option(p, again=True)
 
     keys = sub.add_parser("keys", help="stateless API keys")
-    ksub = keys.add_subparsers(dest="keys_command", required=True)
+    ksub = keys.add_subparsers(dest="keys_command", required=True, metavar="{issue,revoke}",
+                               help="a running head takes the change within a second")
     for verb, text in (("issue", "print the key for NAME"),
                        ("revoke", "stop accepting NAME's key")):
         p = ksub.add_parser(verb, help=text)
-        p.add_argument("name")
+        p.add_argument("name", help="whose key: 1-63 of a-z, 0-9, '_' and '.'")
 
 
 def _call(head: str, method: str, path: str, body: bytes | None = None) -> Any:
