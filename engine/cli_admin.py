@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from engine import nesting
 from engine.core import StartError
 
 
@@ -61,16 +62,21 @@ def _call(head: str, method: str, path: str, body: bytes | None = None) -> Any:
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
-            return json.loads(resp.read() or b"null")
+            data = resp.read()
     except urllib.error.HTTPError as exc:
         try:
-            message = json.loads(exc.read())["error"]["message"]
+            message = nesting.json_loads(exc.read())["error"]["message"]
         except (ValueError, KeyError, TypeError):
             message = f"HTTP {exc.code}"
         raise StartError(message) from None
     except (urllib.error.URLError, OSError) as exc:
         raise StartError(f"no head answers at {head} ({getattr(exc, 'reason', exc)}); start "
                          "one with `shoal serve`, or name it with --head HOST:PORT") from None
+    try:
+        return nesting.json_loads(data or b"null")
+    except ValueError as exc:
+        raise StartError(f"the head at {head} answered with malformed JSON ({exc}); "
+                         "check that a Shoal head listens there") from None
 
 
 def _changed(result: dict[str, Any]) -> str:

@@ -10,9 +10,10 @@ tailscale_socket = "/var/run/tailscale/tailscaled.sock"
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from engine import nesting
 
 MODES = ("lan", "tailnet", "both", "none")
 
@@ -34,8 +35,8 @@ def config_path(home: Path) -> Path:
 
 def parse_config(text: str, *, source: str) -> Config:
     try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+        data = nesting.toml_loads(text)
+    except ValueError as exc:  # tomllib's TOMLDecodeError, or nesting.TooDeep
         raise ConfigError(f"{source} is not valid TOML ({exc}); fix it or remove it") from None
     section = data.get("discovery", {})
     if not isinstance(section, dict):

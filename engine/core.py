@@ -19,6 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from engine import nesting
 from engine.head.fleet import Fleet
 from engine.head.head import Head
 from engine.head.templates import TemplateError
@@ -663,13 +664,12 @@ def _write_node_state(home: Path, heads: list[HeadAddress]) -> None:
 
 def leave(home: Path, *, forget_token: bool) -> list[str]:
     """Stop this machine's joined node, forget its head, and the token if asked."""
-    import json
     import time
 
     done: list[str] = []
     path = node_state_path(home)
     try:
-        state = json.loads(path.read_text())
+        state = nesting.json_loads(path.read_text())
     except (FileNotFoundError, ValueError):
         state = None
     if state is not None:

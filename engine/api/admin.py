@@ -6,12 +6,12 @@ an alias changes what every client of the fleet gets.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 from aiohttp import web
 
+from engine import nesting
 from engine.api.errors import error_response
 from engine.api.openai import HEAD
 from engine.head import aliases as al
@@ -76,7 +76,7 @@ async def set_alias(request: web.Request) -> web.Response:
         return _refuse()
     head: Head = request.app[HEAD]
     try:
-        body = json.loads(await request.read())
+        body = nesting.json_loads(await request.read())
         target = body["target"]
         fallbacks = body.get("fallbacks", [])
         if not isinstance(target, str) or not isinstance(fallbacks, list):

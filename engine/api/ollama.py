@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine import __version__
+from engine import __version__, nesting
 from engine.api.errors import ollama_error
 from engine.api.openai import (
     HEAD,
@@ -165,7 +165,7 @@ class ChatWire(_Ollama):
 
 def _arguments(raw: str) -> Any:
     try:
-        value = json.loads(raw) if raw else {}
+        value = nesting.json_loads(raw) if raw else {}
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from engine import nesting
+
 MAX_BODY = 8 * 1024 * 1024
 _Str = Annotated[str, msgspec.Meta(max_length=MAX_BODY)]
 _Name = Annotated[str, msgspec.Meta(max_length=512)]
@@ -108,20 +110,13 @@ def unsupported(req: ChatRequest) -> str | None:
     return None
 
 
-_chat_decoder = msgspec.json.Decoder(ChatRequest)
-
-
 class BadRequest(ValueError):
     pass
 
 
 def decode_chat(body: bytes) -> ChatRequest:
-    try:
-        return _chat_decoder.decode(body)
-    except msgspec.ValidationError as exc:
-        raise BadRequest(f"invalid request: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    result: ChatRequest = decode_as(ChatRequest, body)
+    return result
 
 
 def message_text(content: str | list[ContentPart] | None) -> str:
@@ -281,7 +276,9 @@ def decode_as(kind: type[Any], body: bytes) -> Any:
     if dec is None:
         dec = _decoders[kind] = _decoder_for(kind)
     try:
-        return dec.decode(body)
+        return nesting.msgspec_decode(dec, body)
+    except nesting.TooDeep as exc:
+        raise BadRequest(f"invalid request: the body has {exc}; send a flatter body") from None
     except msgspec.ValidationError as exc:
         raise BadRequest(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:

@@ -28,13 +28,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import json
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+
+from engine import nesting
 
 LOCALAPI_HOST = "local-tailscaled.sock"
 STATUS_PATH = "/localapi/v0/status"
@@ -215,7 +216,7 @@ def parse_status(data: bytes | str | object) -> TailnetStatus:
     """A TailnetStatus from the status JSON (bytes or text) or its decoded object."""
     if isinstance(data, bytes | str):
         try:
-            data = json.loads(data)
+            data = nesting.json_loads(data)
         except (ValueError, UnicodeDecodeError):
             raise TailscaleError("tailscaled answered the status request with malformed "
                                  "JSON; check `tailscale status` works") from None

@@ -59,6 +59,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine import nesting
 from engine.files import write_private
 from engine.head.names import match_name, match_name_tier
 
@@ -382,7 +383,7 @@ class AliasTable:
     def from_json(cls, text: str | bytes, *, source: str = "the alias table") -> AliasTable:
         fix = "restore it from `shoal alias export` or move it aside to start empty"
         try:
-            doc = json.loads(text)
+            doc = nesting.json_loads(text)
         except (ValueError, UnicodeDecodeError) as exc:
             raise AliasError(f"{source} is not valid JSON ({exc}); {fix}") from None
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:

@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine import nesting
 from engine.api.schemas import ChatRequest, SamplingRequest, message_text
 from engine.head.model import HeadModel
 from engine.head.sessions import Finish, Job, PlacementError, SessionRunner
@@ -62,10 +63,8 @@ def to_template_messages(req: ChatRequest) -> list[dict[str, Any]]:
 
 
 def _args(raw: str) -> Any:
-    import json
-
     try:
-        return json.loads(raw) if raw else {}
+        return nesting.json_loads(raw) if raw else {}
     except ValueError:
         return raw
 

@@ -56,13 +56,13 @@ import json
 import math
 import re
 import secrets
-import tomllib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Generic, TypeVar
 
+from engine import nesting
 from engine.files import ExposedFileError, read_private, write_private
 from engine.head.limits import Bucket, fresh, take
 
@@ -238,7 +238,7 @@ def rotate_secret(path: Path) -> bytes:
 def parse_revoked(text: str | bytes, *, source: str = "the revocation list") -> frozenset[str]:
     fix = "fix the file or move it aside (then revoke the names again)"
     try:
-        doc = json.loads(text)
+        doc = nesting.json_loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise KeysError(f"{source} is not valid JSON ({exc}); {fix}") from None
     if not isinstance(doc, dict) or doc.get("format") != REVOKED_FORMAT:
@@ -439,8 +439,8 @@ def load_policy(path: Path) -> Policy:
                         "check its permissions") from None
     source = f"key policy {path}"
     try:
-        doc: object = (tomllib.loads(data.decode("utf-8")) if path.suffix == ".toml"
-                       else json.loads(data))
+        doc: object = (nesting.toml_loads(data.decode("utf-8")) if path.suffix == ".toml"
+                       else nesting.json_loads(data))
     except (ValueError, UnicodeDecodeError) as exc:
         raise KeysError(f"{source} cannot be parsed ({exc}); fix the syntax") from None
     return Policy.from_dict(doc, source=source)

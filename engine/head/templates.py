@@ -33,6 +33,8 @@ from jinja2.parser import Parser
 from jinja2.runtime import Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from engine import nesting
+
 FAMILIES = ("chatml", "gemma", "llama3", "mistral", "phi3")
 
 # End-of-turn markers by family; the head adds their token ids as stop ids.
@@ -143,7 +145,7 @@ def _normalise_call(call: Any) -> Any:
         if isinstance(args, str):
             # not JSON: the template shows it as given
             with contextlib.suppress(ValueError):
-                fn["arguments"] = json.loads(args) if args.strip() else {}
+                fn["arguments"] = nesting.json_loads(args) if args.strip() else {}
         out["function"] = fn
     return out
 

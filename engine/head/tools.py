@@ -31,6 +31,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from engine import nesting
+
 PARSERS = ("hermes", "llama3", "mistral", "none")
 _BY_FAMILY = {
     "chatml": "hermes",
@@ -110,7 +112,7 @@ def _arguments(value: Any) -> str | None:
         return "{}"
     if isinstance(value, str):
         try:
-            value = json.loads(value) if value.strip() else {}
+            value = nesting.json_loads(value) if value.strip() else {}
         except ValueError:
             return None
     if not isinstance(value, dict):
@@ -154,6 +156,11 @@ def _calls_from(
 _DECODER = json.JSONDecoder()
 
 
+def _raw_decode(text: str, idx: int) -> tuple[Any, int]:
+    """One JSON value of model output; a ValueError when malformed or nested too deep."""
+    return nesting.json_raw_decode(_DECODER, text, idx)
+
+
 def _json_sequence(text: str, seps: str) -> list[Any] | None:
     """Every JSON value in ``text``, separated by whitespace or ``seps``; None if other text."""
     values: list[Any] = []
@@ -164,7 +171,7 @@ def _json_sequence(text: str, seps: str) -> list[Any] | None:
         if i >= n:
             return values or None
         try:
-            value, i = _DECODER.raw_decode(text, i)
+            value, i = _raw_decode(text, i)
         except ValueError:
             return None
         values.append(value)
@@ -426,7 +433,7 @@ class MistralParser(ToolCallParser):
         start = len(buf) - len(s)
         if s.startswith(("[", "{")):
             try:
-                value, end = _DECODER.raw_decode(buf, start)
+                value, end = _raw_decode(buf, start)
             except ValueError:
                 return None
             return _calls_from(value, keys=("arguments", "parameters")), end
@@ -434,7 +441,7 @@ class MistralParser(ToolCallParser):
         if m is None or m.end() >= len(buf) or buf[m.end()] != "{":
             return None
         try:
-            value, end = _DECODER.raw_decode(buf, m.end())
+            value, end = _raw_decode(buf, m.end())
         except ValueError:
             return None
         return _calls_from({"name": m[1], "arguments": value}, keys=("arguments",)), end

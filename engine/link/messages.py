@@ -151,3 +151,6 @@ def decode(data: bytes | memoryview) -> Record:
         return _decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise RecordError(f"bad record from peer: {exc}") from None
+    except RecursionError:
+        # no record nests more than a few levels; only a broken or hostile peer gets here
+        raise RecordError("bad record from peer: arrays nested too deep to decode") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
 import socket
 
 from engine.link import messages
@@ -19,6 +20,7 @@ from engine.link.connection import (
 )
 
 _READ = 1 << 16
+log = logging.getLogger("shoal.link")
 
 
 class LinkClosed(Exception):
@@ -41,6 +43,9 @@ class Link:
             try:
                 event = self._conn.next_event()
             except LinkError as exc:
+                # the peer broke the protocol: say so once here, whichever task reads
+                log.warning("closed the link with %s: %s; check that it runs the same "
+                            "Shoal version", self.peer, exc)
                 self.close()
                 raise LinkClosed(str(exc)) from exc
             if event is NEED_DATA:
