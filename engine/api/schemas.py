@@ -12,10 +12,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from engine import nesting
+from engine.head.text import MAX_STOP_CHARS
 
 MAX_BODY = 8 * 1024 * 1024
 _Str = Annotated[str, msgspec.Meta(max_length=MAX_BODY)]
 _Name = Annotated[str, msgspec.Meta(max_length=512)]
+# the head matches stop strings in linear time, and holds back at most this much text
+_Stop = Annotated[str, msgspec.Meta(max_length=MAX_STOP_CHARS)]
+_Stops = _Stop | Annotated[list[_Stop], msgspec.Meta(max_length=16)] | None
 
 
 class ContentPart(msgspec.Struct):
@@ -62,7 +66,7 @@ class SamplingRequest(msgspec.Struct, kw_only=True):
     top_k: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
     min_p: _Prob | None = None
     seed: _Seed | None = None
-    stop: _Str | Annotated[list[_Str], msgspec.Meta(max_length=16)] | None = None
+    stop: _Stops = None
     n: int | None = None
     presence_penalty: _Penalty | None = None
     frequency_penalty: _Penalty | None = None
@@ -179,7 +183,7 @@ class OllamaOptions(msgspec.Struct):
     min_p: _Prob | None = None
     num_predict: Annotated[int, msgspec.Meta(ge=-2, lt=1 << 31)] | None = None
     seed: _Seed | None = None
-    stop: _Str | Annotated[list[_Str], msgspec.Meta(max_length=16)] | None = None
+    stop: _Stops = None
     repeat_penalty: Annotated[float, msgspec.Meta(ge=0.0, le=10.0)] | None = None
     presence_penalty: _Penalty | None = None
     frequency_penalty: _Penalty | None = None

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.head import tools
 from engine.head.tools import (
     PARSERS,
     Delta,
@@ -22,6 +23,7 @@ from engine.head.tools import (
     collect,
     parser_for,
 )
+from tests.unit import tools_reference
 
 
 def fixed_id() -> str:
@@ -266,3 +268,98 @@ def test_fuzz_never_raises_and_chunking_does_not_matter(
     if not calls:
         # without calls, nothing is lost: the text comes back as it was
         assert content == text
+
+
+# -- the same answers as before, in linear work ------------------------------------------
+
+
+def reference(name: str, chunks: list[str]) -> tuple[str, list[dict[str, Any]]]:
+    p = tools_reference.parser_for(name, "chatml", id_factory=fixed_id)
+    deltas: list[Any] = []
+    for c in chunks:
+        deltas += p.feed(c)
+    deltas += p.finish()
+    return tools_reference.collect(deltas)
+
+
+MORE_PIECES = st.sampled_from(
+    ["[TOOL_CALLS]", "[ARGS]", "[ARG", "get_w", "\\", '\\"', '"a]"', "{}", "[]", "  ", "\t",
+     '{"name": "f"', ', "arguments": ', '"x"', "1", "]}", "}]", "?", "<|python", "_tag|>",
+     "</tool_call", ">", '{"id": "abc123def", "name": "g", "arguments": {}}',
+     # whole calls, so that random text lands before, after and inside real ones
+     '[TOOL_CALLS]get_w[ARGS]{"a": "]"}', "[TOOL_CALLS] g [ARGS] {}", "[TOOL_CALLS]g{}",
+     '[TOOL_CALLS] [{"name": "f", "arguments": {"a": "\\\\"}}]', "[TOOL_CALLS]g [AR",
+     '[TOOL_CALLS]f[ARGS]{"a": "\\"}"}',
+     '<tool_call>{"name": "f"}</tool_call>', '<|python_tag|>{"name": "f", "parameters": {}}'])
+MORE_TEXTS = st.lists(st.one_of(PIECES, MORE_PIECES, st.text(max_size=4)), max_size=24).map(
+    "".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.one_of(TEXTS, MORE_TEXTS),
+       cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=12))
+@pytest.mark.parametrize("name", ["hermes", "llama3", "mistral"])
+def test_same_content_and_calls_as_the_reference(name: str, text: str, cuts: list[int]) -> None:
+    bounds = sorted({c % (len(text) + 1) for c in cuts} | {0, len(text)})
+    chunks = [text[a:b] for a, b in itertools.pairwise(bounds)]
+    expected = reference(name, [text])
+    assert run(name, chunks)[1] == expected
+    assert run(name, list(text))[1] == expected
+
+
+@pytest.mark.parametrize(("name", "text", "content", "calls"), CASES)
+def test_cases_agree_with_the_reference(
+    name: str, text: str, content: str, calls: list[dict[str, Any]]
+) -> None:
+    assert reference(name, list(text)) == (content, calls)
+
+
+class CountingDecoder(json.JSONDecoder):
+    """Counts the characters handed to ``raw_decode`` (what it may have to read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.chars = 0
+
+    def raw_decode(self, s: str, idx: int = 0) -> tuple[Any, int]:
+        self.chars += len(s) - idx
+        return super().raw_decode(s, idx)
+
+
+N = 20_000
+ARRAY = "[" + ", ".join(["[1]"] * N) + "]"
+LONG_OUTPUTS = [
+    # parser, output with a bracket every few characters, chunk size
+    ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": ' + ARRAY + "}}]", 3),
+    ("mistral", '[TOOL_CALLS]f[ARGS]{"a": ' + ARRAY + "}", 2),
+    ("mistral", "[TOOL_CALLS] [" + "[1], " * N + "oops", 4),  # never closes
+    ("mistral", "[TOOL_CALLS]" + "name" * N + " x" + "]" * N, 3),  # never a call
+    ("mistral", "[TOOL_CALLS]" + " " * N + '[{"name": "f"}]' + "}" * N, 3),
+    ("mistral", "[TOOL_CALLS]f[ARGS]{} " * (N // 4), 5),
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": ' + ARRAY + "}}</tool_call>", 3),
+    ("hermes", "<tool_call>" + "</tool_cal" * N, 4),
+    ("llama3", " " * N + '{ "name": "f", "parameters": {"a": ' + ARRAY + "}}", 3),
+    ("llama3", "{" + " " * N + '"name": "f", "parameters": {}}', 2),
+    ("llama3", "<|python_tag|>" + ARRAY, 3),
+]
+
+
+@pytest.mark.parametrize("whole_text", [False, True])  # small chunks, or all in one
+@pytest.mark.parametrize(("name", "text", "size"), LONG_OUTPUTS)
+def test_parser_work_is_linear(monkeypatch: pytest.MonkeyPatch, name: str, text: str,
+                               size: int, whole_text: bool) -> None:
+    size = len(text) if whole_text else size
+    decoder = CountingDecoder()
+    monkeypatch.setattr(tools, "_DECODER", decoder)
+    chunks = [text[i:i + size] for i in range(0, len(text), size)]
+    p = parser_for(name, "chatml", id_factory=fixed_id)
+    deltas: list[Delta] = []
+    for c in chunks:
+        deltas += p.feed(c)
+    deltas += p.finish()
+    # the buffered call is decoded once (a run of calls: each once), never re-read
+    assert decoder.chars <= 2 * len(text)
+    # a few looks per character, and a marker's length per chunk: never the buffer's
+    assert p.steps <= 4 * len(text) + 2 * len("<|python_tag|>") * len(chunks)
+    monkeypatch.undo()
+    assert collect(deltas) == reference(name, [text])
