@@ -285,7 +285,8 @@ async def run_node(opts: NodeOptions) -> int:
         from engine.discovery.service import announce_node
 
         closers = await announce_node(opts.discovery, identity=agent.identity,
-                                      model=agent.engine.info.model, psk=agent.psk, port=port)
+                                      model=agent.engine.info.model, psk=agent.psk, port=port,
+                                      host=host)
     try:
         await stop.wait()
     finally:
@@ -449,7 +450,8 @@ async def start_head(opts: ServeOptions) -> RunningHead:
             closers.append(listener.close)
             bound_join = join_sock.getsockname()
             log.info("taking nodes that join on %s:%d", bound_join[0], bound_join[1])
-            closers.extend(await start_head_discovery(opts, head, psk, int(bound_join[1])))
+            closers.extend(await start_head_discovery(opts, head, psk, str(bound_join[0]),
+                                                      int(bound_join[1])))
         app = build_app(head)
         app_runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await app_runner.setup()
@@ -470,11 +472,18 @@ async def start_head(opts: ServeOptions) -> RunningHead:
 
 
 async def start_head_discovery(opts: ServeOptions, head: Head, psk: bytes | None,
-                               join_port: int) -> list[Callable[[], Awaitable[None]]]:
+                               join_host: str, join_port: int
+                               ) -> list[Callable[[], Awaitable[None]]]:
     """Announce this head so nodes find it, and look for the fleet's other heads."""
     from engine.discovery.service import HeadFinder, announce_head
 
-    closers = await announce_head(opts.discovery, fleet=head.fleet, psk=psk, port=join_port)
+    if psk is None:
+        # without a token every link is plaintext, which never leaves this machine
+        log.info("no fleet token: this head takes nodes from this machine only and looks "
+                 "for none on the network; make one with `shoal fleet token` to pair others")
+        return []
+    closers = await announce_head(opts.discovery, fleet=head.fleet, psk=psk, port=join_port,
+                                  host=join_host)
     if opts.discovery == "none":
         return closers
     finder = HeadFinder(opts.discovery, psk=psk, seeds=[],
@@ -489,14 +498,14 @@ async def start_head_discovery(opts: ServeOptions, head: Head, psk: bytes | None
         while True:
             for found in await finder.find(timeout_s=3.0):
                 if head.peers is not None:
-                    head.peers.dial(found.host, found.port)
+                    head.peers.dial(found.host, found.port, discovered=True)
             # listening nodes of this fleet, announced on the LAN or on a tailnet peer
             for node in await node_finder.find(timeout_s=1.0):
                 known = any(p.dialed and (p.host, p.port) == (node.host, node.port)
                             for p in head.fleet.pools.values())
                 if not known:
                     log.info("found a node at %s (%s); dialing it", node, node.source)
-                    head.fleet.add_dialed(node.host, node.port)
+                    head.fleet.add_dialed(node.host, node.port, discovered=True)
             await asyncio.sleep(REDISCOVER_S)
 
     task = asyncio.create_task(look(), name="head-discovery")

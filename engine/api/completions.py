@@ -33,7 +33,14 @@ from engine.api.schemas import (
     decode_as,
     unsupported_completion,
 )
-from engine.head.chat import ChatEvent, ChatFinal, Turn, completion_prompt_ids, sampling_of
+from engine.head.chat import (
+    ChatEvent,
+    ChatFinal,
+    Turn,
+    completion_prompt_ids,
+    off_loop,
+    sampling_of,
+)
 from engine.head.head import Head
 from engine.head.sessions import PlacementError
 from engine.head.tools import TextDelta
@@ -107,7 +114,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     model = head.models[model_name]
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     try:
-        prompt = completion_prompt_ids(model, completion_prompt(req), req.suffix)
+        text = completion_prompt(req)
+        prompt = await off_loop(len(text) + len(req.suffix or ""),
+                                lambda: completion_prompt_ids(model, text, req.suffix))
         if not prompt:
             return error_for(request, 400, "the prompt is empty; send some text to continue",
                              code="invalid_request", param="prompt", headers=names)

@@ -43,9 +43,10 @@ from engine.api.schemas import (
 )
 from engine.head.chat import (
     ChatEvent,
-    ChatTurn,
     Turn,
+    chat_turn,
     completion_prompt_ids,
+    off_loop,
     sampling_of,
 )
 from engine.head.head import Head
@@ -220,8 +221,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return _loaded(req.model, "message", names)
     chat_req = _to_chat(req, req.stream)
     try:
-        turn = ChatTurn(head.models[model_name], head.runner, chat_req, routing_of(request),
-                        tool_parser=head.tool_parser)
+        turn = await chat_turn(head.models[model_name], head.runner, chat_req,
+                               routing_of(request), tool_parser=head.tool_parser)
     except PlacementError as exc:
         return placement_refusal(request, exc, names)
     head.metrics.requests += 1
@@ -229,16 +230,19 @@ async def chat(request: web.Request) -> web.StreamResponse:
                         ChatWire(request, head, req.model, stream=req.stream), names)
 
 
-def _generate_prompt(model: HeadModel, req: OllamaGenerateRequest) -> list[int]:
+async def _generate_prompt(model: HeadModel, req: OllamaGenerateRequest) -> list[int]:
+    size = len(req.prompt) + len(req.suffix or "") + len(req.system or "")
     if req.suffix is not None or req.raw:
-        return completion_prompt_ids(model, req.prompt, req.suffix)
+        return await off_loop(size, lambda: completion_prompt_ids(model, req.prompt,
+                                                                  req.suffix))
     messages = []
     if req.system:
         messages.append({"role": "system", "content": req.system})
     messages.append({"role": "user", "content": req.prompt})
     enable = req.think is not None and req.think is not False
     try:
-        return model.render(messages, tools=None, enable_thinking=enable)
+        return await off_loop(size, lambda: model.render(messages, tools=None,
+                                                         enable_thinking=enable))
     except TemplateError as exc:
         raise PlacementError(400, "invalid_request_error", str(exc)) from None
 
@@ -255,12 +259,14 @@ async def generate(request: web.Request) -> web.StreamResponse:
     if isinstance(resolved, web.Response):
         return resolved
     model_name, names = resolved
-    if not req.prompt and req.suffix is None:
+    if not req.prompt and not req.suffix:
+        # nothing to continue (an editor's autocomplete in an empty file): Ollama answers
+        # at once with an empty response, so does Shoal
         return _loaded(req.model, "response", names)
     model = head.models[model_name]
     sampling = sampling_of(SamplingRequest(**_sampling_fields(req.options)))
     try:
-        prompt = _generate_prompt(model, req)
+        prompt = await _generate_prompt(model, req)
         turn = Turn(model, head.runner, prompt, routing=routing_of(request), sampling=sampling,
                     max_tokens=_max_tokens(req.options), stops=_stops(req.options))
     except PlacementError as exc:

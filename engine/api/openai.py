@@ -22,7 +22,7 @@ from engine.api.errors import error_body, error_for
 from engine.api.metrics import METRICS
 from engine.api.schemas import BadRequest, ChatRequest, decode_chat, unsupported
 from engine.head import aliases as al
-from engine.head.chat import ChatEvent, ChatFinal, ChatTurn, EventPump, Routing, Turn
+from engine.head.chat import ChatEvent, ChatFinal, EventPump, Routing, Turn, chat_turn
 from engine.head.head import Head
 from engine.head.sessions import PlacementError
 from engine.head.tools import TextDelta, ToolCallDelta
@@ -179,7 +179,12 @@ async def answer(request: web.Request, head: Head, turn: Turn, wire: Wire,
     try:
         while True:
             now = time.monotonic()
-            due = commit_at if resp is None else last_write + ka
+            if resp is None:
+                # a request waiting for a node that may never come is not committed: it
+                # may still be refused with its real status
+                due = commit_at if turn.committable else now + DISCONNECT_POLL_S
+            else:
+                due = last_write + ka
             try:
                 ev = await pump.get(min(max(due - now, 0.0), DISCONNECT_POLL_S))
             except TimeoutError:
@@ -189,7 +194,7 @@ async def answer(request: web.Request, head: Head, turn: Turn, wire: Wire,
                     return resp if resp is not None else web.Response(status=499)
                 now = time.monotonic()
                 if resp is None:
-                    if now < commit_at:
+                    if now < commit_at or not turn.committable:
                         continue
                     resp = await commit()
                 elif now - last_write < ka:
@@ -366,8 +371,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return resolved
     model_name, names = resolved
     try:
-        turn = ChatTurn(head.models[model_name], head.runner, req, routing_of(request),
-                        tool_parser=head.tool_parser)
+        turn = await chat_turn(head.models[model_name], head.runner, req,
+                               routing_of(request), tool_parser=head.tool_parser)
     except PlacementError as exc:
         return placement_refusal(request, exc, names)
     head.metrics.requests += 1

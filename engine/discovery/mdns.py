@@ -36,6 +36,10 @@ RECORD_TTL_S = 120
 """TTL of every record we announce: a head that vanished without a goodbye
 drops out of browsers within two minutes (zeroconf refreshes live ones)."""
 
+MAX_SERVICES = 256
+"""Services a browser keeps at once: announcements cost nothing to send, so a LAN
+flooded with them must not grow the set (and the dials it starts) without end."""
+
 RESOLVE_TIMEOUT_S = 3.0
 RESOLVE_ATTEMPTS = 3
 CLOSE_TIMEOUT_S = 3.0
@@ -112,18 +116,21 @@ def _local_networks() -> list[ipaddress.IPv4Network]:
 
 
 def pick_host(addresses: Sequence[str], local_nets: Sequence[ipaddress.IPv4Network]) -> str:
-    """The address to dial: one on a network this machine is on, else the first usable."""
-    parsed: list[ipaddress.IPv4Address] = []
+    """The address to dial: one on a network this machine is on, else "" (not dialed).
+
+    An announcement chooses its addresses freely; dialing only those on this machine's
+    own networks keeps a stranger on the LAN from sending heads and nodes to dial
+    anywhere else (the tailnet is found through tailscaled, not here). A loopback
+    address counts only when nothing else does (a service on this very machine)."""
+    usable: list[ipaddress.IPv4Address] = []
     for text in addresses:
         with contextlib.suppress(ValueError):
-            parsed.append(ipaddress.IPv4Address(text))
-    for ip in parsed:
-        if not ip.is_loopback and any(ip in net for net in local_nets if net.prefixlen < 32):
-            return str(ip)
-    for ip in parsed:
-        if _is_lan_candidate(ip):
-            return str(ip)
-    return str(parsed[0]) if parsed else ""
+            ip = ipaddress.IPv4Address(text)
+            if not (ip.is_link_local or ip.is_multicast or ip.is_unspecified) and \
+                    any(ip in net for net in local_nets if net.prefixlen < 32):
+                usable.append(ip)
+    usable.sort(key=lambda ip: ip.is_loopback)
+    return str(usable[0]) if usable else ""
 
 
 def _zc_interfaces(interfaces: Interfaces) -> InterfaceChoice | list[str]:
@@ -284,6 +291,7 @@ class Browser:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._changed = asyncio.Event()
         self._changes = 0
+        self._full_warned = False
 
     async def start(self) -> None:
         """Start browsing; raises OSError when no socket can be opened."""
@@ -383,8 +391,14 @@ class Browser:
                 task.cancel()
             if self._found.pop(self._instance(name), None) is not None:
                 self._signal()
-        else:
+        elif self._instance(name) in self._found or name in self._resolving or \
+                len(self._found) + len(self._resolving) < MAX_SERVICES:
             self._schedule_resolve(name)
+        elif not self._full_warned:
+            self._full_warned = True
+            log.warning("more than %d Shoal services announced on the LAN; ignoring the "
+                        "rest (a misbehaving or hostile host may be flooding mDNS)",
+                        MAX_SERVICES)
 
     def _schedule_resolve(self, name: str) -> None:
         old = self._resolving.pop(name, None)
@@ -423,6 +437,8 @@ class Browser:
         if found is None:
             if self._found.pop(instance, None) is not None:
                 self._signal()
+            return
+        if instance not in self._found and len(self._found) >= MAX_SERVICES:
             return
         if self._found.get(instance) != found or \
                 self._found[instance].addresses != found.addresses:

@@ -18,7 +18,7 @@ from engine.discovery.mdns import Announcer, Browser
 from engine.head.fleet import Fleet
 from engine.link import messages as m
 from engine.link.connection import LinkError
-from engine.link.transport import LinkClosed, dial
+from engine.link.transport import LinkClosed, dial, is_loopback
 from engine.node.join import HeadAddress, JoinRefused, probe_head
 
 log = logging.getLogger("shoal.discovery")
@@ -31,16 +31,33 @@ def _modes(mode: str) -> tuple[bool, bool]:
     return mode in ("lan", "both"), mode in ("tailnet", "both")
 
 
-async def announce_head(mode: str, *, fleet: Fleet, psk: bytes | None,
-                        port: int) -> list[Callable[[], Awaitable[None]]]:
+def announced_addresses(bound_host: str) -> list[str] | None:
+    """The addresses to announce for a listener bound to ``bound_host``: None for every
+    interface (a wildcard bind), [] when it takes only this machine (loopback), else that
+    one address. Announcing an address the listener does not accept on would send every
+    peer that finds it into a dial loop."""
+    if bound_host in ("", "0.0.0.0", "::"):  # noqa: S104 - comparing, not binding
+        return None
+    if is_loopback(bound_host):
+        return []
+    return [bound_host]
+
+
+async def announce_head(mode: str, *, fleet: Fleet, psk: bytes | None, port: int,
+                        host: str = "0.0.0.0") -> list[Callable[[], Awaitable[None]]]:  # noqa: S104
     """Announce this head on the LAN (the tailnet needs no announcement)."""
     lan, _ = _modes(mode)
+    addresses = announced_addresses(host)
     if not lan:
+        return []
+    if addresses == []:
+        log.info("not announcing this head on the LAN: its fleet listener takes this machine "
+                 "only (%s); listen on 0.0.0.0 or a LAN address for other machines", host)
         return []
     announcer = Announcer()
     try:
         await announcer.start(instance=f"shoal-head-{fleet.head_id}", port=port, role="head",
-                              model=fleet.model, fleet=fleet_id(psk))
+                              model=fleet.model, fleet=fleet_id(psk), addresses=addresses)
     except OSError as exc:
         log.warning("cannot announce this head on the LAN (%s); nodes can still join by "
                     "address or over the tailnet", exc)
@@ -50,15 +67,17 @@ async def announce_head(mode: str, *, fleet: Fleet, psk: bytes | None,
 
 
 async def announce_node(mode: str, *, identity: str, model: str, psk: bytes | None,
-                        port: int) -> list[Callable[[], Awaitable[None]]]:
+                        port: int, host: str = "0.0.0.0",  # noqa: S104
+                        ) -> list[Callable[[], Awaitable[None]]]:
     """Announce a listening node on the LAN, so heads of its fleet dial it."""
     lan, _ = _modes(mode)
-    if not lan:
+    addresses = announced_addresses(host)
+    if not lan or addresses == []:
         return []
     announcer = Announcer()
     try:
         await announcer.start(instance=f"shoal-node-{identity}", port=port, role="node",
-                              model=model, fleet=fleet_id(psk))
+                              model=model, fleet=fleet_id(psk), addresses=addresses)
     except OSError as exc:
         log.warning("cannot announce this node on the LAN (%s); heads can still dial it by "
                     "address", exc)

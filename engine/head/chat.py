@@ -8,14 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from engine import nesting
 from engine.api.schemas import ChatRequest, SamplingRequest, message_text
 from engine.head.model import HeadModel
-from engine.head.sessions import Finish, Job, PlacementError, SessionRunner
+from engine.head.sessions import Finish, Job, PlacementError, Session, SessionRunner
 from engine.head.templates import TemplateError
 from engine.head.text import Detokenizer, StopMatcher
 from engine.head.tools import TextDelta, ToolCallDelta, ToolCallParser, parser_for
@@ -108,6 +108,10 @@ class Turn:
                  routing: Routing, sampling: m.SamplingParams | None = None,
                  max_tokens: int | None = None, stops: Sequence[str] = (),
                  parser: ToolCallParser | None = None) -> None:
+        if not prompt:
+            # every runtime refuses an empty prompt; say so here rather than on a node
+            raise PlacementError(400, "invalid_request", "the prompt is empty after the "
+                                 "model's template; send some text")
         self.model = model
         self.runner = runner
         self.routing = routing
@@ -120,6 +124,13 @@ class Turn:
         self._stops = [s for s in stops if s]
         self._parser = parser
         self.session = "s-" + secrets.token_hex(8)
+        self._running: Session | None = None
+
+    @property
+    def committable(self) -> bool:
+        """Whether a keepalive may commit the answer to 200: the request is waiting for a
+        lane or for its tokens, not for a node that may never come (see Session)."""
+        return self._running is not None and self._running.committable
 
     async def events(self) -> AsyncGenerator[ChatEvent, None]:
         detok = Detokenizer(self.model.vocab.token_bytes)
@@ -139,10 +150,11 @@ class Turn:
                 return [TextDelta(text)]
             return parser.feed(text)
 
-        run = self.runner.run(job)
+        session = self._running = self.runner.start(job)
         produced = 0
         try:
-            async for item in run:
+            while True:
+                item = await session.next()
                 if isinstance(item, Finish):
                     tail, _ = stopper.feed(detok.flush())
                     out = emit(tail + stopper.flush())
@@ -175,25 +187,40 @@ class Turn:
                                     tool_calls=calls)
                     return
         finally:
-            await run.aclose()
+            await session.close()
 
 
-class ChatTurn(Turn):
+async def chat_turn(model: HeadModel, runner: SessionRunner, req: ChatRequest,
+                    routing: Routing, *, tool_parser: str | None = None) -> Turn:
     """A chat request: messages rendered through the model's template, then a Turn."""
+    messages = to_template_messages(req)
+    size = sum(len(str(msg.get("content") or "")) for msg in messages)
 
-    def __init__(self, model: HeadModel, runner: SessionRunner, req: ChatRequest,
-                 routing: Routing, *, tool_parser: str | None = None) -> None:
-        self.req = req
-        try:
-            prompt = model.render(to_template_messages(req), tools=req.tools,
-                                  **template_kwargs(req))
-        except TemplateError as exc:
-            raise PlacementError(400, "invalid_request_error", str(exc)) from None
-        stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-        parser = parser_for(tool_parser, model.template.family) if req.tools else None
-        super().__init__(model, runner, prompt, routing=routing, sampling=sampling_of(req),
-                         max_tokens=req.max_completion_tokens or req.max_tokens, stops=stops,
-                         parser=parser)
+    def render() -> list[int]:
+        return model.render(messages, tools=req.tools, **template_kwargs(req))
+
+    try:
+        prompt = await off_loop(size, render)
+    except TemplateError as exc:
+        raise PlacementError(400, "invalid_request_error", str(exc)) from None
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    parser = parser_for(tool_parser, model.template.family) if req.tools else None
+    return Turn(model, runner, prompt, routing=routing, sampling=sampling_of(req),
+                max_tokens=req.max_completion_tokens or req.max_tokens, stops=stops,
+                parser=parser)
+
+
+INLINE_CHARS = 16_384  # tokenizing this much takes a few ms: less than a thread hop costs
+T = TypeVar("T")
+
+
+async def off_loop(size: int, work: Callable[[], T]) -> T:
+    """Run ``work`` (template rendering, tokenizing) on the loop when its input is small,
+    else in a worker thread: a long prompt takes about 0.2 s per MB, which must not stall
+    the head's other sessions (their pings and renewals)."""
+    if size <= INLINE_CHARS:
+        return work()
+    return await asyncio.to_thread(work)
 
 
 def _strip_bos(ids: list[int], bos: list[int]) -> list[int]:

@@ -22,6 +22,7 @@ from engine.link.transport import Link, LinkClosed, dial
 log = logging.getLogger("shoal.head")
 
 RETRY_S = 10.0
+DROP_DISCOVERED_AFTER = 3  # failed dials in a row before a node found on the network is let go
 KEEPALIVE_S = 15.0
 FULL_HOLD_S = 1.0  # after a "busy" refusal, skip the node until fresh stats or this long
 
@@ -42,7 +43,7 @@ class NodeConn:
         self.pool = pool
         self.link = link
         self.inbox: asyncio.Queue[Inbound] | None = None  # set while a session holds it
-        self.last_rx = time.monotonic()
+        self.last_rx = pool.fleet.clock()
         self.closed = False
         self.reader: asyncio.Task[None] | None = None
 
@@ -51,7 +52,7 @@ class NodeConn:
         try:
             while True:
                 rec = await self.link.recv()
-                self.last_rx = time.monotonic()
+                self.last_rx = self.pool.fleet.clock()
                 if isinstance(rec, m.Stats):
                     self.pool.on_stats(rec)
                 elif isinstance(rec, m.Pong):
@@ -83,12 +84,15 @@ class NodeInfo:
 class NodePool:
     """Every connection this head keeps to one node, and what it knows of the node."""
 
-    def __init__(self, fleet: Fleet, key: str, host: str, port: int, *, dialed: bool) -> None:
+    def __init__(self, fleet: Fleet, key: str, host: str, port: int, *, dialed: bool,
+                 discovered: bool = False) -> None:
         self.fleet = fleet
         self.key = key
         self.host = host
         self.port = port
         self.dialed = dialed
+        self.discovered = discovered  # found on the network, not given by the user
+        self.failures = 0  # failed dials in a row
         self.info = NodeInfo()
         self.state = "connecting"  # connecting | ready | unreachable | other-model | left
         self.last_error = ""
@@ -122,7 +126,7 @@ class NodePool:
     def on_stats(self, st: m.Stats) -> None:
         before = self.reported_busy
         self.stats = st
-        self.stats_at = time.monotonic()
+        self.stats_at = self.fleet.clock()
         if st.lanes_busy < st.lanes:
             self.full_until = 0.0
         if st.lanes_busy < before:
@@ -198,7 +202,7 @@ class NodePool:
             kv_used=st.kv_used if st else 0, kv_total=st.kv_total if st else 0,
             prefill_tps=st.rates.prefill_tps if st else 0.0,
             decode_tps=st.rates.decode_tps if st else 0.0,
-            full_until=self.full_until)
+            full_until=self.full_until, ready=self.state == "ready")
 
     def describe(self) -> dict[str, object]:
         st = self.stats
@@ -225,6 +229,14 @@ class NodePool:
             self.wake.clear()
             if self.conns < self.target_conns() or self.state != "ready":
                 ok = await self._fill()
+                if not ok and self.discovered and self.conns == 0 and \
+                        self.failures >= DROP_DISCOVERED_AFTER:
+                    # an announcement that leads nowhere: stop dialing it; discovery
+                    # offers it again if it really is a node of this fleet
+                    log.info("forgetting the node at %s found on the network: %d dials "
+                             "failed (%s)", self.address, self.failures, self.last_error)
+                    self.fleet.forget(self.key)
+                    return
                 if not ok:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(RETRY_S):
@@ -245,6 +257,7 @@ class NodePool:
             if not self._accept_hello(hello):
                 link.close()
                 return False
+            self.failures = 0
             self.add_conn(link)
             opened += 1
         if self.state != "ready":
@@ -289,6 +302,7 @@ class NodePool:
         return True
 
     def _unreachable(self, exc: BaseException) -> None:
+        self.failures += 1
         why = _why(exc)
         if self.state != "unreachable" or why != self.last_error:
             log.warning("fleet node %s: %s; retrying it every %d s", self.address, why,
@@ -336,7 +350,9 @@ class Fleet:
 
     def __init__(self, *, model: str, head_id: str, psk: bytes | None,
                  conns_per_node: int = 0, handshake_timeout_s: float = 10.0,
-                 also: tuple[str, ...] = ()) -> None:
+                 also: tuple[str, ...] = (),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
         self.model = model  # announced to joining nodes
         self.models = (model, *also)  # every model this head has a tokenizer for
         self.head_id = head_id
@@ -356,9 +372,10 @@ class Fleet:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def add_dialed(self, host: str, port: int, *, key: str | None = None) -> NodePool:
+    def add_dialed(self, host: str, port: int, *, key: str | None = None,
+                   discovered: bool = False) -> NodePool:
         key = key or f"{host}:{port}"
-        pool = NodePool(self, key, host, port, dialed=True)
+        pool = NodePool(self, key, host, port, dialed=True, discovered=discovered)
         self.pools[key] = pool
         pool.task = self.spawn(pool.maintain(), f"pool-{key}")
         return pool
@@ -377,6 +394,13 @@ class Fleet:
             self.pools[key] = pool
         pool.joined(hello, link)
         return pool
+
+    def forget(self, key: str) -> None:
+        """Stop keeping a node (its maintainer returns by itself)."""
+        pool = self.pools.pop(key, None)
+        if pool is not None:
+            for conn in [*pool.idle, *pool.busy]:
+                conn.abort()
 
     def capacity_changed(self) -> None:
         if self.on_capacity is not None:
@@ -397,11 +421,9 @@ class Fleet:
 
     def free(self, model: str) -> bool | None:
         """Whether a node serving ``model`` has a free lane now; None when none serves it."""
-        import time as _time
-
         from engine.head.placement import has_free_lane
 
-        now = _time.monotonic()
+        now = self.clock()
         views = [v for v in self.views() if v.model == model and v.idle_conns + v.own_sessions]
         if not views:
             return None

@@ -14,6 +14,7 @@ import socket
 from engine.head.fleet import Fleet
 from engine.head.peers import HeadPeers
 from engine.link import messages as m
+from engine.link.admission import PRE_HANDSHAKE_S, PendingHandshakes
 from engine.link.connection import LinkError
 from engine.link.transport import LinkClosed, accept, peer_is_loopback
 
@@ -29,6 +30,7 @@ class JoinListener:
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._warned: set[str] = set()
+        self._pending = PendingHandshakes()
         self.listen_port = 0
 
     async def listen_on(self, sock: socket.socket) -> None:
@@ -51,9 +53,16 @@ class JoinListener:
                             "`shoal fleet token` and pair the node")
             writer.close()
             return
+        address = str(peer[0]) if peer else "?"
+        if not self._pending.admit(address):
+            writer.close()  # a flood of connections that have not shown the token
+            return
         try:
-            link = await accept(reader, writer, psk=self.fleet.psk,
-                                timeout_s=self.handshake_timeout_s)
+            try:
+                link = await accept(reader, writer, psk=self.fleet.psk,
+                                    timeout_s=min(self.handshake_timeout_s, PRE_HANDSHAKE_S))
+            finally:
+                self._pending.release(address)
             link.send(m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
                                   listen_port=self.listen_port))
             async with asyncio.timeout(self.handshake_timeout_s):

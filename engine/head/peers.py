@@ -25,6 +25,7 @@ log = logging.getLogger("shoal.head")
 
 SYNC_S = 30.0
 RETRY_S = 10.0
+DROP_DISCOVERED_AFTER = 3  # failed dials in a row before a head found on the network is let go
 PUSH_WAIT_S = 2.0
 
 
@@ -59,16 +60,18 @@ class HeadPeers:
 
     # -- meeting -------------------------------------------------------------------
 
-    def dial(self, host: str, port: int) -> None:
-        """Keep a link to the head at host:port (a seed, or one found on the network)."""
+    def dial(self, host: str, port: int, *, discovered: bool = False) -> None:
+        """Keep a link to the head at host:port (a seed, or one found on the network:
+        ``discovered``, let go after repeated failed dials)."""
         label = f"{host}:{port}"
         if label in self.peers or label in self._self_labels:
             return
         self.peers[label] = Peer(label)
-        self._spawn(self._dial_loop(label, host, port), f"peer-{label}")
+        self._spawn(self._dial_loop(label, host, port, discovered), f"peer-{label}")
 
-    async def _dial_loop(self, label: str, host: str, port: int) -> None:
+    async def _dial_loop(self, label: str, host: str, port: int, discovered: bool) -> None:
         reported = False
+        failures = 0
         while True:
             try:
                 link = await dial(host, port, psk=self.psk, timeout_s=self.handshake_timeout_s)
@@ -80,6 +83,12 @@ class HeadPeers:
                 link.send(m.HeadHello(head_id=self.head_id, model=self.model,
                                       listen_port=self.listen_port))
             except (OSError, TimeoutError, LinkError, LinkClosed) as exc:
+                failures += 1
+                if discovered and failures >= DROP_DISCOVERED_AFTER:
+                    log.info("forgetting head peer %s found on the network: %d dials failed "
+                             "(%s)", label, failures, exc)
+                    self.peers.pop(label, None)
+                    return
                 if not reported:
                     log.info("head peer %s unreachable (%s); retrying every %d s", label, exc,
                              int(RETRY_S))
@@ -87,6 +96,7 @@ class HeadPeers:
                 await asyncio.sleep(RETRY_S)
                 continue
             reported = False
+            failures = 0
             if hello.head_id == self.head_id:
                 link.close()  # found ourselves on the network
                 self.peers.pop(label, None)

@@ -7,9 +7,12 @@ a `Refusal` whose message names the cause and the fix.
 Order of decisions:
 
 1. Candidates: nodes serving ``req.model``, not in ``req.exclude`` (they already
-   failed this session), named ``req.pin_host`` when pinned, and whose window
-   holds the prompt plus one generated token. Refusals: ``no_node`` when nothing
-   serves the model (after the pin and the exclusions),
+   failed this session), named ``req.pin_host`` when pinned, linked now (``ready``),
+   and whose window holds the prompt plus one generated token. Refusals:
+   ``unknown_node`` when the pin names no node serving the model (final: it can never
+   be placed), ``node_down`` when it names one that is not linked now (final: the
+   user asked for that node only), ``no_node`` when nothing linked serves the model
+   (after the exclusions; the head waits for a node then),
    ``context_length_exceeded`` when some do but none can hold the prompt,
    ``no_free_lane`` when every capable node is busy (the head queues on that).
 2. ``prefer``: the first named node (by identity) with a free lane wins outright,
@@ -60,6 +63,7 @@ class NodeView:
     prefill_tps: float  # prompt tokens/s; 0.0 = not measured yet
     decode_tps: float  # tokens/s per lane; 0.0 = not measured yet
     full_until: float = 0.0  # refused a session as full: full until then (or fresher stats)
+    ready: bool = True  # linked now (not connecting, unreachable or left)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +86,8 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class Refusal:
-    code: Literal["context_length_exceeded", "no_free_lane", "no_node"]
+    code: Literal["context_length_exceeded", "no_free_lane", "no_node", "unknown_node",
+                  "node_down"]
     message: str  # one line for the user: cause and fix
 
 
@@ -126,8 +131,13 @@ def place(
 ) -> Placement | Refusal:
     serving = [n for n in nodes if n.model == req.model]
     pinned = [n for n in serving if req.pin_host is None or n.identity == req.pin_host]
-    usable = [n for n in pinned if n.key not in req.exclude]
+    if req.pin_host is not None and not pinned:
+        return Refusal("unknown_node", _no_node_message(req, nodes, serving, pinned))
+    usable = [n for n in pinned if n.key not in req.exclude and n.ready]
     if not usable:
+        if req.pin_host is not None and not any(n.ready for n in pinned):
+            return Refusal("node_down", f"node '{req.pin_host}' is not linked to this head now; "
+                           "retry when it is back, or drop ?host= to use any node")
         return Refusal("no_node", _no_node_message(req, nodes, serving, pinned))
 
     need = req.prompt_tokens + 1  # room for at least one generated token
@@ -230,9 +240,17 @@ def _no_node_message(
             f"no node named '{req.pin_host}' serves model '{req.model}' "
             f"({_plural(len(serving), 'node')} serve it: {names}); fix or drop ?host="
         )
+    failed = sum(1 for n in pinned if n.key in req.exclude)
+    if failed == len(pinned):
+        return (
+            f"all {_plural(len(pinned), 'node')} serving model '{req.model}' already failed "
+            "this request; retry later or add a node"
+        )
+    down = sum(1 for n in pinned if not n.ready and n.key not in req.exclude)
     return (
-        f"all {_plural(len(pinned), 'node')} serving model '{req.model}' already failed "
-        "this request; retry later or add a node"
+        f"no node serving model '{req.model}' is linked to this head now ({down} unreachable "
+        f"or gone{f', {failed} failed this request' if failed else ''}); start one or check "
+        "that the head can reach it"
     )
 
 

@@ -1,10 +1,15 @@
 """Running a session on the fleet: queue, placement, streaming, failover.
 
 A session is placed whole on one node. If that node fails (its connection
-closes, or it goes silent: no tokens and no pong for STALL_S), the tokens
-already delivered become part of the prompt and the session is placed again on
-the next capable node, asking only for what is left. Token indices from the
-node let the head check that nothing arrives twice or goes missing.
+closes, it goes silent, or it stops making progress: see :mod:`engine.head.attempt`),
+the tokens already delivered become part of the prompt and the session is placed
+again on the next capable node, asking only for what is left. Token indices from
+the node let the head check that nothing arrives twice or goes missing.
+
+Each session runs in a task of its own that reads the node, renews the lease and
+pings, and files the tokens in the session's buffer; the HTTP side reads that
+buffer at its own pace. A client that stops reading costs only its buffer (at
+most the tokens it asked for), never a lease, a lane or a node.
 """
 
 from __future__ import annotations
@@ -12,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
+from engine.head import attempt as at
 from engine.head.fleet import ConnClosed, Fleet, Inbound, NodeConn, NodePool
 from engine.head.placement import Placement, PlacementRequest, Policy, Refusal, place
 from engine.link import messages as m
@@ -31,6 +37,7 @@ PING_S = 1.0
 LEASE_MS = 10_000
 MAX_WALL_S = 600.0
 QUEUE_TIMEOUT_S = 20.0
+RETRY_NODE_S = 10  # Retry-After when no node can take the request now
 _AFFINITY_MAX = 10_000
 
 
@@ -106,22 +113,31 @@ class FifoGate:
         self.notify()
 
 
+SessionState = Literal["placing", "waiting", "queued", "running", "ended"]
+
+
 class SessionRunner:
     def __init__(self, fleet: Fleet, *, policy: Policy = "load-aware", pool_high: float = 90.0,
                  queue_timeout_s: float = QUEUE_TIMEOUT_S, stall_s: float = STALL_S,
-                 lease_ms: int = LEASE_MS, max_wall_s: float = MAX_WALL_S) -> None:
+                 lease_ms: int = LEASE_MS, max_wall_s: float = MAX_WALL_S,
+                 clock: Callable[[], float] | None = None) -> None:
         self.fleet = fleet
+        self.clock = clock or fleet.clock
         self.policy = policy
         self.pool_high = pool_high
         self.queue_timeout_s = queue_timeout_s
-        self.stall_s = stall_s
         self.lease_ms = lease_ms
         self.max_wall_s = max_wall_s
+        self.limits = at.Limits(lease_s=lease_ms / 1000, stall_s=stall_s, ping_s=PING_S)
         self.gate = FifoGate()
         self._cursor = 0
         self._affinity: OrderedDict[str, str] = OrderedDict()
         fleet.on_capacity = self.gate.notify
         self.moves_total = 0
+
+    @property
+    def stall_s(self) -> float:
+        return self.limits.stall_s
 
     @property
     def queued(self) -> int:
@@ -135,7 +151,7 @@ class SessionRunner:
                                max_tokens=max_tokens, exclude=exclude,
                                affinity=self._affinity.get(job.affinity) if job.affinity else None,
                                pin_host=job.pin_host, prefer=job.prefer)
-        now = time.monotonic()
+        now = self.clock()
         while True:
             decision = place(req, self.fleet.views(), now=now, policy=self.policy,
                              pool_high=self.pool_high, cursor=self._cursor)
@@ -153,7 +169,7 @@ class SessionRunner:
                                    exclude=req.exclude | {pool.key}, affinity=req.affinity,
                                    pin_host=req.pin_host, prefer=req.prefer)
 
-    async def _acquire(self, job: Job, prompt_len: int, max_tokens: int,
+    async def _acquire(self, job: Job, session: Session, prompt_len: int, max_tokens: int,
                        exclude: frozenset[str], deadline: float
                        ) -> tuple[NodePool, NodeConn, str]:
         """A connection to the best node, waiting in FIFO order when every node is full."""
@@ -163,6 +179,7 @@ class SessionRunner:
             if not isinstance(got, Refusal):
                 return got
             self._raise_if_final(got)
+            session.state = _waiting_state(got)
         fut = self.gate.enqueue()
         try:
             last: Refusal | None = None
@@ -173,7 +190,8 @@ class SessionRunner:
                         return got
                     self._raise_if_final(got)
                     last = got
-                remaining = deadline - time.monotonic()
+                    session.state = _waiting_state(got)
+                remaining = deadline - self.clock()
                 if remaining <= 0:
                     raise self._timeout_error(last)
                 # wake on any capacity change, and re-check at least twice a second
@@ -188,10 +206,16 @@ class SessionRunner:
     def _raise_if_final(self, refusal: Refusal) -> None:
         if refusal.code == "context_length_exceeded":
             raise PlacementError(400, "context_length_exceeded", refusal.message)
+        if refusal.code == "unknown_node":
+            raise PlacementError(404, "node_not_found", refusal.message)
+        if refusal.code == "node_down":
+            raise PlacementError(503, "node_unavailable", refusal.message,
+                                 retry_after=RETRY_NODE_S)
 
     def _timeout_error(self, last: Refusal | None) -> PlacementError:
         if last is not None and last.code == "no_node":
-            return PlacementError(503, "no_node_available", last.message, retry_after=10)
+            return PlacementError(503, "no_node_available", last.message,
+                                  retry_after=RETRY_NODE_S)
         waited = int(self.queue_timeout_s)
         return PlacementError(
             429, "fleet_busy",
@@ -200,9 +224,26 @@ class SessionRunner:
 
     # -- running -------------------------------------------------------------------
 
+    def start(self, job: Job) -> Session:
+        """Run ``job`` in a task of its own; read it through the returned session."""
+        return Session(self, job)
+
     async def run(self, job: Job) -> AsyncGenerator[list[int] | Finish, None]:
         """Yield batches of new token ids, then one Finish. Raises PlacementError."""
-        started = time.monotonic()
+        session = self.start(job)
+        try:
+            while True:
+                item = await session.next()
+                yield item
+                if isinstance(item, Finish):
+                    return
+        finally:
+            await session.close()
+
+    async def _generate(self, job: Job,
+                        session: Session) -> AsyncGenerator[list[int] | Finish, None]:
+        """The session's work, driven by its own task (see :class:`Session`)."""
+        started = self.clock()
         wall_deadline = started + self.max_wall_s
         delivered: list[int] = []
         exclude: frozenset[str] = frozenset()
@@ -214,8 +255,10 @@ class SessionRunner:
         while True:
             remaining = job.max_tokens - len(delivered)
             context = job.prompt + delivered
-            pool, conn, reason = await self._acquire(job, len(context), remaining, exclude,
-                                                     queue_deadline)
+            pool, conn, reason = await self._acquire(job, session, len(context), remaining,
+                                                     exclude, queue_deadline)
+            session.state = "running"
+            session.node = pool.info.identity
             if last_node:
                 moves += 1
                 self.moves_total += 1
@@ -228,27 +271,34 @@ class SessionRunner:
             last_node = f"'{pool.info.identity}'"
             if job.affinity:
                 self._remember(job.affinity, pool.key)
-            outcome = _Attempt(self, pool, conn, job, context, remaining, wall_deadline)
+            attempt = _Attempt(self, pool, conn, job, context, remaining, wall_deadline)
             try:
-                async for item in outcome.stream():
-                    if isinstance(item, list):
-                        delivered.extend(item)
-                        yield item
-                    else:
-                        cached = max(cached, item.cached_tokens) if not moves else cached
-                        yield Finish(reason=item.finish_reason, prompt_tokens=prompt_tokens,
-                                     completion_tokens=len(delivered), cached_tokens=cached,
-                                     node=pool.info.identity, moves=moves)
-                        return
+                async for ids in attempt.stream():
+                    delivered.extend(ids)
+                    yield ids
             finally:
-                outcome.release()
-            if outcome.busy:
+                attempt.release()
+            final = attempt.final
+            if isinstance(final, at.Finished):
+                assert attempt.done is not None
+                if not moves:
+                    cached = attempt.done.cached_tokens
+                yield Finish(reason=attempt.done.finish_reason, prompt_tokens=prompt_tokens,
+                             completion_tokens=len(delivered), cached_tokens=cached,
+                             node=pool.info.identity, moves=moves)
+                return
+            if isinstance(final, at.Busy):
                 # refused before any token of this attempt: try the next node at once
-                pool.mark_full(time.monotonic())
+                log.info("node '%s' is full (%s); trying the next node",
+                         pool.info.identity, final.message)
+                pool.mark_full(self.clock())
                 last_node = "" if not delivered and not moves else last_node
-                queue_deadline = max(queue_deadline, time.monotonic())
+                queue_deadline = max(queue_deadline, self.clock())
                 continue
-            if outcome.wall_exceeded:
+            if isinstance(final, at.Refused):
+                code = "invalid_request" if final.code == "bad_request" else final.code
+                raise PlacementError(400, code, final.message)
+            if isinstance(final, at.WallExceeded):
                 log.warning("session %s reached the %d s ceiling; ending it", job.session,
                             int(self.max_wall_s))
                 yield Finish(reason="length", prompt_tokens=prompt_tokens,
@@ -256,15 +306,16 @@ class SessionRunner:
                              node=pool.info.identity, moves=moves)
                 return
             # the node failed mid-session
+            why = final.reason if isinstance(final, at.Failover) else "the attempt ended"
             log.warning("session %s lost node '%s' at %s: %s", job.session,
-                        pool.info.identity, pool.address, outcome.failure)
+                        pool.info.identity, pool.address, why)
             exclude = exclude | {pool.key}
             if len(delivered) >= job.max_tokens:
                 yield Finish(reason="length", prompt_tokens=prompt_tokens,
                              completion_tokens=len(delivered), cached_tokens=cached,
                              node=pool.info.identity, moves=moves)
                 return
-            queue_deadline = time.monotonic() + self.queue_timeout_s
+            queue_deadline = self.clock() + self.queue_timeout_s
 
     def _remember(self, session: str, key: str) -> None:
         self._affinity[session] = key
@@ -273,17 +324,80 @@ class SessionRunner:
             self._affinity.popitem(last=False)
 
 
-def _next_tokens(queue: asyncio.Queue[Inbound]) -> m.Tokens | None:
-    """Take the next item if it is a token record already waiting, else None."""
-    waiting = queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's own deque
-    if waiting and isinstance(waiting[0], m.Tokens):
-        item: m.Tokens = queue.get_nowait()  # type: ignore[assignment]
+def _waiting_state(refusal: Refusal) -> SessionState:
+    return "waiting" if refusal.code == "no_node" else "queued"
+
+
+class Session:
+    """A session running in its own task; :meth:`next` reads what it produced.
+
+    The buffer holds what the node sent and the client has not read yet. It needs
+    no bound of its own: a session produces at most ``job.max_tokens`` tokens, which
+    the node's window bounds."""
+
+    def __init__(self, runner: SessionRunner, job: Job) -> None:
+        self.runner = runner
+        self.job = job
+        self.state: SessionState = "placing"
+        self.node = ""
+        self._out: asyncio.Queue[list[int] | Finish | PlacementError] = asyncio.Queue()
+        self._task = asyncio.create_task(self._run(), name=f"session-{job.session}")
+
+    async def _run(self) -> None:
+        try:
+            async for item in self.runner._generate(self.job, self):
+                self._out.put_nowait(item)
+        except PlacementError as exc:
+            self._out.put_nowait(exc)
+        except Exception:
+            log.exception("session %s failed", self.job.session)
+            self._out.put_nowait(PlacementError(
+                500, "internal_error", "internal error; the head's log has the details"))
+        finally:
+            self.state = "ended"
+
+    @property
+    def committable(self) -> bool:
+        """Whether the request is really waiting for a lane or for its tokens, so that a
+        keepalive may commit the answer (a request that waits for a node may still be
+        refused with its real status)."""
+        return self.state in ("queued", "running")
+
+    async def next(self) -> list[int] | Finish:
+        """The next batch of ids (every batch already waiting, as one) or the Finish.
+        Raises the session's PlacementError."""
+        item = await self._out.get()
+        if isinstance(item, PlacementError):
+            raise item
+        if isinstance(item, list):
+            while not self._out.empty():
+                more = self._out._queue[0]  # type: ignore[attr-defined]  # the Queue's deque
+                if not isinstance(more, list):
+                    break
+                item.extend(self._out.get_nowait())  # type: ignore[arg-type]
         return item
-    return None
+
+    async def close(self) -> None:
+        """Stop the session (cancelling it on its node) unless it has ended."""
+        if not self._task.done():
+            self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+def _take_following(queue: asyncio.Queue[Inbound], index: int) -> list[int]:
+    """The ids of the token records already waiting that continue at ``index``, taken out
+    of the queue; a record out of order stays for the attempt's machine to judge."""
+    waiting = queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's own deque
+    ids: list[int] = []
+    while waiting and isinstance(waiting[0], m.Tokens) and waiting[0].index == index + len(ids):
+        rec: m.Tokens = queue.get_nowait()  # type: ignore[assignment]
+        ids.extend(rec.ids)
+    return ids
 
 
 class _Attempt:
-    """One try of a session on one node."""
+    """One try of a session on one node: the IO around :mod:`engine.head.attempt`."""
 
     def __init__(self, runner: SessionRunner, pool: NodePool, conn: NodeConn, job: Job,
                  context: list[int], max_tokens: int, wall_deadline: float) -> None:
@@ -294,94 +408,80 @@ class _Attempt:
         self.context = context
         self.max_tokens = max_tokens
         self.wall_deadline = wall_deadline
-        self.busy = False
-        self.failure = ""
-        self.wall_exceeded = False
-        self._finished = False  # Done seen: the connection is reusable
+        self.final: at.Final | None = None
+        self.done: m.Done | None = None
         self._released = False
 
-    async def stream(self) -> AsyncGenerator[list[int] | m.Done, None]:
+    async def stream(self) -> AsyncGenerator[list[int], None]:
         job = self.job
         link = self.conn.link
         inbox = self.conn.inbox
         assert inbox is not None
+        clock = self.runner.clock
+        limits = self.runner.limits
         try:
             link.send(m.Generate(session=job.session, lease_ms=self.runner.lease_ms,
                                  prompt=self.context, max_tokens=self.max_tokens,
                                  sampling=job.sampling, stop_ids=job.stop_ids))
         except LinkClosed as exc:
-            self.failure = str(exc)
+            self.final = at.Failover(str(exc), drop=False)
             return
-        # silence counts from now: an idle connection's last record may be old
-        self.conn.last_rx = max(self.conn.last_rx, time.monotonic())
-        lease_s = self.runner.lease_ms / 1000
-        next_renew = time.monotonic() + lease_s / 3
-        expected = 0
-        nonce = 0
-        accepted = False
+        stats = self.pool.stats
+        state = at.start(clock(), prompt_tokens=len(self.context),
+                         prefill_tps=stats.rates.prefill_tps if stats else 0.0,
+                         wall_deadline=self.wall_deadline, limits=limits)
         while True:
-            now = time.monotonic()
-            if now >= self.wall_deadline:
-                self.wall_exceeded = True
-                self._cancel()
-                return
-            silent_for = now - self.conn.last_rx
-            if silent_for >= self.runner.stall_s:
-                self.failure = (f"no tokens and no pong for {silent_for:.1f} s; "
-                                "treating the node as hung")
-                self.pool.mark_unresponsive(self.failure)
-                return
-            if now >= next_renew and accepted:
-                with contextlib.suppress(LinkClosed):
-                    link.send(m.Renew(session=job.session, lease_ms=self.runner.lease_ms))
-                next_renew = now + lease_s / 3
-            wait = min(PING_S, self.runner.stall_s - silent_for, next_renew - now,
-                       self.wall_deadline - now)
-            try:
-                async with asyncio.timeout(max(wait, 0.01)):
-                    rec = await inbox.get()
-            except TimeoutError:
-                if time.monotonic() - self.conn.last_rx >= PING_S:
-                    nonce += 1
-                    with contextlib.suppress(LinkClosed):
-                        link.send(m.Ping(nonce=nonce))
-                continue
-            if isinstance(rec, ConnClosed):
-                self.failure = f"connection lost ({rec.reason})"
-                return
-            if isinstance(rec, m.Accepted):
-                accepted = True
+            rec: Inbound | None = None
+            wait = at.next_deadline(state, limits) - clock()
+            if not inbox.empty() or wait <= 0:
+                rec = inbox.get_nowait() if not inbox.empty() else None
+            else:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        rec = await inbox.get()
+            ids: list[int] = []
+            event: at.Event
+            if rec is None:
+                event = at.Tick(self.conn.last_rx)
+            elif isinstance(rec, ConnClosed):
+                event = at.Lost(rec.reason)
+            elif isinstance(rec, m.Accepted):
+                event = at.GotAccepted()
             elif isinstance(rec, m.Tokens):
-                ids: list[int] = []
-                # when the head falls behind, relay every waiting token record as one
-                # batch: one detokenize and one HTTP write instead of many
-                tokens: m.Tokens | None = rec
-                while tokens is not None:
-                    if tokens.index != expected:
-                        self.failure = f"token index {tokens.index} where {expected} was due"
-                        self.conn.abort()
-                        return
-                    expected += len(tokens.ids)
-                    ids.extend(tokens.ids)
-                    tokens = _next_tokens(inbox)
-                yield ids
+                # when the head falls behind, relay every waiting token record in order
+                # as one batch: one detokenize and one HTTP write instead of many
+                ids = [*rec.ids, *_take_following(inbox, rec.index + len(rec.ids))]
+                event = at.GotTokens(rec.index, len(ids))
             elif isinstance(rec, m.Done):
-                self._finished = True
-                yield rec
-                return
+                self.done = rec
+                event = at.GotDone()
             elif isinstance(rec, m.Error):
-                if rec.code == "busy" and expected == 0:
-                    self.busy = True
-                    self._finished = True
-                    log.info("node '%s' is full (%s); trying the next node",
-                             self.pool.info.identity, rec.message)
+                event = at.GotError(rec.code, rec.message)
+            else:
+                continue
+            state, actions = at.step(state, event, clock(), limits)
+            for action in actions:
+                if isinstance(action, at.SendRenew):
+                    with contextlib.suppress(LinkClosed):
+                        link.send(m.Renew(session=job.session, lease_ms=self.runner.lease_ms))
+                elif isinstance(action, at.SendPing):
+                    with contextlib.suppress(LinkClosed):
+                        link.send(m.Ping(nonce=action.nonce))
+                elif isinstance(action, at.Deliver):
+                    yield ids
+                else:
+                    self._carry_out(action)
                     return
-                if rec.code == "context_length_exceeded":
-                    self._finished = True
-                    raise PlacementError(400, "context_length_exceeded", rec.message)
-                self.failure = f"node error {rec.code}: {rec.message}"
-                self._finished = True
-                return
+
+    def _carry_out(self, final: at.Final) -> None:
+        self.final = final
+        if isinstance(final, at.Failover):
+            if final.hung:
+                self.pool.mark_unresponsive(final.reason)
+            elif final.drop:
+                self.conn.abort()
+        elif isinstance(final, at.WallExceeded):
+            self._cancel()
 
     def _cancel(self) -> None:
         with contextlib.suppress(LinkClosed):
@@ -392,7 +492,10 @@ class _Attempt:
         if self._released:
             return
         self._released = True
-        if not self._finished and not self.conn.closed and not self.failure:
+        final = self.final
+        reusable = isinstance(final, at.Finished | at.Busy | at.Refused) or (
+            isinstance(final, at.Failover) and not final.drop and not final.hung)
+        if final is None and not self.conn.closed:
             # the client went away or a stop string matched: stop the node's work
             self._cancel()
-        self.pool.release(self.conn, reusable=self._finished)
+        self.pool.release(self.conn, reusable=reusable and not self.conn.closed)

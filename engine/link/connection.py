@@ -34,6 +34,7 @@ class LinkErrorKind(enum.Enum):
     CLOSED_AT_HANDSHAKE = enum.auto()
     PROTOCOL = enum.auto()
     TOO_LARGE = enum.auto()
+    PLAINTEXT_OFF_LOOPBACK = enum.auto()  # no token here, and the peer is another machine
 
 
 class LinkError(Exception):

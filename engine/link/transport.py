@@ -118,8 +118,15 @@ async def _handshake(conn: LinkConnection, reader: asyncio.StreamReader,
 async def dial(host: str, port: int, *, psk: bytes | None, timeout_s: float = 10.0) -> Link:
     """Connect and complete the handshake as the initiator.
 
-    Raises OSError (cannot connect), TimeoutError, or LinkError (refused at the handshake).
+    Raises OSError (cannot connect), TimeoutError, or LinkError (refused at the handshake,
+    or refused here: without a token a link never leaves this machine, since prompts
+    would cross the network in clear).
     """
+    if psk is None and not is_loopback(host):
+        raise LinkError(LinkErrorKind.PLAINTEXT_OFF_LOOPBACK,
+                        f"refusing to dial {host}:{port} without a fleet token: a link "
+                        "without one would carry prompts in clear; make the token with "
+                        "`shoal fleet token` and pair the machines (`shoal fleet pair`)")
     async with asyncio.timeout(timeout_s):
         reader, writer = await asyncio.open_connection(host, port, limit=_READ)
     _tune(writer)

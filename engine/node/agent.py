@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.link import messages as m
+from engine.link.admission import PRE_HANDSHAKE_S, PendingHandshakes
 from engine.link.connection import LinkError
 from engine.link.transport import Link, LinkClosed, accept
 from engine.node import leases
@@ -49,6 +50,7 @@ class NodeAgent:
         self._servers: list[asyncio.Server] = []
         self._stats_task: asyncio.Task[None] | None = None
         self._closing = False
+        self._pending = PendingHandshakes()
         self.instance = secrets.token_hex(8)
 
     # -- lifecycle -------------------------------------------------------------
@@ -106,15 +108,21 @@ class NodeAgent:
 
     async def _handle(self, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> None:
+        address = _peer(writer).rpartition(":")[0]
+        if not self._pending.admit(address):
+            writer.close()  # a flood of connections that have not shown the token
+            return
         try:
             link = await accept(reader, writer, psk=self.psk,
-                                timeout_s=self.handshake_timeout_s)
+                                timeout_s=min(self.handshake_timeout_s, PRE_HANDSHAKE_S))
         except LinkError as exc:
             log.warning("refused a head at %s: %s; %s", _peer(writer), exc, _fix(exc))
             return
         except (TimeoutError, OSError, asyncio.IncompleteReadError):
             log.info("a connection from %s did not finish the handshake in time", _peer(writer))
             return
+        finally:
+            self._pending.release(address)
         await self.serve_link(link, responder=True)
 
     async def serve_link(self, link: Link, *, responder: bool) -> None:
@@ -192,6 +200,8 @@ class NodeAgent:
     # -- generations -----------------------------------------------------------
 
     def _admit(self, link: Link, gen: m.Generate) -> _Run | None:
+        """Start ``gen`` on a lane, or tell the head why not. The lane is counted busy
+        only once the engine has taken the generation, and freed on every path after."""
         info = self.engine.info
         if self._closing:
             link.send(m.Error(code="shutdown", message="the node is shutting down"))
@@ -204,55 +214,74 @@ class NodeAgent:
                               message=f"prompt of {len(gen.prompt)} tokens does not fit "
                                       f"the window of {info.context_window}"))
             return None
+        try:
+            generation = self.engine.generate(_request(gen))
+        except ValueError as exc:  # a prompt the runtime refuses (empty, ids outside vocab)
+            log.warning("refused session %s: %s", gen.session, exc)
+            link.send(m.Error(code="bad_request", message=str(exc)[:4000]))
+            return None
+        except Exception as exc:  # a runtime that stopped (its decode thread died)
+            log.error("cannot start session %s: %s", gen.session, exc)
+            link.send(m.Error(code="internal", message=f"the node's runtime failed: "
+                              f"{str(exc)[:3000]}"))
+            return None
         self._busy += 1
         self._peak = max(self._peak, self._busy)
-        link.send(m.Accepted(session=gen.session))
+        run = _Run(gen.session, leases.grant(self._clock(), gen.lease_ms / 1000), generation)
+        try:
+            link.send(m.Accepted(session=gen.session))
+        except LinkClosed:
+            self._release(run)
+            return None
         self._broadcast_stats()
-        run = _Run(gen.session, leases.grant(self._clock(), gen.lease_ms / 1000))
-        run.task = self._spawn(self._generate(link, gen, run), f"gen-{gen.session}")
+        run.task = self._spawn(self._generate(link, run), f"gen-{gen.session}")
         return run
 
-    async def _generate(self, link: Link, gen: m.Generate, run: _Run) -> None:
-        s = gen.sampling
-        request = GenerationRequest(
-            prompt=gen.prompt, max_tokens=gen.max_tokens, stop_ids=frozenset(gen.stop_ids),
-            session=gen.session,
-            sampling=Sampling(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                              min_p=s.min_p, seed=s.seed, presence_penalty=s.presence_penalty,
-                              frequency_penalty=s.frequency_penalty,
-                              repeat_penalty=s.repeat_penalty))
-        generation = self.engine.generate(request)
-        run.generation = generation
+    def _release(self, run: _Run) -> None:
+        """Free the lane of ``run``, exactly once."""
+        run.generation.cancel()
+        if not run.released:
+            run.released = True
+            self._busy -= 1
+            self._broadcast_stats()
+
+    async def _generate(self, link: Link, run: _Run) -> None:
+        generation = run.generation
         index = 0
         fenced = False
-        watchdog = self._spawn(self._lease_watch(link, run), f"lease-{gen.session}")
         try:
-            async for ids in generation:
-                if leases.expired(run.lease, self._clock()):
+            watchdog = self._spawn(self._lease_watch(link, run), f"lease-{run.session}")
+            try:
+                async for ids in generation:
+                    if leases.expired(run.lease, self._clock()):
+                        fenced = True
+                        break
+                    link.send(m.Tokens(ids=ids, index=index))
+                    index += len(ids)
+                    await link.drain()
+                if run.fenced or fenced:
                     fenced = True
-                    break
-                link.send(m.Tokens(ids=ids, index=index))
-                index += len(ids)
-                await link.drain()
-            if run.fenced or fenced:
-                fenced = True
-                return
-            r = generation.result
-            link.send(m.Done(finish_reason=r.finish_reason, prompt_tokens=r.prompt_tokens,
-                             completion_tokens=r.completion_tokens,
-                             cached_tokens=r.cached_tokens, ttft_ms=r.ttft_ms,
-                             prefill_tps=r.prefill_tps, decode_tps=r.decode_tps))
+                    return
+                r = generation.result
+                link.send(m.Done(finish_reason=r.finish_reason, prompt_tokens=r.prompt_tokens,
+                                 completion_tokens=r.completion_tokens,
+                                 cached_tokens=r.cached_tokens, ttft_ms=r.ttft_ms,
+                                 prefill_tps=r.prefill_tps, decode_tps=r.decode_tps))
+            finally:
+                watchdog.cancel()
         except LinkClosed:
             pass
+        except Exception as exc:  # the runtime failed mid-generation: tell the head
+            log.error("session %s failed on this node: %s", run.session, exc)
+            with contextlib.suppress(LinkClosed):
+                link.send(m.Error(code="internal", message=f"the node's runtime failed: "
+                                  f"{str(exc)[:3000]}"))
         finally:
-            generation.cancel()
-            watchdog.cancel()
-            self._busy -= 1
+            self._release(run)
             if fenced or run.fenced:
                 log.warning("session %s missed its lease renewal; fenced it and freed the lane",
-                            gen.session)
+                            run.session)
                 link.abort()
-            self._broadcast_stats()
 
     async def _lease_watch(self, link: Link, run: _Run) -> None:
         while True:
@@ -291,17 +320,27 @@ class NodeAgent:
 
 
 class _Run:
-    def __init__(self, session: str, lease: leases.Lease) -> None:
+    def __init__(self, session: str, lease: leases.Lease, generation: Generation) -> None:
         self.session = session
         self.lease = lease
+        self.generation = generation
         self.fenced = False
-        self.generation: Generation | None = None
+        self.released = False
         self.task: asyncio.Task[None]
 
     def cancel(self) -> None:
-        gen = self.generation
-        if gen is not None:
-            gen.cancel()
+        self.generation.cancel()
+
+
+def _request(gen: m.Generate) -> GenerationRequest:
+    s = gen.sampling
+    return GenerationRequest(
+        prompt=gen.prompt, max_tokens=gen.max_tokens, stop_ids=frozenset(gen.stop_ids),
+        session=gen.session,
+        sampling=Sampling(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                          min_p=s.min_p, seed=s.seed, presence_penalty=s.presence_penalty,
+                          frequency_penalty=s.frequency_penalty,
+                          repeat_penalty=s.repeat_penalty))
 
 
 def _rates(st: EngineStats) -> m.Rates:

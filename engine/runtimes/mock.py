@@ -27,6 +27,7 @@ from engine.runtimes.base import (
     GenerationRequest,
     GenerationResult,
 )
+from engine.runtimes.threaded import check_prompt
 
 EOS = 256
 IM_START = 257
@@ -214,6 +215,9 @@ class MockEngine:
     def generate(self, request: GenerationRequest) -> MockGeneration:
         if self._busy >= self.info.lanes:
             raise RuntimeError("no free lane")
+        # refuse what the real runtimes refuse (an empty prompt, ids outside the vocabulary)
+        check_prompt(request.prompt, window=self.info.context_window,
+                     n_vocab=MockTokenizer.vocab_size)
         return MockGeneration(self, request)
 
     def lane_enter(self, prompt_tokens: int) -> None:

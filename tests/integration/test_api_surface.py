@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 from aiohttp import web
 
 from engine.api.app import build_app
 from engine.api.schemas import ChatRequest, Message
-from engine.head.chat import ChatTurn, Routing
+from engine.head.chat import Routing, chat_turn
 from engine.head.fleet import Fleet
 from engine.head.head import Head
 from engine.head.model import HeadModel, load_head_model
@@ -476,21 +477,21 @@ THINKING_TEMPLATE = CHATML_TEMPLATE + (
     "and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}")
 
 
-def test_thinking_is_off_unless_the_request_asks():
+async def test_thinking_is_off_unless_the_request_asks():
     model = mock_model(template=THINKING_TEMPLATE)
     runner = SessionRunner(Fleet(model=MODEL, head_id="h", psk=None))
 
-    def prompt(**kw: Any) -> str:
+    async def prompt(**kw: Any) -> str:
         req = ChatRequest(model=MODEL, messages=[Message(role="user", content="2+2?")], **kw)
-        turn = ChatTurn(model, runner, req, Routing())
+        turn = await chat_turn(model, runner, req, Routing())
         return bytes(t for t in turn.prompt if t < 256).decode()
 
-    assert prompt().endswith("<think>\n\n</think>\n\n")
-    assert "<think>" not in prompt(reasoning_effort="high")
-    assert prompt(reasoning_effort="none").endswith("</think>\n\n")
-    assert "<think>" not in prompt(chat_template_kwargs={"enable_thinking": True})
+    assert (await prompt()).endswith("<think>\n\n</think>\n\n")
+    assert "<think>" not in await prompt(reasoning_effort="high")
+    assert (await prompt(reasoning_effort="none")).endswith("</think>\n\n")
+    assert "<think>" not in await prompt(chat_template_kwargs={"enable_thinking": True})
     # the head's own arguments cannot be overridden
-    assert prompt(chat_template_kwargs={"tools": 5, "add_generation_prompt": False}) \
+    assert (await prompt(chat_template_kwargs={"tools": 5, "add_generation_prompt": False})) \
         .endswith("</think>\n\n")
 
 
@@ -570,7 +571,6 @@ async def test_fim_over_http_and_aliases_in_headers():
 
 
 async def test_real_clients_read_answers_behind_keepalives():
-    openai = pytest.importorskip("openai")
     async with live_head(lanes=1, speed=40.0, keepalive_s=0.2) as live, \
             aiohttp.ClientSession() as http:
         client = openai.AsyncOpenAI(base_url=live.url("/v1"), api_key="unused",

@@ -398,5 +398,5 @@ async def test_routing_hints_pin_and_prefer(cluster: Cluster):
         # a name the fleet does not know is passed over too, and a pin to it is refused
         assert (await ask("?prefer=ghost,n2"))[1] == "n2"
         status, _ = await ask("?host=ghost")
-        assert status == 503
+        assert status == 404
         await busy

@@ -65,12 +65,15 @@ def test_announced_addresses_are_real_interfaces() -> None:
         assert not ip.is_loopback and not ip.is_link_local
 
 
-def test_pick_host_prefers_a_shared_network() -> None:
-    nets = [ipaddress.IPv4Network("10.9.0.0/16")]
+def test_pick_host_dials_only_this_machines_networks() -> None:
+    nets = [ipaddress.IPv4Network("10.9.0.0/16"), ipaddress.IPv4Network("127.0.0.0/8")]
     assert pick_host(["192.168.1.4", "10.9.3.3"], nets) == "10.9.3.3"
-    assert pick_host(["127.0.0.1", "192.168.1.4"], []) == "192.168.1.4"
-    assert pick_host(["127.0.0.1"], []) == "127.0.0.1"
-    assert pick_host(["nonsense"], []) == ""
+    assert pick_host(["127.0.0.1", "10.9.3.3"], nets) == "10.9.3.3"
+    assert pick_host(["127.0.0.1"], nets) == "127.0.0.1"
+    # an announcement that names addresses off this machine's networks is not dialed
+    assert pick_host(["192.168.1.4", "8.8.8.8"], nets) == ""
+    assert pick_host(["127.0.0.1", "192.168.1.4"], []) == ""
+    assert pick_host(["nonsense", "169.254.1.1", "0.0.0.0"], nets) == ""
 
 
 async def test_announce_then_browse_finds_txt(browser: Browser) -> None:

@@ -286,13 +286,28 @@ def test_pin_host_to_a_busy_node_waits_rather_than_routing_elsewhere() -> None:
     assert refused(place(req(pin_host="box-a"), nodes, now=0.0)).code == "no_free_lane"
 
 
-def test_pin_host_to_an_unknown_name_is_no_node() -> None:
+def test_pin_host_to_an_unknown_name_can_never_be_placed() -> None:
     nodes = [node("a", identity="box-a"), node("b", identity="box-b")]
     r = refused(place(req(pin_host="box-z"), nodes, now=0.0))
-    assert r.code == "no_node"
+    assert r.code == "unknown_node"
     assert "'box-z'" in r.message
     assert "2 nodes" in r.message
     assert "box-a, box-b" in r.message
+
+
+def test_pin_host_to_a_node_that_is_down_is_refused_not_queued() -> None:
+    nodes = [node("a", identity="box-a", ready=False), node("b", identity="box-b")]
+    r = refused(place(req(pin_host="box-a"), nodes, now=0.0))
+    assert r.code == "node_down"
+    assert "'box-a'" in r.message
+
+
+def test_nodes_that_are_not_linked_are_no_candidates() -> None:
+    nodes = [node("a", identity="box-a", ready=False), node("b", identity="box-b")]
+    assert placed(place(req(), nodes, now=0.0)).node == "b"
+    r = refused(place(req(), [node("a", identity="box-a", ready=False)], now=0.0))
+    assert r.code == "no_node"
+    assert "1 unreachable or gone" in r.message
 
 
 def test_prefer_first_free_named_node_wins_over_speed_and_affinity() -> None:

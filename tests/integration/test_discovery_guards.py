@@ -1,0 +1,116 @@
+"""A head with no token stays on its machine; strangers on the LAN cannot make heads and
+nodes dial without end or exhaust them with connections. Loopback only."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+
+import pytest
+from zeroconf import ServiceStateChange
+
+from engine.core import ServeOptions, start_head_discovery
+from engine.discovery import mdns
+from engine.discovery.service import announce_head
+from engine.head import fleet as fleet_mod
+from engine.head.fleet import Fleet
+from engine.head.head import Head
+from engine.head.model import load_head_model
+from engine.head.sessions import SessionRunner
+from engine.link import admission
+from engine.link.transport import dial
+from engine.node.agent import NodeAgent
+from engine.runtimes.mock import MockEngine
+
+pytestmark = pytest.mark.timeout(60)
+TOKEN = bytes(range(32))
+
+
+def mock_head(psk: bytes | None) -> Head:
+    fleet = Fleet(model="m", head_id="h-" + secrets.token_hex(4), psk=psk)
+    return Head([load_head_model("mock", "m", name="m")], fleet, SessionRunner(fleet))
+
+
+async def test_a_head_without_a_token_runs_no_discovery(caplog: pytest.LogCaptureFixture,
+                                                        monkeypatch: pytest.MonkeyPatch):
+    caplog.set_level(logging.INFO)
+    started: list[str] = []
+    monkeypatch.setattr(mdns.Announcer, "start",
+                        lambda *a, **k: started.append("announcer"))  # type: ignore[misc]
+    monkeypatch.setattr(mdns.Browser, "start",
+                        lambda *a, **k: started.append("browser"))  # type: ignore[misc]
+    head = mock_head(None)
+    closers = await start_head_discovery(ServeOptions(model="m", discovery="both"), head,
+                                         None, "0.0.0.0", 8454)
+    assert closers == [] and started == []
+    assert "no fleet token" in caplog.text and "looks for none" in caplog.text
+    await head.close()
+
+
+async def test_a_loopback_fleet_listener_is_not_announced(caplog: pytest.LogCaptureFixture,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    caplog.set_level(logging.INFO)
+    started: list[str] = []
+    monkeypatch.setattr(mdns.Announcer, "start",
+                        lambda *a, **k: started.append("announcer"))  # type: ignore[misc]
+    head = mock_head(TOKEN)
+    closers = await announce_head("lan", fleet=head.fleet, psk=TOKEN, port=8454,
+                                  host="127.0.0.1")
+    assert closers == [] and started == []
+    assert "not announcing this head on the LAN" in caplog.text
+    await head.close()
+
+
+async def test_the_browser_keeps_a_bounded_set(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(mdns, "MAX_SERVICES", 8)
+    browser = mdns.Browser(interfaces=["127.0.0.1"], resolve_timeout=0.05)
+    await browser.start()
+    try:
+        for i in range(50):  # a flood of announcements of names that resolve to nothing
+            browser._handle(f"flood-{i}.{mdns.SERVICE_TYPE}", ServiceStateChange.Added)
+        assert len(browser._resolving) == 8
+        assert browser._full_warned
+    finally:
+        await browser.close()
+
+
+async def test_a_discovered_node_that_never_answers_is_let_go(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(fleet_mod, "RETRY_S", 0.05)
+    # something listens there but is no Shoal node: it closes every connection at once
+    server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    fleet = Fleet(model="m", head_id="h", psk=TOKEN, handshake_timeout_s=1.0)
+    given = fleet.add_dialed("127.0.0.1", port)  # given by the user: kept for ever
+    fleet.add_dialed("127.0.0.1", port, key="found", discovered=True)
+    async with asyncio.timeout(10):
+        while "found" in fleet.pools:
+            await asyncio.sleep(0.02)
+    assert given.key in fleet.pools and given.failures >= fleet_mod.DROP_DISCOVERED_AFTER
+    await fleet.close()
+    server.close()
+
+
+async def test_connections_that_never_handshake_are_capped(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(admission, "PER_ADDRESS", 4)
+    agent = NodeAgent(MockEngine(model="m", lanes=1), identity="n", psk=TOKEN)
+    agent._pending = admission.PendingHandshakes(per_address=4, total=8)
+    _h, port = await agent.listen("127.0.0.1", 0)
+    flood = [await asyncio.open_connection("127.0.0.1", port) for _ in range(20)]
+    closed = 0
+    for reader, _writer in flood:
+        try:
+            async with asyncio.timeout(0.5):
+                if await reader.read(1) == b"":
+                    closed += 1
+        except TimeoutError:
+            pass  # admitted: waiting for our handshake
+    assert closed == 16 and len(agent._pending) == 4 and agent._pending.refused == 16
+    for _reader, writer in flood:
+        writer.close()
+    async with asyncio.timeout(5):
+        while len(agent._pending):
+            await asyncio.sleep(0.01)
+    link = await dial("127.0.0.1", port, psk=TOKEN)  # the flood is gone: a head gets in
+    link.close()
+    await agent.close()

@@ -1,0 +1,174 @@
+"""The attempt machine (engine.head.attempt): failover, renewal and stall decisions as a
+pure function of (state, event, now), driven by tables. No sockets, no clock."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from engine.head import attempt as at
+
+L = at.Limits(lease_s=10.0, stall_s=3.0, ping_s=1.0, prefill_floor_tps=50.0)
+
+
+def fresh(now: float = 0.0, *, prompt: int = 100, prefill_tps: float = 1000.0,
+          wall: float = 600.0) -> at.AttemptState:
+    return at.start(now, prompt_tokens=prompt, prefill_tps=prefill_tps, wall_deadline=wall,
+                    limits=L)
+
+
+def run(state: at.AttemptState, *steps: tuple[float, at.Event]
+        ) -> tuple[at.AttemptState, list[tuple[float, at.Action]]]:
+    out: list[tuple[float, at.Action]] = []
+    for now, event in steps:
+        state, actions = at.step(state, event, now, L)
+        out.extend((now, a) for a in actions)
+    return state, out
+
+
+def kinds(actions: list[tuple[float, at.Action]]) -> list[str]:
+    return [type(a).__name__ for _, a in actions]
+
+
+def final(actions: list[tuple[float, at.Action]]) -> at.Action:
+    assert actions, "no action"
+    return actions[-1][1]
+
+
+@pytest.mark.parametrize(("events", "expected"), [
+    # the ordinary life: accepted, tokens in order, done
+    ([(0.1, at.GotAccepted()), (0.2, at.GotTokens(0, 3)), (0.3, at.GotTokens(3, 2)),
+      (0.4, at.GotDone())], ["Deliver", "Deliver", "Finished"]),
+    # a repeat or a gap in the indices fails the attempt over and drops the connection
+    ([(0.1, at.GotAccepted()), (0.2, at.GotTokens(0, 3)), (0.3, at.GotTokens(2, 1))],
+     ["Deliver", "Failover"]),
+    ([(0.1, at.GotAccepted()), (0.2, at.GotTokens(0, 3)), (0.3, at.GotTokens(4, 1))],
+     ["Deliver", "Failover"]),
+    # busy before any token: the next node at once; after a token it is a failure
+    ([(0.1, at.GotError("busy", "all 1 lanes are busy"))], ["Busy"]),
+    ([(0.1, at.GotAccepted()), (0.2, at.GotTokens(0, 1)), (0.3, at.GotError("busy", "x"))],
+     ["Deliver", "Failover"]),
+    # the node refuses the request itself: final, no other node would take it
+    ([(0.1, at.GotError("bad_request", "the prompt is empty"))], ["Refused"]),
+    ([(0.1, at.GotError("context_length_exceeded", "too long"))], ["Refused"]),
+    # the node's runtime failed: fail over, keeping the connection (the node said so)
+    ([(0.1, at.GotAccepted()), (0.2, at.GotError("internal", "decode thread died"))],
+     ["Failover"]),
+    ([(0.1, at.GotAccepted()), (0.5, at.Lost("reset"))], ["Failover"]),
+])
+def test_records(events: list[tuple[float, at.Event]], expected: list[str]) -> None:
+    state, actions = run(fresh(), *events)
+    assert kinds(actions) == expected
+    assert state.final is (expected[-1] not in ("Deliver",))
+
+
+def test_failover_kinds_say_what_to_drop() -> None:
+    _, out = run(fresh(), (0.1, at.GotAccepted()), (0.2, at.GotTokens(1, 1)))
+    assert final(out) == at.Failover("token index 1 where 0 was due", hung=False, drop=True)
+    _, out = run(fresh(), (0.1, at.GotAccepted()), (0.2, at.Lost("reset")))
+    f = final(out)
+    assert isinstance(f, at.Failover) and not f.drop and not f.hung
+    _, out = run(fresh(), (0.1, at.GotError("internal", "boom")))
+    f = final(out)
+    assert isinstance(f, at.Failover) and "internal" in f.reason and not f.drop
+
+
+def test_renewals_every_third_of_a_lease_once_accepted_whatever_the_client_reads() -> None:
+    state, _out = run(fresh(), (0.5, at.GotAccepted()))
+    assert state.renew_at == pytest.approx(0.5 + 10 / 3)
+    # tokens keep the node heard; renewals come on time, driven by the deadline alone
+    times = []
+    now = 0.5
+    for i in range(30):
+        now += 0.5
+        state, actions = at.step(state, at.GotTokens(i, 1), now, L)
+        times += [now for a in actions if isinstance(a, at.SendRenew)]
+    assert times == pytest.approx([4.0, 7.5, 11.0, 14.5])
+    assert not state.final
+
+
+def test_no_renewal_before_accepted() -> None:
+    state = fresh()
+    assert state.renew_at == math.inf
+    state, out = run(state, (0.9, at.Tick(heard_at=0.9)))
+    assert "SendRenew" not in kinds(out)
+
+
+def test_silence_pings_once_a_second_then_the_node_is_hung() -> None:
+    _state, out = run(fresh(), (0.1, at.GotAccepted()), (1.1, at.Tick(heard_at=0.1)),
+                     (1.5, at.Tick(heard_at=0.1)), (2.1, at.Tick(heard_at=0.1)),
+                     (3.1, at.Tick(heard_at=0.1)))
+    assert kinds(out) == ["SendPing", "SendPing", "Failover"]
+    f = final(out)
+    assert isinstance(f, at.Failover) and f.hung
+    assert "3.0 s" in f.reason
+
+
+def test_a_pong_or_stats_keeps_a_slow_prefill_alive() -> None:
+    # the node answers pings (heard_at moves) while it prefills a long prompt
+    state = fresh(prompt=20_000, prefill_tps=400.0)
+    state, _out = run(state, (0.1, at.GotAccepted()))
+    for t in range(2, 55):
+        state, actions = at.step(state, at.Tick(heard_at=t - 0.5), float(t), L)
+        assert not state.final, (t, actions)
+    # the first token is due by accepted + lease + 20000/400 = 60.1 s
+    assert state.progress_by == pytest.approx(60.1)
+    state, out2 = run(state, (60.2, at.Tick(heard_at=60.0)))
+    f = final(out2)
+    assert isinstance(f, at.Failover) and not f.hung and f.drop
+    assert "no first token" in f.reason
+
+
+def test_unknown_prefill_rate_is_priced_at_the_floor() -> None:
+    assert at.first_token_due(1.0, 1000, 0.0, L) == pytest.approx(1.0 + 10 + 1000 / 50)
+    assert at.first_token_due(1.0, 1000, 500.0, L) == pytest.approx(1.0 + 10 + 2)
+
+
+def test_accepted_but_no_tokens_while_answering_pings_fails_over_within_one_lease() -> None:
+    # a node whose runtime never starts the generation but whose loop answers pings
+    state, _ = run(fresh(prompt=10, prefill_tps=1000.0), (0.1, at.GotAccepted()))
+    out: list[tuple[float, at.Action]] = []
+    now = 0.1
+    while not state.final and now < 30:
+        now = at.next_deadline(state, L)
+        state, actions = at.step(state, at.Tick(heard_at=now), now, L)  # pongs arrive
+        out += [(now, a) for a in actions]
+    f = final(out)
+    assert isinstance(f, at.Failover) and not f.hung
+    assert now == pytest.approx(0.1 + 10 + 10 / 1000)
+
+
+def test_a_gap_between_tokens_longer_than_a_lease_fails_over() -> None:
+    state, _ = run(fresh(), (0.1, at.GotAccepted()), (0.2, at.GotTokens(0, 1)))
+    assert state.progress_by == pytest.approx(10.2)
+    state, out = run(state, (10.2, at.Tick(heard_at=10.1)))
+    f = final(out)
+    assert isinstance(f, at.Failover) and "no token" in f.reason
+
+
+def test_no_answer_to_the_generation_within_a_lease() -> None:
+    _state, out = run(fresh(), (10.0, at.Tick(heard_at=9.9)))
+    f = final(out)
+    assert isinstance(f, at.Failover) and "no answer" in f.reason
+
+
+def test_the_ceiling_wins_over_everything() -> None:
+    _state, out = run(fresh(wall=5.0), (0.1, at.GotAccepted()), (5.0, at.GotTokens(0, 1)))
+    assert kinds(out) == ["Deliver", "WallExceeded"]
+
+
+def test_next_deadline_is_the_earliest_timer() -> None:
+    state = fresh()
+    assert at.next_deadline(state, L) == pytest.approx(1.0)  # first ping after 1 s silence
+    state = replace(state, heard_at=5.0, pinged_at=5.5)
+    assert at.next_deadline(state, L) == pytest.approx(6.5)
+    state, _ = run(fresh(wall=0.5), (0.0, at.Tick(heard_at=0.0)))
+    assert at.next_deadline(state, L) == pytest.approx(0.5)
+
+
+def test_a_final_state_ignores_everything_after() -> None:
+    state, _ = run(fresh(), (0.1, at.GotDone()))
+    assert state.final
+    assert at.step(state, at.GotTokens(0, 1), 0.2, L) == (state, ())
