@@ -29,11 +29,13 @@ async def loop_watch() -> AsyncIterator[LoopWatch]:
 def _no_blocked_loop(request: pytest.FixtureRequest) -> None:
     """Every async test that runs engine code in its loop is under the loop-lag probe.
 
-    Left out: tests that drive Shoal as processes (the ``cluster`` fixture starts and
-    stops them with blocking calls, and no engine code runs in the test's loop), and
-    tests marked ``blocking_ok`` (they say why)."""
+    Left out: tests that drive Shoal as processes (the ``cluster`` fixture, or the mark
+    ``processes``: they start and stop processes with blocking calls, and no engine code
+    runs in the test's loop, only a client), and tests marked ``blocking_ok`` (they say
+    why)."""
     test = getattr(request.node, "obj", None)
     if not inspect.iscoroutinefunction(test) or "cluster" in request.fixturenames:
         return
-    if not request.node.get_closest_marker("blocking_ok"):
+    node = request.node
+    if not node.get_closest_marker("blocking_ok") and not node.get_closest_marker("processes"):
         request.getfixturevalue("loop_watch")

@@ -9,6 +9,7 @@ keychain call, reading a file) shows up as a stall with the culprit's frame on t
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import threading
 import time
@@ -16,6 +17,25 @@ import traceback
 from dataclasses import dataclass, field
 
 BEAT_S = 0.01
+
+
+class _GcClock:
+    """Total seconds spent in garbage collection so far (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.monotonic()
+        elif self._started:
+            self.total += time.monotonic() - self._started
+            self._started = 0.0
+
+    def now(self) -> float:
+        running = time.monotonic() - self._started if self._started else 0.0
+        return self.total + running
 
 
 @dataclass
@@ -31,6 +51,8 @@ class LoopWatch:
     stalls: list[Stall] = field(default_factory=list)
     _last: float = 0.0
     _loop_thread: int = 0
+    _gc: _GcClock = field(default_factory=_GcClock)
+    _gc_at_beat: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _handle: asyncio.TimerHandle | None = None
@@ -38,12 +60,14 @@ class LoopWatch:
     def start(self) -> None:
         self._loop_thread = threading.get_ident()
         self._last = time.monotonic()
+        gc.callbacks.append(self._gc)
         self._beat()
         self._thread = threading.Thread(target=self._watch, name="loop-watch", daemon=True)
         self._thread.start()
 
     def _beat(self) -> None:
         self._last = time.monotonic()
+        self._gc_at_beat = self._gc.now()
         self._handle = self.loop.call_later(BEAT_S, self._beat)
 
     def _watch(self) -> None:
@@ -53,9 +77,10 @@ class LoopWatch:
             if not self.loop.is_running():
                 # between a test's coroutines (sync fixtures run then): nothing to watch
                 self._last = time.monotonic()
+                self._gc_at_beat = self._gc.now()
                 continue
             last = self._last
-            lag = time.monotonic() - last
+            lag = time.monotonic() - last - (self._gc.now() - self._gc_at_beat)
             if lag <= self.bound_s:
                 continue
             if current is not None and last == current_for:
@@ -68,6 +93,8 @@ class LoopWatch:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._gc in gc.callbacks:
+            gc.callbacks.remove(self._gc)
         if self._handle is not None:
             self._handle.cancel()
         if self._thread is not None:

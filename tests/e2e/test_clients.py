@@ -9,15 +9,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import ollama
+import openai
 import pytest
 
 from tests.e2e.test_fleet_real import DATA, NAME, real_head, real_node
 from tests.integration.conftest import Cluster, Proc
 from tests.integration.test_fleet import wait_ready
 
-openai = pytest.importorskip("openai")
-ollama = pytest.importorskip("ollama")
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.processes,
+              pytest.mark.timeout(300)]
 
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "the weather in a city",

@@ -17,6 +17,8 @@ from engine.runtimes.llamacpp import (
     size_window,
     start_line,
 )
+from tests.loopwatch import LoopWatch
+from tests.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -65,10 +67,11 @@ async def run(
 
 
 async def until_idle(eng: LlamaCppEngine, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while eng.stats().lanes_busy and time.monotonic() < deadline:
-        gc.collect()
-        await asyncio.sleep(0.02)
+    async def idle() -> bool:
+        gc.collect()  # a generation dropped unread frees its lane from its finalizer
+        return eng.stats().lanes_busy == 0
+
+    await until(idle, "every lane to be free", timeout=timeout)
 
 
 async def test_greedy_is_deterministic_and_sensible(
@@ -343,17 +346,16 @@ async def test_prompt_longer_than_the_window_is_refused(
     assert engine.stats().lanes_busy == 0
 
 
-async def test_event_loop_is_not_blocked(smollm2_gguf: str, vocab: LlamaCppVocab) -> None:
-    gaps: list[float] = []
+async def test_event_loop_is_not_blocked(smollm2_gguf: str, vocab: LlamaCppVocab,
+                                         loop_watch: LoopWatch) -> None:
+    turns = 0
     stop = asyncio.Event()
 
     async def ticker() -> None:
-        last = time.perf_counter()
+        nonlocal turns
         while not stop.is_set():
             await asyncio.sleep(0.01)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
+            turns += 1
 
     tick = asyncio.create_task(ticker())
     eng = LlamaCppEngine(smollm2_gguf, model_name="smollm2", lanes=4, max_context=WINDOW)
@@ -365,9 +367,10 @@ async def test_event_loop_is_not_blocked(smollm2_gguf: str, vocab: LlamaCppVocab
         stop.set()
         await tick
         await eng.close()
-    assert len(gaps) > 10
-    assert max(gaps) < 0.25, max(gaps)
-    assert sorted(gaps)[len(gaps) // 2] < 0.05
+    # the loop kept turning while four lanes loaded, prefilled and decoded, and the
+    # loop-lag probe saw no stall over its bound
+    assert turns > 10
+    assert loop_watch.stalls == [], loop_watch.report()
 
 
 def test_vocab_round_trips_and_reads_metadata(vocab: LlamaCppVocab) -> None:
@@ -392,5 +395,5 @@ def test_vocab_round_trips_and_reads_metadata(vocab: LlamaCppVocab) -> None:
     assert meta["general.architecture"] == "llama"
     template = vocab.chat_template()
     assert template is not None and "<|im_start|>" in template
-    fim = vocab.fim_ids()
-    assert fim is None or all(t >= 0 for t in fim)
+    # SmolLM2's vocabulary has no fill-in-the-middle tokens: the head refuses a suffix
+    assert vocab.fim_ids() is None

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from engine.runtimes.base import (
     Sampling,
 )
 from engine.runtimes.mlx import MlxEngine, MlxVocab
+from tests.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -90,10 +90,12 @@ async def run(
 
 
 async def until_idle(eng: MlxEngine, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (eng.stats().lanes_busy or eng.stats().kv_used) and time.monotonic() < deadline:
-        gc.collect()
-        await asyncio.sleep(0.02)
+    async def idle() -> bool:
+        gc.collect()  # a generation dropped unread frees its lane from its finalizer
+        st = eng.stats()
+        return st.lanes_busy == 0 and st.kv_used == 0
+
+    await until(idle, "every lane to be free", timeout=timeout)
 
 
 # -- where mlx is missing ---------------------------------------------------------

@@ -7,8 +7,6 @@ import hmac
 import json
 import socket
 import subprocess
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TypeVar
@@ -20,6 +18,7 @@ from aiohttp import web
 from engine.head import keys
 from tests.integration.conftest import SHOAL, Cluster
 from tests.integration.test_api_surface import MODEL, chat_body, live_head, read_lines
+from tests.waiting import until, until_result
 
 pytestmark = pytest.mark.timeout(60)
 SECRET = bytes(range(100, 132))
@@ -28,18 +27,6 @@ T = TypeVar("T")
 
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
-
-
-async def until(probe: Callable[[], Awaitable[T]], done: Callable[[T], bool],
-                timeout: float = 10.0) -> T:
-    """Probe until ``done`` holds (a watched file reaches the head within a second)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await probe()
-        if done(result) or time.monotonic() > deadline:
-            assert done(result), result
-            return result
-        await asyncio.sleep(0.05)
 
 
 async def test_static_api_key():
@@ -83,14 +70,15 @@ async def test_issued_and_revoked_keys(tmp_path: Path, caplog: pytest.LogCapture
         assert (await status("sk-shoal-"))[0] == 401
         # revoked while the head runs: a request within the watch interval sees it
         keys.revoke(revoked, "alice")
-        code, message = await until(lambda: status(alice), lambda r: r[0] == 401)
+        code, message = await until_result(lambda: status(alice), lambda r: r[0] == 401)
         assert "key 'alice' has been revoked" in message
         assert (await status(keys.issue_key(SECRET, "bob")))[0] == 200
         keys.unrevoke(revoked, "alice")
-        await until(lambda: status(alice), lambda r: r[0] == 200)
+        await until_result(lambda: status(alice), lambda r: r[0] == 200)
         # a corrupt list keeps the last good one (once the head has read it and said so)
         revoked.write_text("{not json")
-        code, _ = await until(lambda: status(alice), lambda _r: "not valid JSON" in caplog.text)
+        code, _ = await until_result(lambda: status(alice),
+                                     lambda _r: "not valid JSON" in caplog.text)
         assert code == 200
         assert "keeping the last good revocation list" in caplog.text
 
@@ -135,7 +123,8 @@ async def test_concurrency_cap_and_release_on_every_path():
                 return r.status
 
         first = asyncio.create_task(long_stream())
-        await asyncio.sleep(0.3)
+        await until(lambda: live.agents[0].stats_record().lanes_busy == 1,
+                    "the first stream to hold its slot")
         async with http.get(live.url("/v1/models"), headers=bearer(erin)) as r:
             assert r.status == 429 and r.headers["Retry-After"] == "1"
             assert (await r.json())["error"]["code"] == "rate_limited_concurrency"
@@ -224,21 +213,21 @@ async def test_keys_turn_on_when_the_secret_file_appears_and_follow_it(tmp_path:
 
         assert await status() == 200  # no secret yet: no keys
         secret = keys.load_or_make_secret(secret_file)  # what `shoal keys issue` does
-        await until(status, lambda code: code == 401)
+        await until_result(status, lambda code: code == 401)
         alice = keys.issue_key(secret, "alice")
         assert await status(alice) == 200
         # an edited policy applies to the running head
         keys.policy_path(home).write_text(json.dumps(
             {"default": {"rpm": 1, "burst": 1, "concurrent": 4}}))
-        await until(lambda: status(alice), lambda code: code == 429)
+        await until_result(lambda: status(alice), lambda code: code == 429)
         keys.policy_path(home).unlink()  # back to the default limits (burst 10)
         # rotated: the old key is refused, a new one taken
         new = keys.rotate_secret(secret_file)
-        await until(lambda: status(alice), lambda code: code == 401)
+        await until_result(lambda: status(alice), lambda code: code == 401)
         assert await status(keys.issue_key(new, "bob")) == 200
         # removed: every issued key is refused (it fails closed); no key does not open it
         secret_file.unlink()
-        await until(lambda: status(keys.issue_key(new, "bob")), lambda code: code == 401)
+        await until_result(lambda: status(keys.issue_key(new, "bob")), lambda code: code == 401)
         assert await status() == 401
 
 

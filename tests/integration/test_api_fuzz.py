@@ -19,10 +19,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import schemathesis  # noqa: F401  # the `st` command below comes with it
 
 from tests.integration.test_api_surface import MODEL, live_head
 
-pytest.importorskip("schemathesis")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ST = shutil.which("st", path=str(Path(sys.executable).parent)) or "st"
 GENERATING = ("/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate",

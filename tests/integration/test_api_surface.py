@@ -31,6 +31,7 @@ from engine.node.agent import NodeAgent
 from engine.runtimes.mock import CHATML_TEMPLATE, MockEngine, MockTokenizer
 from tests.integration.conftest import Cluster, Proc, sse_text
 from tests.integration.test_fleet import wait_ready
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
 TOKEN = bytes(range(32))
@@ -323,7 +324,8 @@ async def test_metrics_and_openapi(cluster: Cluster):
         async with http.post(url(head, "/v1/completions"),
                              json={"model": "nope", "prompt": "x"}) as r:
             assert r.status == 404
-        await asyncio.sleep(1.2)  # a stats period, for the KV gauges
+        # the node's stats after the last release (they carry the KV gauges)
+        await until(node_idle(head), "the node's stats after the last request")
         async with http.get(url(head, "/metrics")) as r:
             assert r.status == 200
             assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
@@ -378,8 +380,8 @@ async def test_keepalives_while_waiting_in_the_queue():
                 await r.read()
 
         first = asyncio.create_task(hog())
-        await asyncio.sleep(0.2)
-        t0 = time.monotonic()
+        await until(lambda: live.agents[0].stats_record().lanes_busy == 1,
+                    "the first request to take the only lane")
         body = chat_body(max_tokens=4, seed=2, stream=True)
         async with http.post(live.url("/v1/chat/completions"), json=body) as r:
             assert r.status == 200
@@ -389,12 +391,12 @@ async def test_keepalives_while_waiting_in_the_queue():
         assert head_part.count(": keepalive\n\n") >= 3, raw[:300]
         text, finish, _ = sse_text(raw)
         assert len(text) == 4 and finish == "length"
-        assert time.monotonic() - t0 > 0.8
         await first
 
         # a non-streaming answer: leading whitespace, then the JSON
         first = asyncio.create_task(hog())
-        await asyncio.sleep(0.2)
+        await until(lambda: live.agents[0].stats_record().lanes_busy == 1,
+                    "the first request to take the only lane")
         async with http.post(live.url("/v1/chat/completions"),
                              json=chat_body(max_tokens=4, seed=2)) as r:
             assert r.status == 200
@@ -405,7 +407,8 @@ async def test_keepalives_while_waiting_in_the_queue():
 
         # Ollama's NDJSON stream: spaces before the first line (each line still parses)
         first = asyncio.create_task(hog())
-        await asyncio.sleep(0.2)
+        await until(lambda: live.agents[0].stats_record().lanes_busy == 1,
+                    "the first request to take the only lane")
         async with http.post(live.url("/api/chat"), json={
                 "model": MODEL, "messages": [{"role": "user", "content": "hello"}],
                 "options": {"num_predict": 4, "seed": 2}}) as r:
@@ -424,7 +427,8 @@ async def test_refusal_status_before_commit_and_in_band_after():
                          commit_s=3.0) as live, aiohttp.ClientSession() as http:
         hog = asyncio.create_task(post(http, live.url("/v1/chat/completions"),
                                        chat_body(max_tokens=80, seed=1)))
-        await asyncio.sleep(0.2)
+        await until(lambda: live.agents[0].stats_record().lanes_busy == 1,
+                    "the first request to take the only lane")
         async with http.post(live.url("/v1/chat/completions"),
                              json=chat_body(max_tokens=4, stream=True)) as r:
             assert r.status == 429 and int(r.headers["Retry-After"]) >= 1
@@ -435,7 +439,8 @@ async def test_refusal_status_before_commit_and_in_band_after():
             aiohttp.ClientSession() as http:
         hog = asyncio.create_task(post(http, live.url("/v1/chat/completions"),
                                        chat_body(max_tokens=200, seed=1)))
-        await asyncio.sleep(0.2)
+        await until(lambda: live.agents[0].stats_record().lanes_busy == 1,
+                    "the first request to take the only lane")
         async with http.post(live.url("/v1/chat/completions"),
                              json=chat_body(max_tokens=4, stream=True)) as r:
             assert r.status == 200
@@ -460,14 +465,14 @@ async def test_client_that_leaves_while_queued_frees_its_place():
             aiohttp.ClientSession() as http:
         hog = asyncio.create_task(post(http, live.url("/v1/chat/completions"),
                                        chat_body(max_tokens=400, seed=1)))
-        await asyncio.sleep(0.2)
+        await until(lambda: live.agents[0].stats_record().lanes_busy == 1,
+                    "the first request to take the only lane")
         async with http.post(live.url("/v1/chat/completions"),
                              json=chat_body(max_tokens=4, stream=True)) as r:
             assert await r.content.readline() == b": keepalive\n"
             assert live.head.runner.queued == 1
         # leaving the block closed the connection; the head notices within a poll
-        await asyncio.sleep(1.0)
-        assert live.head.runner.queued == 0
+        await until(lambda: live.head.runner.queued == 0, "the queue to let it go")
         assert not hog.done()
         hog.cancel()
 
@@ -570,6 +575,22 @@ async def test_fim_over_http_and_aliases_in_headers():
             assert {m["name"] for m in (await r.json())["models"]} == {MODEL, "coder"}
 
 
+async def keepalives_sent(http: aiohttp.ClientSession, live: Live) -> float:
+    async with http.get(live.url("/metrics")) as r:
+        text = await r.text()
+    return next(v for n, _lb, v in parse_metrics(text) if n == "shoal_keepalives_total")
+
+
+def node_idle(head: Proc):  # type: ignore[no-untyped-def]
+    """A check for `until`: every node of ``head`` reports no busy lane."""
+    async def check() -> bool:
+        async with aiohttp.ClientSession() as http, \
+                http.get(f"http://127.0.0.1:{head.port}/v1/fleet") as r:
+            nodes = (await r.json())["nodes"]
+        return bool(nodes) and all(n["lanes_busy"] == 0 and n["kv_total"] for n in nodes)
+    return check
+
+
 async def test_real_clients_read_answers_behind_keepalives():
     async with live_head(lanes=1, speed=40.0, keepalive_s=0.2) as live, \
             aiohttp.ClientSession() as http:
@@ -579,8 +600,9 @@ async def test_real_clients_read_answers_behind_keepalives():
         for stream in (False, True):
             hog = asyncio.create_task(post(http, live.url("/v1/chat/completions"),
                                            chat_body(max_tokens=50, seed=1)))
-            await asyncio.sleep(0.2)
-            t0 = time.monotonic()
+            await until(lambda: live.agents[0].stats_record().lanes_busy == 1,
+                        "the hog to take the only lane")
+            before = await keepalives_sent(http, live)
             got = await client.chat.completions.create(model=MODEL, messages=msgs,
                                                        max_tokens=4, seed=2, stream=stream)
             if stream:
@@ -588,5 +610,7 @@ async def test_real_clients_read_answers_behind_keepalives():
                                 if c.choices])
             else:
                 text = got.choices[0].message.content
-            assert len(text) == 4 and time.monotonic() - t0 > 0.6  # it waited behind hog
+            # it waited behind the hog, and the client read the answer behind keepalives
+            assert len(text) == 4
+            assert await keepalives_sent(http, live) > before
             await hog

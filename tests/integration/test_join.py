@@ -18,6 +18,7 @@ import pytest
 from tests.fake_tailscaled import serve_fake_tailscaled
 from tests.integration.conftest import SHOAL, Cluster, Proc
 from tests.integration.test_fleet import chat_body, fleet_state, url
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
 LOOPBACK_HEAD = ("--fleet-listen", "127.0.0.1:0", "--discovery", "none")
@@ -69,7 +70,7 @@ async def test_link_drop_and_rejoin(cluster: Cluster):
     # the head goes away: the node keeps dialing, and joins the head that comes back
     head.signal(signal.SIGKILL)
     head.popen.wait(5)
-    await asyncio.sleep(1.0)
+    await until(lambda: "dialing again" in node.log_text(), "the node to see the head gone")
     head2 = cluster.head([], extra=("--fleet-listen", f"127.0.0.1:{port}", "--discovery", "none"))
     await wait_node(head2, "joined:j1", timeout=25)
     await chat_ok(head2)

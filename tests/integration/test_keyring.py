@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import keyrings.alt.file
 import pytest
 
 from engine import secrets as sec
@@ -153,7 +154,6 @@ def test_secret_service_in_private_dbus_session(tmp_path: Path) -> None:
 
 
 def test_keyrings_alt_file_backend(tmp_path: Path) -> None:
-    pytest.importorskip("keyrings.alt", reason="keyrings.alt is not installed")
     env = _env(tmp_path, PYTHON_KEYRING_BACKEND="keyrings.alt.file.PlaintextKeyring")
     _run(_py("scenario('PlaintextKeyring')"), env)
     assert (tmp_path / "data" / "python_keyring").is_dir()
@@ -166,7 +166,7 @@ def test_no_keychain_uses_the_file(tmp_path: Path) -> None:
 
 def test_plaintext_fallback_is_not_a_keychain_unless_chosen(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    alt = pytest.importorskip("keyrings.alt.file", reason="keyrings.alt is not installed")
+    alt = keyrings.alt.file
     monkeypatch.delenv("PYTHON_KEYRING_BACKEND", raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))  # no keyringrc.cfg there
     assert not sec._usable(alt.PlaintextKeyring())

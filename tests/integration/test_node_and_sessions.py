@@ -14,6 +14,7 @@ from engine.link import messages as m
 from engine.link.transport import Link, LinkClosed, dial
 from engine.node.agent import NodeAgent
 from engine.runtimes.mock import MockEngine
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 TOKEN = bytes(range(32))
@@ -204,7 +205,8 @@ async def test_queue_is_first_in_first_out():
         tasks = []
         for i in range(5):
             tasks.append(asyncio.create_task(one(i)))
-            await asyncio.sleep(0.02)  # arrive in order
+            # the next arrives once this one is placed (i == 0) or queued behind the others
+            await until(lambda i=i: runner.queued == i, f"request {i} to queue")
         await asyncio.gather(*tasks)
         assert order == [0, 1, 2, 3, 4]
         await fleet.close()

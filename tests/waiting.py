@@ -1,0 +1,46 @@
+"""Waiting in tests: on an observable condition, bounded, never a bare sleep(N)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+POLL_S = 0.01
+
+
+async def until(check: Callable[[], T | Awaitable[T]], what: str, *,
+                timeout: float = 10.0) -> T:
+    """Return ``check()``'s first truthy value; fail naming ``what`` after ``timeout``."""
+    last: object = None
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                value = check()
+                if inspect.isawaitable(value):
+                    value = await value
+                if value:
+                    return value  # type: ignore[return-value]
+                last = value
+                await asyncio.sleep(POLL_S)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what} (last: {last!r})") from None
+
+
+async def until_result(probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], *,
+                       what: str = "the expected result", timeout: float = 10.0) -> T:
+    """Probe until ``done(result)`` holds and return that result; fail after ``timeout``."""
+    last: list[T] = []
+
+    async def check() -> bool:
+        result = await probe()
+        last[:] = [result]
+        return done(result)
+
+    try:
+        await until(check, what, timeout=timeout)
+    except AssertionError:
+        raise AssertionError(f"timed out waiting for {what} (last: {last!r})") from None
+    return last[0]
