@@ -237,7 +237,7 @@ def _apply_config(args: argparse.Namespace, home: Path) -> None:
 
 
 def _cors(spec: str) -> tuple[str, ...]:
-    from engine.head.keys import KeysError, parse_allow_list
+    from engine.head.access.keys import KeysError, parse_allow_list
 
     try:
         return parse_allow_list(spec)
@@ -404,7 +404,7 @@ def _api_key(args: argparse.Namespace) -> str | None:
 
 
 def _allow_hosts(specs: list[str]) -> tuple[str, ...]:
-    from engine.api.auth import HostError, parse_allowed_hosts
+    from engine.head.access.hosts import HostError, parse_allowed_hosts
 
     try:
         return parse_allowed_hosts(specs)

@@ -125,7 +125,7 @@ def run_alias(args: argparse.Namespace) -> int:
 
 
 def run_keys(args: argparse.Namespace, home: Path) -> int:
-    from engine.head import keys
+    from engine.head.access import keys
 
     try:
         if args.keys_command == "issue":

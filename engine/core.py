@@ -20,9 +20,9 @@ from pathlib import Path
 from aiohttp import web
 
 from engine import nesting
-from engine.head.fleet import Fleet
+from engine.head.fleet.links import Fleet
 from engine.head.head import Head
-from engine.head.templates import TemplateError
+from engine.head.prompt.templates import TemplateError
 from engine.link.transport import is_loopback
 from engine.node.agent import NodeAgent
 from engine.node.join import HeadAddress, Joiner, JoinRefused, probe_head
@@ -327,8 +327,8 @@ def configure_access(head: Head, opts: ServeOptions) -> None:
     watches them, so `shoal keys issue|revoke` and a rotated secret take effect on
     the running head (with --keys auto, keys turn on when the first is issued).
     """
-    from engine.api.auth import machine_names
-    from engine.head import keys
+    from engine.head.access import keys
+    from engine.head.access.hosts import machine_names
 
     head.api_key = opts.api_key or None
     head.cors_allow = opts.cors_allow
@@ -368,8 +368,8 @@ def configure_access(head: Head, opts: ServeOptions) -> None:
 
 async def start_head(opts: ServeOptions) -> RunningHead:
     from engine.api.app import build_app
-    from engine.head.model import load_head_model
-    from engine.head.sessions import SessionRunner
+    from engine.head.fleet.sessions import SessionRunner
+    from engine.head.prompt.model import load_head_model
 
     http_host, http_port = split_hostport(opts.http, 8453)
     psk = load_token(opts.fleet_auth, opts.home)
@@ -433,8 +433,8 @@ async def start_head(opts: ServeOptions) -> RunningHead:
             host, port = split_hostport(entry, 8455)
             fleet.add_dialed(host, port)
         if join_sock is not None:
-            from engine.head.joins import JoinListener
-            from engine.head.peers import HeadPeers
+            from engine.head.fleet.joins import JoinListener
+            from engine.head.fleet.peers import HeadPeers
 
             def merged(_names: list[str]) -> None:
                 head.save_aliases()

@@ -14,9 +14,9 @@ from aiohttp import web
 from engine import nesting
 from engine.api.errors import error_response
 from engine.api.openai import HEAD
-from engine.head import aliases as al
-from engine.head import keys
+from engine.head.access import keys
 from engine.head.head import Head
+from engine.head.naming import aliases as al
 from engine.link.transport import is_loopback
 
 MAX_IMPORT = 1 << 20

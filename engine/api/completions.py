@@ -33,7 +33,10 @@ from engine.api.schemas import (
     decode_as,
     unsupported_completion,
 )
-from engine.head.chat import (
+from engine.head.fleet.sessions import PlacementError
+from engine.head.head import Head
+from engine.head.prompt.tools import TextDelta
+from engine.head.prompt.turn import (
     ChatEvent,
     ChatFinal,
     Turn,
@@ -41,9 +44,6 @@ from engine.head.chat import (
     off_loop,
     sampling_of,
 )
-from engine.head.head import Head
-from engine.head.sessions import PlacementError
-from engine.head.tools import TextDelta
 
 
 def _usage(final: ChatFinal) -> dict[str, Any]:

@@ -41,7 +41,12 @@ from engine.api.schemas import (
     decode_as,
     unsupported_ollama,
 )
-from engine.head.chat import (
+from engine.head.fleet.sessions import PlacementError
+from engine.head.head import Head
+from engine.head.prompt.model import HeadModel
+from engine.head.prompt.templates import TemplateError
+from engine.head.prompt.tools import TextDelta, ToolCallDelta
+from engine.head.prompt.turn import (
     ChatEvent,
     Turn,
     chat_turn,
@@ -49,11 +54,6 @@ from engine.head.chat import (
     off_loop,
     sampling_of,
 )
-from engine.head.head import Head
-from engine.head.model import HeadModel
-from engine.head.sessions import PlacementError
-from engine.head.templates import TemplateError
-from engine.head.tools import TextDelta, ToolCallDelta
 
 # the Ollama API version these routes follow; clients that check a minimum version
 # (for tools, thinking, suffix) compare against it

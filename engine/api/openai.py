@@ -21,11 +21,11 @@ from aiohttp import web
 from engine.api.errors import error_body, error_for
 from engine.api.metrics import METRICS
 from engine.api.schemas import BadRequest, ChatRequest, decode_chat, unsupported
-from engine.head import aliases as al
-from engine.head.chat import ChatEvent, ChatFinal, EventPump, Routing, Turn, chat_turn
+from engine.head.fleet.sessions import PlacementError
 from engine.head.head import Head
-from engine.head.sessions import PlacementError
-from engine.head.tools import TextDelta, ToolCallDelta
+from engine.head.naming import aliases as al
+from engine.head.prompt.tools import TextDelta, ToolCallDelta
+from engine.head.prompt.turn import ChatEvent, ChatFinal, EventPump, Routing, Turn, chat_turn
 
 log = logging.getLogger("shoal.api")
 HEAD: web.AppKey[Head] = web.AppKey("head", Head)

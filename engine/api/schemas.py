@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from engine import nesting
-from engine.head.text import MAX_STOP_CHARS
+from engine.head.prompt.text import MAX_STOP_CHARS
 
 MAX_BODY = 8 * 1024 * 1024
 _Str = Annotated[str, msgspec.Meta(max_length=MAX_BODY)]

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from engine.discovery.fleet_id import fleet_id
 from engine.discovery.mdns import Announcer, Browser
-from engine.head.fleet import Fleet
+from engine.head.fleet.links import Fleet
 from engine.link import messages as m
 from engine.link.connection import LinkError
 from engine.link.transport import LinkClosed, dial, is_loopback

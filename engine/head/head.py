@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.head import aliases as al
-from engine.head.fleet import Fleet
-from engine.head.keys import Policy
-from engine.head.model import HeadModel
-from engine.head.names import match_name
-from engine.head.peers import HeadPeers
-from engine.head.sessions import SessionRunner
+from engine.head.access.keys import Policy
+from engine.head.fleet.links import Fleet
+from engine.head.fleet.peers import HeadPeers
+from engine.head.fleet.sessions import SessionRunner
+from engine.head.naming import aliases as al
+from engine.head.naming.names import match_name
+from engine.head.prompt.model import HeadModel
 
 
 @dataclass

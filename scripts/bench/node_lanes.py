@@ -64,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llama_server import DEFAULT_CACHE, BuildFailed, ensure_llama_server  # noqa: E402
 
-from engine.head.model import HeadModel, load_head_model  # noqa: E402
+from engine.head.prompt.model import HeadModel, load_head_model  # noqa: E402
 from engine.models import ensure_embedded_default  # noqa: E402
 from engine.runtimes.base import GenerationRequest, Sampling  # noqa: E402
 from engine.runtimes.llamacpp import N_BATCH_MAX, LlamaCppEngine  # noqa: E402

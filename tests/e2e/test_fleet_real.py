@@ -162,7 +162,7 @@ async def test_gemma_answers_through_its_fallback_template(cluster, gemma_gguf):
     assert body["usage"]["completion_tokens"] > 0
     assert body["choices"][0]["finish_reason"] in ("stop", "length")
     # no template in the file: the head chose Gemma's built-in one
-    from engine.head.model import load_head_model
+    from engine.head.prompt.model import load_head_model
 
     model = load_head_model("llamacpp", str(gemma_gguf), name=name)
     assert model.template.origin == "builtin" and model.template.family == "gemma"

@@ -383,7 +383,7 @@ def test_vocab_round_trip(vocab: MlxVocab) -> None:
 
 
 def test_vocab_feeds_the_head(vocab: MlxVocab) -> None:
-    from engine.head.templates import load_chat_template
+    from engine.head.prompt.templates import load_chat_template
 
     template = load_chat_template(
         vocab.metadata(),

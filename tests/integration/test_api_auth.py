@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from engine.head import keys
+from engine.head.access import keys
 from tests.integration.conftest import SHOAL, Cluster
 from tests.integration.test_api_surface import MODEL, chat_body, live_head, read_lines
 from tests.waiting import until, until_result

@@ -21,12 +21,12 @@ from aiohttp import web
 
 from engine.api.app import build_app
 from engine.api.schemas import ChatRequest, Message
-from engine.head.chat import Routing, chat_turn
-from engine.head.fleet import Fleet
+from engine.head.fleet.links import Fleet
+from engine.head.fleet.sessions import SessionRunner
 from engine.head.head import Head
-from engine.head.model import HeadModel, load_head_model
-from engine.head.sessions import SessionRunner
-from engine.head.templates import load_chat_template
+from engine.head.prompt.model import HeadModel, load_head_model
+from engine.head.prompt.templates import load_chat_template
+from engine.head.prompt.turn import Routing, chat_turn
 from engine.node.agent import NodeAgent
 from engine.runtimes.mock import CHATML_TEMPLATE, MockEngine, MockTokenizer
 from tests.integration.conftest import Cluster, Proc, sse_text
@@ -523,7 +523,7 @@ class FimTokenizer(MockTokenizer):
 
 
 def test_fill_in_the_middle_prompt_layout():
-    from engine.head.chat import completion_prompt_ids
+    from engine.head.prompt.turn import completion_prompt_ids
 
     model = mock_model()
     fim = HeadModel(name=MODEL, runtime="mock", vocab=FimTokenizer(), template=model.template,

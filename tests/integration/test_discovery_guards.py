@@ -13,11 +13,11 @@ from zeroconf import ServiceStateChange
 from engine.core import ServeOptions, start_head_discovery
 from engine.discovery import mdns
 from engine.discovery.service import announce_head
-from engine.head import fleet as fleet_mod
-from engine.head.fleet import Fleet
+from engine.head.fleet import links as fleet_mod
+from engine.head.fleet.links import Fleet
+from engine.head.fleet.sessions import SessionRunner
 from engine.head.head import Head
-from engine.head.model import load_head_model
-from engine.head.sessions import SessionRunner
+from engine.head.prompt.model import load_head_model
 from engine.link import admission
 from engine.link.transport import dial
 from engine.node.agent import NodeAgent

@@ -9,7 +9,7 @@ import time
 import aiohttp
 import pytest
 
-from engine.head import keys
+from engine.head.access import keys
 from tests.integration.conftest import SHOAL, Cluster, Proc
 
 pytestmark = pytest.mark.timeout(120)

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from engine.head.fleet import Fleet
-from engine.head.sessions import Finish, Job, PlacementError, SessionRunner
+from engine.head.fleet.links import Fleet
+from engine.head.fleet.sessions import Finish, Job, PlacementError, SessionRunner
 from engine.link import messages as m
 from engine.node.agent import NodeAgent
 from engine.runtimes.base import EngineInfo, EngineStats, GenerationRequest

@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from engine.head.fleet import Fleet
-from engine.head.sessions import Finish, Job, PlacementError, SessionRunner
+from engine.head.fleet.links import Fleet
+from engine.head.fleet.sessions import Finish, Job, PlacementError, SessionRunner
 from engine.link import messages as m
 from engine.link.transport import Link, LinkClosed, dial
 from engine.node.agent import NodeAgent

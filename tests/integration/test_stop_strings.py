@@ -8,7 +8,7 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from engine.head.text import MAX_STOP_CHARS
+from engine.head.prompt.text import MAX_STOP_CHARS
 from tests.integration.test_api_surface import MODEL, live_head
 
 pytestmark = pytest.mark.timeout(120)

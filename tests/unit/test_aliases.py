@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.head.aliases import (
+from engine.head.naming.aliases import (
     HISTORY_LIMIT,
     RETRY_AFTER_S,
     AliasEntry,

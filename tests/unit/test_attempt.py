@@ -1,4 +1,4 @@
-"""The attempt machine (engine.head.attempt): failover, renewal and stall decisions as a
+"""The attempt machine (engine.head.fleet.attempt): failover, renewal and stall decisions as a
 pure function of (state, event, now), driven by tables. No sockets, no clock."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from engine.head import attempt as at
+from engine.head.fleet import attempt as at
 
 L = at.Limits(lease_s=10.0, stall_s=3.0, ping_s=1.0, prefill_floor_tps=50.0)
 

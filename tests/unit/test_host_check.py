@@ -7,9 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine.api.auth import (
-    NAMES_REFRESH_S,
-    Gate,
+from engine.api.auth import NAMES_REFRESH_S, Gate
+from engine.head.access.hosts import (
     HostError,
     host_allowed,
     host_of,

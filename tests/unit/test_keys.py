@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.head.keys import (
+from engine.head.access.keys import (
     DEFAULT_LIMITS,
     KEY_PREFIX,
     Admission,

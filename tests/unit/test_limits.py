@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.head.limits import Bucket, fresh, take
+from engine.head.access.limits import Bucket, fresh, take
 
 
 def test_burst_then_refused_with_retry_after() -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.head.names import (
+from engine.head.naming.names import (
     CASE_INSENSITIVE,
     EXACT,
     HYPHEN_AS_COLON,

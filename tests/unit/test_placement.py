@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.head.placement import (
+from engine.head.fleet.placement import (
     NodeView,
     Placement,
     PlacementRequest,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from engine.head.templates import (
+from engine.head.prompt.templates import (
     FAMILIES,
     ChatTemplate,
     TemplateError,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.head.text import MAX_STOP_CHARS, Detokenizer, StopMatcher
+from engine.head.prompt.text import MAX_STOP_CHARS, Detokenizer, StopMatcher
 
 
 def test_detokenizer_never_splits_a_character():

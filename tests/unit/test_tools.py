@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.head import tools
-from engine.head.tools import (
+from engine.head.prompt import tools
+from engine.head.prompt.tools import (
     PARSERS,
     Delta,
     HermesParser,

@@ -1,6 +1,6 @@
 """One try of a session on one node, as a pure state machine.
 
-The IO around it (:mod:`engine.head.sessions`) sends the generation, then feeds
+The IO around it (:mod:`engine.head.fleet.sessions`) sends the generation, then feeds
 :func:`step` what happened (a record from the node, or nothing before the
 deadline that :func:`next_deadline` named) with the time, and carries out the
 returned actions. No clock and no socket here: tests drive it with tables.

@@ -31,7 +31,7 @@ Files (thin adapters; the policy code is pure)
     keys secret, like the token, is refused when other users may read it.
 
 Limits
-    `Limiter` keeps, per key name, a token bucket (`engine.head.limits`: ``rpm``
+    `Limiter` keeps, per key name, a token bucket (`engine.head.access.limits`: ``rpm``
     per minute sustained, ``burst`` at once) and the number of requests in
     flight (at most ``concurrent``). Time is passed in. A request refused for
     concurrency takes no token and is told to retry in 1 s (nobody knows when a
@@ -64,7 +64,7 @@ from typing import Generic, TypeVar
 
 from engine import nesting
 from engine.files import ExposedFileError, read_private, write_private
-from engine.head.limits import Bucket, fresh, take
+from engine.head.access.limits import Bucket, fresh, take
 
 KEY_PREFIX = "sk-shoal-"
 SECRET_BYTES = 32

@@ -1,7 +1,7 @@
 """Running a session on the fleet: queue, placement, streaming, failover.
 
 A session is placed whole on one node. If that node fails (its connection
-closes, it goes silent, or it stops making progress: see :mod:`engine.head.attempt`),
+closes, it goes silent, or it stops making progress: see :mod:`engine.head.fleet.attempt`),
 the tokens already delivered become part of the prompt and the session is placed
 again on the next capable node, asking only for what is left. Token indices from
 the node let the head check that nothing arrives twice or goes missing.
@@ -22,9 +22,9 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from engine.head import attempt as at
-from engine.head.fleet import ConnClosed, Fleet, Inbound, NodeConn, NodePool
-from engine.head.placement import Placement, PlacementRequest, Policy, Refusal, place
+from engine.head.fleet import attempt as at
+from engine.head.fleet.links import ConnClosed, Fleet, Inbound, NodeConn, NodePool
+from engine.head.fleet.placement import Placement, PlacementRequest, Policy, Refusal, place
 from engine.link import messages as m
 from engine.link.transport import LinkClosed
 
@@ -397,7 +397,7 @@ def _take_following(queue: asyncio.Queue[Inbound], index: int) -> list[int]:
 
 
 class _Attempt:
-    """One try of a session on one node: the IO around :mod:`engine.head.attempt`."""
+    """One try of a session on one node: the IO around :mod:`engine.head.fleet.attempt`."""
 
     def __init__(self, runner: SessionRunner, pool: NodePool, conn: NodeConn, job: Job,
                  context: list[int], max_tokens: int, wall_deadline: float) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from engine.head.templates import ChatTemplate, load_chat_template
+from engine.head.prompt.templates import ChatTemplate, load_chat_template
 
 
 class HeadVocab(Protocol):

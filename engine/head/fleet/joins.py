@@ -11,8 +11,8 @@ import asyncio
 import logging
 import socket
 
-from engine.head.fleet import Fleet
-from engine.head.peers import HeadPeers
+from engine.head.fleet.links import Fleet
+from engine.head.fleet.peers import HeadPeers
 from engine.link import messages as m
 from engine.link.admission import PRE_HANDSHAKE_S, PendingHandshakes
 from engine.link.connection import LinkError

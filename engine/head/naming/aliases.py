@@ -36,7 +36,7 @@ Digest
 Resolution (`resolve`), on every request, against ``served``: every model name
 some node serves -> whether any of those nodes has a free lane now.
 
-1. Loose names (`engine.head.names`): tier by tier (exact, case-insensitive,
+1. Loose names (`engine.head.naming.names`): tier by tier (exact, case-insensitive,
    hyphen as colon), a real model name wins over an alias matched in the same
    or a looser tier; an alias matched in a stricter tier wins over a real name
    matched only loosely (an alias named exactly ``qwen3-8b`` beats the served
@@ -61,7 +61,7 @@ from typing import Any
 
 from engine import nesting
 from engine.files import write_private
-from engine.head.names import match_name, match_name_tier
+from engine.head.naming.names import match_name, match_name_tier
 
 FORMAT = "shoal-aliases"
 FORMAT_VERSION = 1

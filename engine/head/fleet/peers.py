@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from engine.head import aliases as al
+from engine.head.naming import aliases as al
 from engine.link import messages as m
 from engine.link.connection import LinkError
 from engine.link.transport import Link, LinkClosed, dial

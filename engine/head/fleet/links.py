@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.head.placement import NodeView
+from engine.head.fleet.placement import NodeView
 from engine.link import messages as m
 from engine.link.connection import LinkError, LinkErrorKind
 from engine.link.transport import Link, LinkClosed, dial
@@ -421,7 +421,7 @@ class Fleet:
 
     def free(self, model: str) -> bool | None:
         """Whether a node serving ``model`` has a free lane now; None when none serves it."""
-        from engine.head.placement import has_free_lane
+        from engine.head.fleet.placement import has_free_lane
 
         now = self.clock()
         views = [v for v in self.views() if v.model == model and v.idle_conns + v.own_sessions]

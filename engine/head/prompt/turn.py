@@ -14,11 +14,11 @@ from typing import Any, TypeVar
 
 from engine import nesting
 from engine.api.schemas import ChatRequest, SamplingRequest, message_text
-from engine.head.model import HeadModel
-from engine.head.sessions import Finish, Job, PlacementError, Session, SessionRunner
-from engine.head.templates import TemplateError
-from engine.head.text import Detokenizer, StopMatcher
-from engine.head.tools import TextDelta, ToolCallDelta, ToolCallParser, parser_for
+from engine.head.fleet.sessions import Finish, Job, PlacementError, Session, SessionRunner
+from engine.head.prompt.model import HeadModel
+from engine.head.prompt.templates import TemplateError
+from engine.head.prompt.text import Detokenizer, StopMatcher
+from engine.head.prompt.tools import TextDelta, ToolCallDelta, ToolCallParser, parser_for
 from engine.link import messages as m
 
 
