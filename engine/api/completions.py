@@ -125,7 +125,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
                     max_tokens=req.max_tokens or DEFAULT_COMPLETION_TOKENS, stops=stops)
     except PlacementError as exc:
         return placement_refusal(request, exc, names)
-    head.metrics.requests += 1
     cid = "cmpl-" + turn.session[2:]
     wire: Wire = (CompletionStream(request, head, req, cid) if req.stream
                   else CompletionJSON(request, head, req, cid))

@@ -225,7 +225,6 @@ async def chat(request: web.Request) -> web.StreamResponse:
                                routing_of(request), tool_parser=head.tool_parser)
     except PlacementError as exc:
         return placement_refusal(request, exc, names)
-    head.metrics.requests += 1
     return await answer(request, head, turn,
                         ChatWire(request, head, req.model, stream=req.stream), names)
 
@@ -271,7 +270,6 @@ async def generate(request: web.Request) -> web.StreamResponse:
                     max_tokens=_max_tokens(req.options), stops=_stops(req.options))
     except PlacementError as exc:
         return placement_refusal(request, exc, names)
-    head.metrics.requests += 1
     return await answer(request, head, turn,
                         _Ollama(request, head, req.model, stream=req.stream), names)
 

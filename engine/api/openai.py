@@ -237,8 +237,6 @@ async def answer(request: web.Request, head: Head, turn: Turn, wire: Wire,
                     names["X-Shoal-Node"] = ev.node
                 metrics.tokens(turn.model.name, ev.prompt_tokens, ev.completion_tokens,
                                ev.cached_tokens)
-                head.metrics.prompt_tokens += ev.prompt_tokens
-                head.metrics.completion_tokens += ev.completion_tokens
             data = wire.event(ev)
             if not wire.streaming:
                 continue
@@ -375,7 +373,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                                routing_of(request), tool_parser=head.tool_parser)
     except PlacementError as exc:
         return placement_refusal(request, exc, names)
-    head.metrics.requests += 1
     cid = "chatcmpl-" + turn.session[2:]
     wire: Wire = (ChatStream(request, head, req, cid) if req.stream
                   else ChatJSON(request, head, req, cid))

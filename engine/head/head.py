@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +15,6 @@ from engine.head.naming.names import match_name
 from engine.head.prompt.model import HeadModel
 
 
-@dataclass
-class Metrics:
-    requests: int = 0
-    completion_tokens: int = 0
-    prompt_tokens: int = 0
-    errors: dict[int, int] = field(default_factory=dict)
-    ttft_ms: list[float] = field(default_factory=list)  # recent, bounded
-
-
 class Head:
     def __init__(self, models: list[HeadModel], fleet: Fleet, runner: SessionRunner, *,
                  tool_parser: str | None = None, aliases_path: Path | None = None) -> None:
@@ -33,7 +23,6 @@ class Head:
         self.fleet = fleet
         self.runner = runner
         self.tool_parser = tool_parser
-        self.metrics = Metrics()
         self.started_wall = int(time.time())
         self._alias_store = al.AliasStore(aliases_path) if aliases_path is not None else None
         self.aliases = self._alias_store.load() if self._alias_store else al.AliasTable()

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine import events as ev
 from engine.head.fleet.placement import NodeView
 from engine.link import messages as m
 from engine.link.connection import LinkError, LinkErrorKind
@@ -146,6 +147,7 @@ class NodePool:
             self.state = "left"
             self._announced = False
             log.info("joined node '%s' left; waiting for it to join again", self.info.identity)
+            self.fleet.emit(ev.NodeLeft(key=self.key, identity=self.info.identity))
 
     def add_conn(self, link: Link) -> NodeConn:
         conn = NodeConn(self, link)
@@ -188,6 +190,7 @@ class NodePool:
             conn.abort()
         self.idle.clear()
         self.state = "unreachable"
+        self.fleet.emit(ev.NodeUnreachable(key=self.key, address=self.address, reason=why))
         self._announced = False
         self.wake.set()
 
@@ -293,6 +296,10 @@ class NodePool:
             self.last_error = ""
             log.info("fleet node '%s' at %s: %s, context window %d tokens, %d lanes",
                      hello.identity, self.address, hello.model, hello.context_window, hello.lanes)
+            self.fleet.emit(ev.NodeLinked(key=self.key, identity=hello.identity,
+                                          address=self.address, model=hello.model,
+                                          lanes=hello.lanes,
+                                          context_window=hello.context_window))
             if hello.model not in self.fleet.models:
                 log.warning("fleet node '%s' at %s serves '%s', not %s; no sessions go there "
                             "until it serves a model this head knows (serve it with "
@@ -307,6 +314,8 @@ class NodePool:
         if self.state != "unreachable" or why != self.last_error:
             log.warning("fleet node %s: %s; retrying it every %d s", self.address, why,
                         int(RETRY_S))
+            self.fleet.emit(ev.NodeUnreachable(key=self.key, address=self.address,
+                                               reason=why))
         self.last_error = why
         if self.conns == 0:
             self.state = "unreachable"
@@ -351,8 +360,10 @@ class Fleet:
     def __init__(self, *, model: str, head_id: str, psk: bytes | None,
                  conns_per_node: int = 0, handshake_timeout_s: float = 10.0,
                  also: tuple[str, ...] = (),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 emit: ev.Emit = ev.ignore) -> None:
         self.clock = clock
+        self.emit = emit  # where the fleet's changes go (the service's event bus)
         self.model = model  # announced to joining nodes
         self.models = (model, *also)  # every model this head has a tokenizer for
         self.head_id = head_id

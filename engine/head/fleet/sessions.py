@@ -22,6 +22,7 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from engine import events as ev
 from engine.head.fleet import attempt as at
 from engine.head.fleet.links import ConnClosed, Fleet, Inbound, NodeConn, NodePool
 from engine.head.fleet.placement import Placement, PlacementRequest, Policy, Refusal, place
@@ -265,9 +266,15 @@ class SessionRunner:
                 log.warning("session %s moved from %s to '%s' at %s after %d tokens (%s)",
                             job.session, last_node, pool.info.identity, pool.address,
                             len(delivered), reason)
+                self.fleet.emit(ev.SessionMoved(session=job.session,
+                                                from_node=last_node.strip("'"),
+                                                to_node=pool.info.identity,
+                                                after_tokens=len(delivered), reason=reason))
             else:
                 log.info("session %s placed on '%s' at %s (%s)", job.session,
                          pool.info.identity, pool.address, reason)
+                self.fleet.emit(ev.SessionPlaced(session=job.session, model=job.model,
+                                                 node=pool.info.identity, reason=reason))
             last_node = f"'{pool.info.identity}'"
             if job.affinity:
                 self._remember(job.affinity, pool.key)

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from engine import nesting
 from engine.api.schemas import ChatRequest, SamplingRequest, message_text
+from engine.events import SessionFinished
 from engine.head.fleet.sessions import Finish, Job, PlacementError, Session, SessionRunner
 from engine.head.prompt.model import HeadModel
 from engine.head.prompt.templates import TemplateError
@@ -107,7 +108,7 @@ class Turn:
     def __init__(self, model: HeadModel, runner: SessionRunner, prompt: list[int], *,
                  routing: Routing, sampling: m.SamplingParams | None = None,
                  max_tokens: int | None = None, stops: Sequence[str] = (),
-                 parser: ToolCallParser | None = None) -> None:
+                 parser: ToolCallParser | None = None, requested: str = "") -> None:
         if not prompt:
             # every runtime refuses an empty prompt; say so here rather than on a node
             raise PlacementError(400, "invalid_request", "the prompt is empty after the "
@@ -124,6 +125,7 @@ class Turn:
         self._stops = [s for s in stops if s]
         self._parser = parser
         self.session = "s-" + secrets.token_hex(8)
+        self.requested = requested or model.name  # the name the client asked for
         self._running: Session | None = None
 
     @property
@@ -152,10 +154,23 @@ class Turn:
 
         session = self._running = self.runner.start(job)
         produced = 0
+        clock = self.runner.clock
+        started = clock()
+        first_at = 0.0
+        final: ChatFinal | None = None
+        error: str | None = None
+        moves = 0
         try:
             while True:
-                item = await session.next()
+                try:
+                    item = await session.next()
+                except PlacementError as exc:
+                    error = str(exc)
+                    raise
+                if not first_at:
+                    first_at = clock()
                 if isinstance(item, Finish):
+                    moves = item.moves
                     tail, _ = stopper.feed(detok.flush())
                     out = emit(tail + stopper.flush())
                     if parser is not None:
@@ -166,10 +181,11 @@ class Turn:
                     reason = item.reason if item.reason in ("stop", "length") else "stop"
                     if calls:
                         reason = "tool_calls"
-                    yield ChatFinal(finish_reason=reason, prompt_tokens=item.prompt_tokens,
-                                    completion_tokens=item.completion_tokens,
-                                    cached_tokens=item.cached_tokens, node=item.node,
-                                    tool_calls=calls)
+                    final = ChatFinal(finish_reason=reason, prompt_tokens=item.prompt_tokens,
+                                      completion_tokens=item.completion_tokens,
+                                      cached_tokens=item.cached_tokens, node=item.node,
+                                      tool_calls=calls)
+                    yield final
                     return
                 produced += len(item)
                 text, hit = stopper.feed(detok.feed(item))
@@ -181,13 +197,25 @@ class Turn:
                     for ev in out:
                         _collect(calls, ev)
                         yield ev
-                    yield ChatFinal(finish_reason="tool_calls" if calls else "stop",
-                                    prompt_tokens=len(self.prompt),
-                                    completion_tokens=produced, cached_tokens=0, node="",
-                                    tool_calls=calls)
+                    final = ChatFinal(finish_reason="tool_calls" if calls else "stop",
+                                      prompt_tokens=len(self.prompt),
+                                      completion_tokens=produced, cached_tokens=0,
+                                      node=session.node, tool_calls=calls)
+                    yield final
                     return
         finally:
             await session.close()
+            now = clock()
+            self.runner.fleet.emit(SessionFinished(
+                session=self.session, model=self.model.name, requested=self.requested,
+                node=final.node if final else session.node,
+                prompt_tokens=len(self.prompt),
+                completion_tokens=final.completion_tokens if final else produced,
+                cached_tokens=final.cached_tokens if final else 0,
+                ttft_ms=(first_at - started) * 1000 if first_at else 0.0,
+                duration_ms=(now - started) * 1000, moves=moves,
+                finish_reason=final.finish_reason if final else "cancelled",
+                error=error if final is None else None))
 
 
 async def chat_turn(model: HeadModel, runner: SessionRunner, req: ChatRequest,

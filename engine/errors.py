@@ -1,0 +1,49 @@
+"""Typed errors of the engine: each carries a code and one line naming the cause and fix.
+
+The engine never speaks HTTP: an error says what went wrong (``code``); the API maps
+codes to statuses (`engine.api.errors`), the CLI prints the line, the app shows it.
+"""
+
+from __future__ import annotations
+
+
+class ShoalError(Exception):
+    """A refused command or request. ``str(error)`` is the one line for the user."""
+
+    code = "error"
+
+    def __init__(self, message: str, *, code: str | None = None,
+                 retry_after: int | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.retry_after = retry_after  # seconds, when trying again later can work
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class StartError(ShoalError):
+    """Shoal (or one of its roles) cannot start as asked: a port in use, a model missing
+    offline, a token file that is unusable, a runtime that cannot run here."""
+
+    code = "cannot_start"
+
+
+class RequestError(ShoalError):
+    """A request the fleet refuses: a bad prompt, no node, every lane busy, too long."""
+
+    code = "invalid_request"
+
+
+class JoinError(ShoalError):
+    """Joining a fleet failed: a wrong or stale join code, no head found, another fleet."""
+
+    code = "cannot_join"
+
+
+class CommandError(ShoalError):
+    """A command refused: an alias that cannot be set, a key name not allowed."""
+
+    code = "refused"
