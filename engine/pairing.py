@@ -219,21 +219,26 @@ def qr_text(url: str, *, ansi: bool = True, invert: bool = False) -> str:
     return "\n".join(lines)
 
 
+def qr_png(url: str, *, scale: int = PNG_SCALE) -> bytes:
+    """The QR code for ``url`` as PNG bytes (black on white, 4-module quiet zone)."""
+    import io
+
+    out = io.BytesIO()
+    _qr(url).save(out, kind="png", scale=scale, border=PNG_BORDER,
+                  dark="black", light="white")
+    return out.getvalue()
+
+
 def save_qr_png(url: str, path: Path) -> None:
-    """Write the QR code for ``url`` as a PNG (black on white, 4-module quiet zone).
+    """Write the QR code for ``url`` as a PNG file.
 
     The image carries the fleet token, so it is written like the token file: mode
     0600, atomically (an existing file is replaced, never left half written).
     """
-    import io
-
     from engine.files import write_private
 
-    out = io.BytesIO()
-    _qr(url).save(out, kind="png", scale=PNG_SCALE, border=PNG_BORDER,
-                  dark="black", light="white")
     try:
-        write_private(path, out.getvalue())
+        write_private(path, qr_png(url))
     except OSError as exc:
         raise PairingError(f"cannot write the QR image {path}: {exc.strerror}; "
                            "choose a writable path") from None

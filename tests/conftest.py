@@ -4,30 +4,41 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
 
+from tests.leaks import Baseline
 from tests.loopwatch import LoopWatch
 
 LOOP_BOUND_S = 0.1
 
+# never the developer's keychain: in-process tests keep tokens in their temporary homes
+os.environ["PYTHON_KEYRING_BACKEND"] = "keyring.backends.null.Keyring"
+
 
 @pytest_asyncio.fixture
 async def loop_watch() -> AsyncIterator[LoopWatch]:
-    """Fails the test if its event loop was blocked for more than LOOP_BOUND_S."""
+    """Fails the test if its event loop was blocked for more than LOOP_BOUND_S, or if
+    it left a thread, a task or a socket behind."""
+    base = Baseline.now()
     watch = LoopWatch(asyncio.get_running_loop(), bound_s=LOOP_BOUND_S)
     watch.start()
     yield watch
     watch.stop()
     if watch.stalls:
         pytest.fail(watch.report(), pytrace=False)
+    leaks = await base.leaks()
+    if leaks:
+        pytest.fail("the test left behind: " + "; ".join(leaks), pytrace=False)
 
 
 @pytest.fixture(autouse=True)
 def _no_blocked_loop(request: pytest.FixtureRequest) -> None:
-    """Every async test that runs engine code in its loop is under the loop-lag probe.
+    """Every async test that runs engine code in its loop is under the loop-lag probe
+    and the leak check.
 
     Left out: tests that drive Shoal as processes (the ``cluster`` fixture, or the mark
     ``processes``: they start and stop processes with blocking calls, and no engine code

@@ -15,7 +15,10 @@ from engine.api.errors import error_for
 from engine.api.metrics import METRICS, ApiMetrics, metrics_route
 from engine.api.openapi import openapi_route
 from engine.api.schemas import MAX_BODY
+from engine.head.commands import AliasCommands
 from engine.head.head import Head
+from engine.head.observe import fleet_snapshot
+from engine.snapshot import FleetSnapshot, Roles
 
 log = logging.getLogger("shoal.api")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -74,9 +77,16 @@ def counting(metrics: ApiMetrics) -> Middleware:
     return middleware
 
 
-def build_app(head: Head) -> web.Application:
+def build_app(head: Head, *, snapshot: Callable[[], FleetSnapshot] | None = None,
+              aliases: AliasCommands | None = None) -> web.Application:
+    """The head's API. ``snapshot`` renders ``GET /v1/fleet`` (the service's whole
+    snapshot; by default the head's own view), ``aliases`` serves the alias routes."""
     metrics = ApiMetrics()
     gate = Gate(head)
+    if aliases is None:
+        aliases = AliasCommands(head, clock=time.time)
+    if snapshot is None:
+        snapshot = _head_only(head, aliases)
 
     def refused(reason: str) -> None:
         metrics.refused[reason] += 1
@@ -84,6 +94,8 @@ def build_app(head: Head) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY, middlewares=[
         counting(metrics), openai_errors, gate_middleware(gate, refused)])
     app[openai.HEAD] = head
+    app[admin.ALIASES] = aliases
+    app[ops.SNAPSHOT] = snapshot
     app[METRICS] = metrics
     app[GATE] = gate
     app.on_response_prepare.append(add_cors_headers)
@@ -103,3 +115,13 @@ def build_app(head: Head) -> web.Application:
     r.add_get("/openapi.json", openapi_route)
     admin.add_routes(app)
     return app
+
+
+def _head_only(head: Head, aliases: AliasCommands) -> Callable[[], FleetSnapshot]:
+    """The snapshot of a head built without a service (tools and tests)."""
+    roles = Roles(head=True, api_url=None, fleet_listen=None, node=None, member=False)
+
+    def snapshot() -> FleetSnapshot:
+        return fleet_snapshot(head, roles=roles, fleet_name=None, fleet_id="",
+                              has_token=head.fleet.psk is not None, aliases=aliases.current)
+    return snapshot

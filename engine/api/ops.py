@@ -1,11 +1,16 @@
-"""Operations routes: /health and /v1/fleet."""
+"""Operations routes: /health and /v1/fleet (the same snapshot the app's window renders)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from aiohttp import web
 
 from engine import __version__
 from engine.api.openai import HEAD
+from engine.snapshot import FleetSnapshot, to_json
+
+SNAPSHOT: web.AppKey[Callable[[], FleetSnapshot]] = web.AppKey("snapshot")
 
 
 async def health(request: web.Request) -> web.Response:
@@ -18,4 +23,4 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def fleet(request: web.Request) -> web.Response:
-    return web.json_response(request.app[HEAD].fleet_snapshot())
+    return web.json_response(to_json(request.app[SNAPSHOT]()))

@@ -1,10 +1,11 @@
-"""The head: its models, aliases, fleet and session runner, and what it counts."""
+"""The head: its models, aliases, fleet and session runner, and who may call it."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from pathlib import Path
-from typing import Any
 
 from engine.head.access.keys import Policy
 from engine.head.fleet.links import Fleet
@@ -17,7 +18,10 @@ from engine.head.prompt.model import HeadModel
 
 class Head:
     def __init__(self, models: list[HeadModel], fleet: Fleet, runner: SessionRunner, *,
-                 tool_parser: str | None = None, aliases_path: Path | None = None) -> None:
+                 tool_parser: str | None = None, aliases_path: Path | None = None,
+                 aliases: al.AliasTable | None = None) -> None:
+        """``aliases``: the table loaded from ``aliases_path`` (load it off the loop);
+        when None it is read here (tests, tools)."""
         self.model = models[0]  # the model announced to joining nodes
         self.models = {m.name: m for m in models}
         self.fleet = fleet
@@ -25,7 +29,10 @@ class Head:
         self.tool_parser = tool_parser
         self.started_wall = int(time.time())
         self._alias_store = al.AliasStore(aliases_path) if aliases_path is not None else None
-        self.aliases = self._alias_store.load() if self._alias_store else al.AliasTable()
+        if aliases is None:
+            aliases = self._alias_store.load() if self._alias_store else al.AliasTable()
+        self.aliases = aliases
+        self._saves: set[asyncio.Task[None]] = set()
         self.peers: HeadPeers | None = None  # other heads of the fleet, for aliases
         # who may call the HTTP API, set by the composition root (engine.api.auth)
         self.api_key: str | None = None  # --api-key
@@ -61,9 +68,16 @@ class Head:
             return al.Resolution(requested=requested, model=real, free=bool(free))
         return al.resolve(requested, table=self.aliases, served=self.served())
 
-    def save_aliases(self) -> None:
+    async def save_aliases(self) -> None:
+        """Write the alias table (a copy taken now) off the loop."""
         if self._alias_store is not None:
-            self._alias_store.save(self.aliases)
+            await asyncio.to_thread(self._alias_store.save, self.aliases.copy())
+
+    def aliases_merged(self, _names: list[str]) -> None:
+        """Another head's table was merged in: save it soon (a task the head owns)."""
+        task = asyncio.get_running_loop().create_task(self.save_aliases())
+        self._saves.add(task)
+        task.add_done_callback(self._saves.discard)
 
     async def spread_aliases(self, entry: al.AliasEntry) -> tuple[int, int]:
         """Push a change to the other heads: (heads holding it, heads known)."""
@@ -71,13 +85,10 @@ class Head:
             return 1, 1
         return await self.peers.spread(entry)
 
-    def fleet_snapshot(self) -> dict[str, Any]:
-        return {"model": self.model.name, "models": list(self.models),
-                "context_window": self.fleet.context_window(),
-                "queued": self.runner.queued, "moves": self.runner.moves_total,
-                "nodes": [p.describe() for p in self.fleet.pools.values()]}
-
     async def close(self) -> None:
         if self.peers is not None:
             await self.peers.close()
         await self.fleet.close()
+        for task in list(self._saves):  # a save under way finishes: the file stays whole
+            with contextlib.suppress(Exception):
+                await task

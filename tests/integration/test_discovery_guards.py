@@ -10,7 +10,6 @@ import secrets
 import pytest
 from zeroconf import ServiceStateChange
 
-from engine.core import ServeOptions, start_head_discovery
 from engine.discovery import mdns
 from engine.discovery.service import announce_head
 from engine.head.fleet import links as fleet_mod
@@ -22,6 +21,8 @@ from engine.link import admission
 from engine.link.transport import dial
 from engine.node.agent import NodeAgent
 from engine.runtimes.mock import MockEngine
+from engine.service import Shoal
+from engine.settings import DiscoverySettings, HeadSettings, Settings
 
 pytestmark = pytest.mark.timeout(60)
 TOKEN = bytes(range(32))
@@ -33,19 +34,27 @@ def mock_head(psk: bytes | None) -> Head:
 
 
 async def test_a_head_without_a_token_runs_no_discovery(caplog: pytest.LogCaptureFixture,
-                                                        monkeypatch: pytest.MonkeyPatch):
+                                                        monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path):
     caplog.set_level(logging.INFO)
     started: list[str] = []
-    monkeypatch.setattr(mdns.Announcer, "start",
-                        lambda *a, **k: started.append("announcer"))  # type: ignore[misc]
-    monkeypatch.setattr(mdns.Browser, "start",
-                        lambda *a, **k: started.append("browser"))  # type: ignore[misc]
-    head = mock_head(None)
-    closers = await start_head_discovery(ServeOptions(model="m", discovery="both"), head,
-                                         None, "0.0.0.0", 8454)
-    assert closers == [] and started == []
-    assert "no fleet token" in caplog.text and "looks for none" in caplog.text
-    await head.close()
+
+    async def refuse(*a: object, **k: object) -> None:
+        started.append("mdns")
+
+    monkeypatch.setattr(mdns.Announcer, "start", refuse)
+    monkeypatch.setattr(mdns.Browser, "start", refuse)
+    settings = Settings(home=tmp_path, head=HeadSettings(
+        model="m", runtime="mock", http="127.0.0.1:0", fleet_listen="0.0.0.0:0"),
+        discovery=DiscoverySettings(mode="both"))
+    shoal = await Shoal.start(settings)
+    try:
+        assert shoal.snapshot().has_token is False
+        assert shoal.fleet_address is not None  # it takes nodes (from this machine only)
+        assert started == []
+        assert "no fleet token" in caplog.text and "looks for none" in caplog.text
+    finally:
+        await shoal.stop()
 
 
 async def test_a_loopback_fleet_listener_is_not_announced(caplog: pytest.LogCaptureFixture,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 
@@ -36,3 +37,31 @@ async def test_a_quiet_loop_and_garbage_collection_are_not_stalls() -> None:
     del junk
     watch.stop()
     assert watch.stalls == []
+
+
+@pytest.mark.blocking_ok  # it makes leaks on purpose, and checks them itself
+async def test_the_leak_check_sees_tasks_threads_and_sockets_left_behind() -> None:
+    import socket
+    import threading
+
+    from tests.leaks import Baseline
+
+    base = Baseline.now()
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, name="left-running", daemon=True)
+    thread.start()
+    task = asyncio.create_task(asyncio.sleep(30), name="left-pending")
+    sock = socket.socket()
+    try:
+        leaks = await base.leaks()
+        assert any("left-pending" in leak for leak in leaks)
+        assert any("left-running" in leak for leak in leaks)
+        assert any("socket" in leak for leak in leaks)
+    finally:
+        task.cancel()
+        stop.set()
+        thread.join(1)
+        sock.close()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert await base.leaks() == []

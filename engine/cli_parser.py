@@ -1,0 +1,199 @@
+"""The `shoal` command line: every command, option and help line (parsing only)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from engine import __version__
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"{value} must be between 0 and 100")
+    return value
+
+
+def _discovery_options(p: argparse.ArgumentParser, *, again: bool = False) -> None:
+    p.add_argument("--discovery", choices=["lan", "tailnet", "both", "none"],
+                   default=argparse.SUPPRESS if again else None,
+                   help="where to look for the fleet: mDNS on the LAN, the tailnet, or both "
+                   "(default: both, or the config file's)")
+    p.add_argument("--seeds", default="", help="HOST:PORT,... to try where discovery "
+                   "cannot reach")
+    p.add_argument("--tailscale-socket", help="tailscaled's LocalAPI socket (default: the "
+                   "platform's)")
+
+
+def _node_options(p: argparse.ArgumentParser, *, listen: bool, again: bool = False) -> None:
+    """The options of a node. ``again``: on a subcommand (`node join`) whose parent
+    (`node`) has them too, so that either place works: they are left out of the
+    result unless given there, and the parent's value or default stands."""
+    def add(*names: str, **kw: Any) -> None:
+        if again:
+            kw["default"] = argparse.SUPPRESS
+        p.add_argument(*names, **kw)
+
+    add("--model", help="a GGUF path or org/repo[:QUANT]")
+    if listen:
+        add("--listen", default="0.0.0.0:8455", help="ADDR:PORT where heads dial this node "
+            "(default 0.0.0.0:8455)")
+    add("--runtime", choices=["llamacpp", "mlx", "mock"],
+        help="what runs the model (default llamacpp; mlx on Apple silicon; mock for tests)")
+    add("--model-name", help="the name heads match on (default: the model's id)")
+    add("--max-context", type=_positive, help="tokens one session can hold (default: what "
+        "the model and this device allow)")
+    add("--max-batch", type=_positive, default=8, help="lanes: sessions generated at once "
+        "(default 8)")
+    add("--identity", help="the name in the heads' logs (default: host name)")
+    add("--offline", action="store_true", help="pull nothing; fail if the model is not "
+        "in the cache")
+    add("--auth-file", type=Path, help="the fleet token file (default: the keychain or "
+        "$SHOAL_HOME/fleet/token)")
+    add("--insecure-no-auth", action="store_true",
+        help="listen off loopback without a token (plaintext link)")
+    add("--handshake-timeout-ms", type=_positive, default=10_000,
+        help="drop a link whose handshake takes longer (default 10000)")
+    add("--idle-timeout-ms", type=_positive, default=120_000,
+        help="drop a link silent for longer; heads ping every 15 s (default 120000)")
+    add("--mock-speed", type=float, default=0.0,
+        help="mock runtime: tokens/s per lane (0 = unlimited)")
+
+
+def _serve_parser(sub: Any) -> None:
+    serve = sub.add_parser("serve", help="run a head (and a local node unless --fleet)")
+    serve.add_argument("model", nargs="?", help="model id or path (default: the embedded one)")
+    serve.add_argument("--http", default="127.0.0.1:8453", help="ADDR:PORT of the HTTP API "
+                       "(default 127.0.0.1:8453; 0.0.0.0:8453 serves the LAN)")
+    serve.add_argument("--fleet", default="", help="nodes to dial: HOST:PORT,...")
+    serve.add_argument("--fleet-auth", type=Path, help="the fleet token file (default: the "
+                       "keychain or $SHOAL_HOME/fleet/token)")
+    serve.add_argument("--fleet-policy", default="load-aware",
+                       choices=["load-aware", "least-loaded", "round-robin"],
+                       help="how sessions are placed on nodes (default load-aware: the "
+                       "soonest finish by measured rates)")
+    serve.add_argument("--fleet-pool-high", type=_percent, default=90.0, metavar="PCT",
+                       help="KV cache use above which a node takes no new session "
+                       "(default 90)")
+    serve.add_argument("--fleet-conns-per-node", type=_positive, default=None, metavar="N",
+                       help="links opened to each node (default: one per lane)")
+    serve.add_argument("--runtime", choices=["llamacpp", "mlx", "mock"],
+                       help="what runs the model (default llamacpp; mlx on Apple silicon; "
+                       "mock for tests)")
+    serve.add_argument("--max-context", type=_positive, help="tokens one session can hold "
+                       "on the local node (default: what the model and device allow)")
+    serve.add_argument("--max-batch", type=_positive, default=8,
+                       help="lanes of the local node (default 8)")
+    serve.add_argument("--offline", action="store_true",
+                       help="pull nothing; fail if the model is not in the cache")
+    serve.add_argument("--local-node", action="store_true",
+                       help="with --fleet: also run a node in this process")
+    serve.add_argument("--queue-timeout", type=float, default=20.0,
+                       help="seconds a request waits for a free lane before 429")
+    serve.add_argument("--tool-call-parser", choices=["hermes", "llama3", "mistral", "none"],
+                       help="how tool calls are read from the model's text (default: by "
+                       "model family)")
+    serve.add_argument("--chat-template", type=Path,
+                       help="a Jinja chat template file to use instead of the model's")
+    serve.add_argument("--mock-speed", type=float, default=0.0,
+                       help="mock runtime: tokens/s per lane (0 = unlimited)")
+    serve.add_argument("--also-model", action="append", default=[], metavar="MODEL",
+                       help="another model this head serves through nodes (repeatable)")
+    serve.add_argument("--fleet-listen", help="ADDR:PORT where nodes join (announced on the "
+                       "network)")
+    serve.add_argument("--node-port", type=_positive, default=8455,
+                       help="where this head looks for listening nodes on tailnet peers")
+    serve.add_argument("--api-key", default=None,
+                       help="require this key (Authorization: Bearer KEY); other users can "
+                       "read a command line (ps), so prefer --api-key-file or $SHOAL_API_KEY "
+                       "(shoal moves a key given here out of its command line at start)")
+    serve.add_argument("--api-key-file", type=Path, metavar="PATH",
+                       help="require the key held in this file (mode 0600)")
+    serve.add_argument("--keys", choices=["auto", "on", "off"], default="auto",
+                       help="take keys made with `shoal keys issue` (auto: once one was "
+                       "issued, also while running)")
+    serve.add_argument("--key-policy", type=Path, help="per-key limits, JSON or TOML "
+                       "(default: $SHOAL_HOME/keys.policy.json; edits apply while running)")
+    serve.add_argument("--cors-allow", default="", metavar="ORIGINS",
+                       help="browser origins allowed, comma-separated "
+                       "(https://app.example,http://localhost:*)")
+    serve.add_argument("--allow-host", action="append", default=[], metavar="HOST",
+                       help="also answer requests addressed to HOST (a proxy's or tunnel's "
+                       "name, *.example.com, or * for any); repeatable or comma-separated. "
+                       "Only this machine's names and addresses are served otherwise, "
+                       "against DNS rebinding")
+    serve.add_argument("--keepalive", type=float, default=5.0, metavar="SECONDS",
+                       help="keepalive interval while a request waits or its prompt "
+                       "prefills")
+    _discovery_options(serve)
+
+
+def _node_parser(sub: Any) -> Any:
+    node = sub.add_parser("node", help="serve a model to the fleet's heads")
+    _node_options(node, listen=True)
+    node.add_argument("--discovery", choices=["lan", "tailnet", "both", "none"], default=None,
+                      help="announce this node on the LAN so heads dial it (default: both, "
+                      "or the config file's)")
+    node_sub = node.add_subparsers(dest="node_command", metavar="{join,leave}",
+                                   help="without one: a node that heads dial")
+    join = node_sub.add_parser("join", help="dial the fleet's head (found on the network when "
+                               "no address is given)")
+    join.add_argument("head", nargs="?", help="HOST:PORT of the head")
+    join.add_argument("--code", metavar="CODE",
+                      help="the join code: a shoal://join?... URL, - to read it from stdin, "
+                      "or a file (@FILE or a path) holding it as text or a QR image. Other "
+                      "users can read a command line (ps): shoal moves a URL given here out "
+                      "of its own at start, but your shell history keeps it")
+    join.add_argument("--head-port", type=_positive, default=8454,
+                      help="the port heads take joins on, where discovery looks (default 8454)")
+    _node_options(join, listen=False, again=True)
+    _discovery_options(join, again=True)  # `node --discovery X join` works too
+    return node_sub
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shoal", description="Pool your machines into one "
+                                     "private LLM endpoint.")
+    parser.add_argument("--version", action="version", version=f"shoal {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="what to do; `shoal COMMAND --help` for its options")
+
+    fleet = sub.add_parser("fleet", help="the fleet token")
+    fleet_sub = fleet.add_subparsers(dest="fleet_command", required=True, metavar="{token,pair}",
+                                     help="token: print or move it; pair: add a machine")
+    tok = fleet_sub.add_parser("token", help="print the fleet token (make it if absent)")
+    tok.add_argument("--rotate", action="store_true", help="replace it with a new one")
+    tok.add_argument("--store", choices=["keychain", "file"],
+                     help="move the token to the OS keychain or the token file")
+    pair = fleet_sub.add_parser("pair", help="print the join URL and a QR code for a new node")
+    pair.add_argument("--head", help="HOST:PORT nodes should dial (default: this machine's "
+                      "address on port 8454)")
+    pair.add_argument("--fleet-name", default=None, help="a name for the fleet (default: "
+                      "this machine's name)")
+    pair.add_argument("--png", type=Path, help="also save the QR code as a PNG file "
+                      "(mode 0600: it holds the token)")
+
+    _serve_parser(sub)
+    node_sub = _node_parser(sub)
+    from engine.cli_admin import add_parsers
+
+    add_parsers(sub)
+    leave = node_sub.add_parser("leave", help="close the links and forget the head")
+    leave.add_argument("--forget-token", action="store_true",
+                       help="also remove the fleet token from this machine")
+    return parser

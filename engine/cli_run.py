@@ -1,0 +1,173 @@
+"""Running Shoal in the foreground for the CLI: start it, print what a person needs, stop
+it on SIGINT or SIGTERM. The printing follows the engine's events; `shoal node leave`
+finds a joined node of this machine through a small state file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from engine.events import Notice, PullProgress, ShoalEvent, Subscription
+from engine.service import Shoal
+from engine.settings import Settings
+from engine.snapshot import LocalNodeSnapshot
+
+log = logging.getLogger("shoal")
+WINDOW_WAIT_S = 3.0  # how long `serve` waits for a node's window before its banner
+DRAIN_S = 10.0
+LEAVE_WAIT_S = 10.0
+
+
+def setup_logging(name: str, level: int = logging.INFO) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"{name}: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def _stop_event() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def _print_event(event: ShoalEvent) -> None:
+    """What the CLI shows of the engine's events (its logs say the rest)."""
+    if isinstance(event, PullProgress) and event.message:
+        log.info("%s", event.message)
+    elif isinstance(event, Notice):
+        log.log(logging.ERROR if event.level == "error" else logging.WARNING, "%s", event.text)
+
+
+async def _print_events(events: Subscription) -> None:
+    async for event in events:
+        _print_event(event)
+
+
+async def run(settings: Settings, banner: Callable[[Shoal], Awaitable[list[str]]], *,
+              state: Callable[[Shoal], dict[str, object]] | None = None) -> int:
+    """Start Shoal, print ``banner(shoal)`` on stdout, run until a signal, stop."""
+    stop = _stop_event()
+    shoal = Shoal(settings)
+    events = shoal.events()
+    printer = asyncio.create_task(_print_events(events), name="cli-printer")
+    state_file = node_state_path(settings.home) if state is not None else None
+    try:
+        await shoal.open()
+        for line in await banner(shoal):
+            print(line, flush=True)
+        if state_file is not None and state is not None:
+            await asyncio.to_thread(_write_state, state_file, state(shoal))
+        await stop.wait()
+    finally:
+        await shoal.stop(drain=DRAIN_S)
+        events.close()
+        printer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await printer
+        if state_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                state_file.unlink()
+    return 0
+
+
+async def wait_for_window(shoal: Shoal, wait_s: float = WINDOW_WAIT_S) -> int:
+    """The context window of the head's model, once a node has said it (bounded)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(wait_s):
+            events = shoal.events()
+            try:
+                while not shoal.snapshot().context_window():
+                    await events.get()  # a node linking is an event
+            finally:
+                events.close()
+    return shoal.snapshot().context_window()
+
+
+# -- a joined node of this machine, for `shoal node leave` ------------------------------
+
+
+def node_lines(node: LocalNodeSnapshot) -> list[str]:
+    """What a node prints when it starts: what the runtime serves, where it listens."""
+    how = "pinned by --max-context" if node.window_pinned else "sized for this device"
+    if node.runtime == "mock":
+        how = "mock engine, for tests"
+    link = "encrypted" if node.encrypted else "plaintext, loopback only"
+    return [f"runtime {node.runtime} serves {node.path}: context window "
+            f"{node.context_window} tokens ({how}), {node.lanes} lanes",
+            f"node '{node.identity}' serving '{node.model}' on {node.address} (link {link}): "
+            f"context window {node.context_window} tokens, {node.lanes} lanes"]
+
+
+def node_state_path(home: Path) -> Path:
+    return home / "fleet" / "node.json"
+
+
+def _write_state(path: Path, state: dict[str, object]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"pid": os.getpid(), **state}))
+
+
+def leave(home: Path, *, forget_token: bool) -> list[str]:
+    """Stop this machine's joined node (it runs in another process), forget its head, and
+    the token if asked. Returns what was done, one line each."""
+    done: list[str] = []
+    path = node_state_path(home)
+    try:
+        state = json.loads(path.read_text())
+        if not isinstance(state, dict):
+            raise ValueError
+    except (FileNotFoundError, ValueError):
+        state = None
+    if state is not None:
+        pid = int(state.get("pid", 0)) if isinstance(state.get("pid"), int) else 0
+        if pid > 0 and _is_shoal_process(pid):
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + LEAVE_WAIT_S
+            while time.monotonic() < deadline and _alive(pid):
+                time.sleep(0.1)
+            heads = state.get("heads")
+            names = ", ".join(str(h) for h in heads) if isinstance(heads, list) else ""
+            done.append(f"closed the links to {names or 'the head'}")
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        done.append("forgot the head")
+    if forget_token:
+        from engine.secrets import forget_token as forget
+
+        for place in forget(home):
+            done.append(f"removed the fleet token from {place}")
+    return done
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_shoal_process(pid: int) -> bool:
+    """Signal only a Shoal process: the pid in the state file may have been reused."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return _alive(pid) and sys.platform == "darwin"
+    return b"shoal" in cmdline or b"engine.cli" in cmdline

@@ -1,0 +1,136 @@
+"""Getting a model ready, off the event loop: pull or assemble it (with progress and a
+cancel), check its runtime, load an engine for a node or a vocabulary for a head.
+
+Every slow step runs in a worker thread; progress comes back to the loop as
+`PullProgress` events, at most a few a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine import models
+from engine.errors import StartError
+from engine.events import Emit, PullProgress
+from engine.head.prompt.model import HeadModel
+from engine.head.prompt.templates import TemplateError
+from engine.roles import _glue as registry
+from engine.runtimes.base import Engine, RuntimeUnavailable
+
+REPORT_EVERY_S = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    path: str  # what the runtime loads
+    name: str  # the model's name on the link and in /v1/models
+    runtime: str
+
+
+@dataclass
+class Pulls:
+    """Pulls under way, for the snapshot; each can be cancelled."""
+
+    running: dict[str, PullProgress] = field(default_factory=dict)
+    cancels: dict[str, models.Cancel] = field(default_factory=dict)
+
+    def cancel(self, model: str) -> bool:
+        flag = self.cancels.get(model)
+        if flag is None:
+            return False
+        flag.set()
+        return True
+
+
+async def resolve(spec: str | None, runtime: str | None, *, home: Path, offline: bool,
+                  emit: Emit, pulls: Pulls) -> Resolved:
+    """The model ``spec`` (None: the embedded default) ready on disk for ``runtime``."""
+    try:
+        rt = registry.pick(runtime, spec)
+        await asyncio.to_thread(registry.check, rt)
+    except RuntimeUnavailable as exc:
+        raise StartError(str(exc), code="runtime_unavailable") from None
+    label = spec or models.EMBEDDED_NAME
+    cancel = models.Cancel()
+    loop = asyncio.get_running_loop()
+    last = [0.0]
+
+    def progress(line: str, done: int, total: int) -> None:
+        # from the worker thread: hand the numbers to the loop, a few times a second
+        now = time.monotonic()
+        if line or now - last[0] >= REPORT_EVERY_S:
+            last[0] = now
+            loop.call_soon_threadsafe(_report, label, done, total, line, emit, pulls)
+
+    pulls.cancels[label] = cancel
+    try:
+        path, name = await asyncio.to_thread(
+            registry.resolve_model, rt, spec, home=home, offline=offline, progress=progress,
+            cancel=cancel)
+    except models.PullCancelled as exc:
+        _finish(label, "cancelled", str(exc), emit, pulls)
+        raise StartError(str(exc), code="pull_cancelled") from None
+    except (models.ModelMissing, RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
+        _finish(label, "failed", str(exc), emit, pulls)
+        raise StartError(str(exc), code="model_missing") from None
+    finally:
+        pulls.cancels.pop(label, None)
+    if label in pulls.running:
+        _finish(label, "done", "", emit, pulls)
+    return Resolved(path=path, name=name, runtime=rt)
+
+
+def _report(label: str, done: int, total: int, line: str, emit: Emit, pulls: Pulls) -> None:
+    before = pulls.running.get(label)
+    if before is not None and before.state != "running":
+        return
+    event = PullProgress(model=label, done_bytes=done or (before.done_bytes if before else 0),
+                         total_bytes=total or (before.total_bytes if before else 0),
+                         message=line or (before.message if before else ""))
+    pulls.running[label] = event
+    emit(event)
+
+
+def _finish(label: str, state: str, message: str, emit: Emit, pulls: Pulls) -> None:
+    before = pulls.running.pop(label, None)
+    if before is None and state == "done":
+        return
+    emit(PullProgress(model=label, done_bytes=before.done_bytes if before else 0,
+                      total_bytes=before.total_bytes if before else 0,
+                      state=state, message=message))  # type: ignore[arg-type]
+
+
+async def load_engine(model: Resolved, *, name: str, lanes: int, max_context: int | None,
+                      mock_speed: float) -> Engine:
+    """An engine loaded and running its decode thread (the load runs off the loop)."""
+    try:
+        engine = registry.make_engine(model.runtime, model.path, name=name, lanes=lanes,
+                                      max_context=max_context, mock_speed=mock_speed)
+        await engine.start()
+    except (RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
+        raise StartError(str(exc), code="cannot_load") from None
+    return engine
+
+
+async def load_head_model(model: Resolved, *, chat_template: Path | None = None,
+                          read: Callable[[Path], str] | None = None) -> HeadModel:
+    """The head's tokenizer and template for ``model`` (the vocabulary loads off the loop)."""
+    template: str | None = None
+    if chat_template is not None:
+        try:
+            template = await asyncio.to_thread(chat_template.read_text, encoding="utf-8")
+        except OSError as exc:
+            raise StartError(f"cannot read the chat template {chat_template}: "
+                             f"{exc.strerror}; check the path", code="bad_template") from None
+    try:
+        return await asyncio.to_thread(registry.load_head_model, model.runtime, model.path,
+                                       name=model.name, chat_template=template)
+    except (RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
+        raise StartError(str(exc), code="cannot_load") from None
+    except TemplateError as exc:
+        raise StartError(f"the chat template {chat_template} does not compile: {exc}; fix "
+                         "it or leave out --chat-template", code="bad_template") from None

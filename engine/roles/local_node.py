@@ -1,0 +1,116 @@
+"""This machine's node: a loaded engine, the agent that admits sessions onto its lanes,
+and a listener that heads dial (a loopback one for this machine's own head).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from engine.discovery.service import announce_node
+from engine.errors import StartError
+from engine.link.transport import is_loopback
+from engine.node.agent import NodeAgent
+from engine.roles.loading import Resolved, load_engine
+from engine.roles.sockets import bind, bound_address, parse_address
+from engine.runtimes.base import Engine
+from engine.settings import NODE_PORT, DiscoveryMode, NodeSettings
+from engine.snapshot import LocalNodeSnapshot, ServingState
+
+log = logging.getLogger("shoal.node")
+DRAIN_POLL_S = 0.05
+
+
+@dataclass
+class LocalNode:
+    settings: NodeSettings
+    model: Resolved
+    engine: Engine
+    agent: NodeAgent
+    host: str  # where it listens: 127.0.0.1 for this machine's head only, or --listen
+    port: int
+    _closers: list[Callable[[], Awaitable[None]]]
+    closed: bool = False
+
+    @classmethod
+    async def start(cls, settings: NodeSettings, model: Resolved, *, name: str,
+                    psk: bytes | None, discovery: DiscoveryMode,
+                    sock: socket.socket | None = None) -> LocalNode:
+        """Load ``model`` and serve it. ``sock``: the listener, bound earlier (before the
+        model loaded); without one the node listens on loopback for this machine's head."""
+        if sock is None:
+            sock = bind("127.0.0.1", 0, what="the local node's")
+        host, port = bound_address(sock)
+        closers: list[Callable[[], Awaitable[None]]] = []
+        try:
+            engine = await load_engine(model, name=name, lanes=settings.lanes,
+                                       max_context=settings.max_context,
+                                       mock_speed=settings.mock_speed)
+            agent = NodeAgent(engine, identity=settings.identity or socket.gethostname(),
+                              psk=psk, handshake_timeout_s=settings.handshake_timeout_s,
+                              idle_timeout_s=settings.idle_timeout_s)
+            agent.paused = settings.paused
+            await agent.listen_on(sock)
+        except BaseException:
+            sock.close()
+            raise
+        node = cls(settings, model, engine, agent, host, port, closers)
+        if settings.listen is not None and not is_loopback(host) and discovery != "none":
+            closers.extend(await announce_node(discovery, identity=agent.identity,
+                                               model=engine.info.model, psk=psk, port=port,
+                                               host=host))
+        return node
+
+    @staticmethod
+    def bind_listener(settings: NodeSettings, psk: bytes | None) -> socket.socket | None:
+        """The listener of a node that heads dial (``--listen``), bound before the load
+        (and refused before it without a token off loopback: the link would be plaintext)."""
+        if settings.listen is None:
+            return None
+        host, port = parse_address(settings.listen, NODE_PORT, what="--listen")
+        if psk is None and not is_loopback(host) and not settings.insecure_no_auth:
+            raise StartError(f"refusing to listen on {host}:{port} without a fleet token; "
+                             "make one with `shoal fleet token` (or pair this machine), "
+                             "listen on 127.0.0.1, or pass --insecure-no-auth",
+                             code="no_token")
+        return bind(host, port, what="the node's")
+
+    @property
+    def state(self) -> ServingState:
+        return "paused" if self.agent.paused else "serving"
+
+    def snapshot(self, heads: tuple[str, ...] = (),
+                 linked: tuple[str, ...] = ()) -> LocalNodeSnapshot:
+        info = self.engine.info
+        return LocalNodeSnapshot(
+            state=self.state, identity=self.agent.identity, model=info.model,
+            runtime=info.runtime, path=info.path, context_window=info.context_window,
+            window_pinned=info.window_pinned, lanes=info.lanes, lanes_busy=self.agent.busy,
+            address=f"{self.host}:{self.port}", listening=self.settings.listen is not None,
+            encrypted=self.agent.psk is not None, heads=heads, linked=linked)
+
+    def set_psk(self, psk: bytes | None) -> None:
+        """A new fleet token: new links use it (heads and joins redial with it)."""
+        self.agent.psk = psk
+
+    async def drain(self, timeout_s: float) -> None:
+        """Take no new session and give those running up to ``timeout_s`` to finish."""
+        self.agent.pause(True)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                while self.agent.busy:  # noqa: ASYNC110 - once, at shutdown, bounded
+                    await asyncio.sleep(DRAIN_POLL_S)
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for close in reversed(self._closers):
+            with contextlib.suppress(Exception):
+                await close()
+        await self.agent.close()
+        await self.engine.close()

@@ -1,0 +1,608 @@
+"""The `Shoal` object: one running Shoal, in process, that the CLI, the tests and the
+desktop app all drive.
+
+    shoal = await Shoal.start(settings)        # the roles the settings name
+    shoal.snapshot()                           # frozen state: nodes, heads, aliases, roles
+    async for event in shoal.events(): ...     # typed changes, bounded per subscriber
+    await shoal.join(code) / leave() / set_head(on) / pause_serving(on) / set_model(spec)
+    await shoal.aliases.set(...); shoal.keys.issue(name); await shoal.pairing()
+    await shoal.stop(drain=10)                 # leaves no task, thread, socket or file
+
+Roles are parts started and stopped at run time: the head (the API on this machine and
+the placement of sessions), the local node (a model served on this machine's lanes),
+the fleet side of the head (taking nodes from other machines, announced on the
+network) and membership (this machine's node linked with a fleet's heads). Commands
+return typed results or raise `ShoalError`s carrying the one line for the user.
+Nothing here prints, reads argv or handles signals, and nothing slow runs on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets as pysecrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TypeVar
+
+from engine import pairing
+from engine import secrets as tokens
+from engine.discovery.fleet_id import fleet_id
+from engine.discovery.mdns import local_addresses
+from engine.errors import CommandError, JoinError, ShoalError, StartError
+from engine.events import EventBus, Notice, RolesChanged, ShoalEvent, Subscription
+from engine.head.access import keys as keyfiles
+from engine.head.commands import AliasCommands
+from engine.head.observe import fleet_snapshot
+from engine.head.prompt.model import HeadModel
+from engine.node.join import HeadAddress
+from engine.roles.head_role import HeadRole
+from engine.roles.loading import Pulls, Resolved, load_head_model, resolve
+from engine.roles.local_node import LocalNode
+from engine.roles.membership import Membership, locate
+from engine.roles.sockets import parse_address
+from engine.settings import FLEET_PORT, HeadSettings, JoinSettings, NodeSettings, Settings
+from engine.snapshot import FleetSnapshot, PullSnapshot, Roles
+
+log = logging.getLogger("shoal")
+T = TypeVar("T")
+
+DEFAULT_FLEET_LISTEN = f"0.0.0.0:{FLEET_PORT}"  # other machines join here
+FLEET_NAME_FILE = "name"
+
+
+@dataclass(frozen=True, slots=True)
+class Pairing:
+    """What a new machine needs to join this fleet: the join URL (it holds the token: show
+    it only to the user), its QR code as PNG bytes and as terminal text."""
+
+    url: str
+    fleet: str
+    head: str
+    png: bytes
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class JoinResult:
+    fleet: str
+    heads: tuple[str, ...]
+    model: str  # the model the head announced
+
+
+class KeyCommands:
+    """Stateless API keys (`shoal keys ...`): files a running head watches."""
+
+    def __init__(self, home: Path) -> None:
+        self._home = home
+
+    async def issue(self, name: str) -> str:
+        def run() -> str:
+            secret = keyfiles.load_or_make_secret(keyfiles.secret_path(self._home))
+            return keyfiles.issue_key(secret, name)
+        return await self._off_loop(run)
+
+    async def revoke(self, name: str) -> bool:
+        """True when the key was live and is revoked now (False: it already was)."""
+        return await self._off_loop(
+            lambda: keyfiles.revoke(keyfiles.revoked_path(self._home), name))
+
+    async def rotate(self) -> None:
+        """A new keys secret: every key issued so far stops working."""
+        await self._off_loop(lambda: keyfiles.rotate_secret(keyfiles.secret_path(self._home)))
+
+    @staticmethod
+    async def _off_loop(work: Callable[[], T]) -> T:
+        try:
+            return await asyncio.to_thread(work)
+        except keyfiles.KeysError as exc:
+            raise CommandError(str(exc), code="bad_key") from None
+
+
+class Shoal:
+    def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._wall = wall
+        self._bus = EventBus()
+        self._pulls = Pulls()
+        self._psk: bytes | None = None
+        self._fleet_name: str | None = settings.fleet_name
+        self._head: HeadRole | None = None
+        self._node: LocalNode | None = None
+        self._member: Membership | None = None
+        self._lock = asyncio.Lock()  # one role change at a time
+        self._stopped = False
+        self.keys = KeyCommands(settings.home)
+
+    # -- life cycle ----------------------------------------------------------------
+
+    @classmethod
+    async def start(cls, settings: Settings, *, clock: Callable[[], float] = time.monotonic,
+                    wall: Callable[[], float] = time.time) -> Shoal:
+        """Start the roles ``settings`` names. Raises StartError / JoinError (one line)."""
+        shoal = cls(settings, clock=clock, wall=wall)
+        await shoal.open()
+        return shoal
+
+    async def open(self) -> None:
+        """Start the roles (for a caller that subscribed to `events` first, to see the
+        start's own progress). On failure every part started is stopped again."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop(drain=0)
+            raise
+
+    async def _start(self) -> None:
+        s = self.settings
+        given: HeadAddress | None = None
+        if s.join is not None and s.join.code:
+            code = await _parse_code(s.join.code)
+            self._psk, given = code.token, HeadAddress(code.head_host, code.head_port, "code")
+            self._fleet_name = code.fleet
+        else:
+            self._psk = await self._read_token()
+            if s.join is not None and s.join.head:
+                host, port = parse_address(s.join.head, s.join.head_port, what="the head")
+                given = HeadAddress(host, port, "given")
+        if self._fleet_name is None:
+            self._fleet_name = await asyncio.to_thread(_load_fleet_name, s.home)
+        # bind every listener before any slow work, so a port in use fails at once
+        http_sock = HeadRole.bind_http(s.head) if s.head is not None else None
+        fleet_sock = None
+        node_sock = None
+        try:
+            if s.head is not None and s.head.fleet_listen:
+                fleet_sock = HeadRole.bind_fleet(s.head.fleet_listen)
+            if s.node is not None:
+                node_sock = LocalNode.bind_listener(s.node, self._psk)
+            heads: list[HeadAddress] = []
+            announced: str | None = None
+            finder = None
+            if s.join is not None and s.node is not None:
+                # check the token against a head before pulling or loading anything
+                heads, hello, finder = await locate(given, psk=self._psk,
+                                                    discovery=s.discovery,
+                                                    head_port=s.join.head_port)
+                announced = hello.model
+                if s.join.code:
+                    await self._store_token(self._psk, self._fleet_name)
+            head_model: Resolved | None = None
+            if s.head is not None:
+                sock, http_sock = http_sock, None
+                head_model = await self._start_head(s.head, sock)
+                if fleet_sock is not None:
+                    sock, fleet_sock = fleet_sock, None
+                    assert self._head is not None
+                    await self._head.open_fleet(sock, discovery=s.discovery)
+            if s.node is not None:
+                sock, node_sock = node_sock, None
+                await self._start_node(s.node, sock=sock, announced=announced,
+                                       head_model=head_model)
+                if s.join is not None and finder is not None:
+                    assert self._node is not None
+                    self._member = Membership.start(
+                        self._node.agent, heads, finder, psk=self._psk, given=given,
+                        handshake_timeout_s=s.node.handshake_timeout_s)
+                    finder = None
+        finally:
+            for leftover in (http_sock, fleet_sock, node_sock):
+                if leftover is not None:
+                    leftover.close()
+        self._roles_changed()
+
+    async def _start_head(self, hs: HeadSettings, sock: socket.socket | None) -> Resolved:
+        s = self.settings
+        node = s.node
+        spec = hs.model if hs.model is not None else (node.model if node else None)
+        runtime = hs.runtime or (node.runtime if node else None)
+        model = await self._resolve(spec, runtime)
+        models: list[HeadModel] = [await load_head_model(model, chat_template=hs.chat_template)]
+        for other in hs.also_models:
+            models.append(await load_head_model(await self._resolve(other, runtime)))
+        if sock is None:
+            sock = HeadRole.bind_http(hs)
+        self._head = await HeadRole.start(hs, models, home=s.home, psk=self._psk,
+                                          emit=self._emit, clock=self._clock, wall=self._wall,
+                                          http_sock=sock, snapshot=self.snapshot)
+        if self._node is not None:
+            self._link_local()
+        return model
+
+    async def _start_node(self, ns: NodeSettings, *, sock: socket.socket | None,
+                          announced: str | None, head_model: Resolved | None) -> None:
+        s = self.settings
+        hs = s.head
+        same = (hs is not None and (hs.model is None or hs.model == ns.model)
+                and (hs.runtime is None or hs.runtime == ns.runtime))
+        # the head read this very model: use what it resolved (no second pull)
+        model = head_model if head_model is not None and same else \
+            await self._resolve(ns.model, ns.runtime)
+        name = ns.model_name or announced or (head_model.name if head_model else model.name)
+        if ns.identity is None and self._head is not None and ns.listen is None:
+            ns = replace(ns, identity=f"{socket.gethostname()} (local)")
+        self._node = await LocalNode.start(ns, model, name=name, psk=self._psk,
+                                           discovery=s.discovery.mode, sock=sock)
+        if model.runtime == "mock" and self._head is not None:
+            log.info("serving the built-in mock engine as the local node (tests only: its "
+                     "answers are not a model's)")
+        if self._head is not None:
+            self._link_local()
+
+    def _link_local(self) -> None:
+        """This machine's head dials this machine's node over loopback."""
+        assert self._head is not None and self._node is not None
+        fleet = self._head.head.fleet
+        if "local" in fleet.pools:
+            fleet.forget("local")
+        host = self._node.host
+        if host in ("0.0.0.0", "", "::"):  # noqa: S104 - comparing, not binding
+            host = "127.0.0.1"
+        fleet.add_dialed(host, self._node.port, key="local")
+
+    async def stop(self, drain: float = 10.0) -> None:
+        """Finish (or, after ``drain`` seconds, cancel) the sessions under way and stop
+        every role. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        head, node, member = self._head, self._node, self._member
+        if head is not None:
+            await head.drain(drain)
+        if member is not None:
+            await member.close()
+        if head is not None:
+            await head.close()
+        if node is not None:
+            await node.close()
+        self._head = self._node = self._member = None
+        self._bus.close()
+
+    # -- reading -------------------------------------------------------------------
+
+    def snapshot(self) -> FleetSnapshot:
+        head = self._head
+        node = self._node
+        roles = Roles(
+            head=head is not None, api_url=head.api_url if head else None,
+            fleet_listen=(f"{head.fleet_side.host}:{head.fleet_side.port}"
+                          if head is not None and head.fleet_side is not None else None),
+            node=node.snapshot(tuple(str(h) for h in self._member.heads) if self._member
+                               else (), self._member.linked() if self._member else ())
+            if node else None,
+            member=self._member is not None)
+        pulls = tuple(PullSnapshot(model=p.model, done_bytes=p.done_bytes,
+                                   total_bytes=p.total_bytes, state=p.state, message=p.message)
+                      for p in self._pulls.running.values())
+        return fleet_snapshot(head.head if head else None, roles=roles,
+                              fleet_name=self._fleet_name if self._psk else None,
+                              fleet_id=fleet_id(self._psk), has_token=self._psk is not None,
+                              pulls=pulls, aliases=head.aliases.current if head else None,
+                              wall=self._wall)
+
+    def events(self, *, buffer: int = 1024) -> Subscription:
+        """Typed events from now on (``async for``; ``close()`` or ``async with`` to stop)."""
+        return self._bus.subscribe(buffer=buffer)
+
+    @property
+    def aliases(self) -> AliasCommands:
+        if self._head is None:
+            raise CommandError("the API does not run on this machine; turn it on (Run the "
+                               "API on this machine, or `shoal serve`) to change aliases",
+                               code="no_head")
+        return self._head.aliases
+
+    @property
+    def api_url(self) -> str | None:
+        return self._head.api_url if self._head else None
+
+    @property
+    def fleet_address(self) -> tuple[str, int] | None:
+        """Where this machine's head takes nodes that join, when it does."""
+        side = self._head.fleet_side if self._head else None
+        return (side.host, side.port) if side else None
+
+    @property
+    def node_address(self) -> tuple[str, int] | None:
+        return (self._node.host, self._node.port) if self._node else None
+
+    # -- roles ---------------------------------------------------------------------
+
+    async def set_head(self, on: bool) -> None:
+        """Run the API (and placement) on this machine, or stop it here."""
+        async with self._lock:
+            if on and self._head is None:
+                hs = self.settings.head or HeadSettings()
+                await self._start_head(hs, None)
+                self.settings = self.settings.with_head(hs)
+                if self._member is not None or hs.fleet_listen:
+                    await self._open_fleet()
+            elif not on and self._head is not None:
+                head, self._head = self._head, None
+                await head.drain(self._drain_s)
+                await head.close()
+                self.settings = self.settings.with_head(None)
+            self._roles_changed()
+
+    async def pause_serving(self, paused: bool) -> None:
+        """Stop taking new sessions on this machine's node (those running finish)."""
+        node = self._require_node()
+        node.agent.pause(paused)
+        if self.settings.node is not None:
+            self.settings = self.settings.with_node(replace(self.settings.node, paused=paused))
+        self._roles_changed()
+
+    async def set_model(self, spec: str | None, *, runtime: str | None = None) -> str:
+        """Serve another model here (None: the embedded default): pull it with progress,
+        load it, then move the head's tokenizer and the node over. Returns its name."""
+        async with self._lock:
+            ns = replace(self.settings.node or NodeSettings(), model=spec, runtime=runtime,
+                         model_name=None)
+            model = await self._resolve(spec, runtime)
+            head_settings = self.settings.head
+            old_head, old_node = self._head, self._node
+            had_fleet = old_head is not None and old_head.fleet_side is not None
+            if old_head is not None:
+                await old_head.drain(self._drain_s)
+                await old_head.close()
+                self._head = None
+            if old_node is not None:
+                await old_node.drain(self._drain_s)
+                await old_node.close()
+                self._node = None
+            self.settings = replace(self.settings, node=ns, head=(
+                replace(head_settings, model=None, runtime=None) if head_settings else None))
+            head_model = None
+            if self.settings.head is not None:
+                head_model = await self._start_head(self.settings.head, None)
+            await self._start_node(ns, sock=LocalNode.bind_listener(ns, self._psk),
+                                   announced=None,
+                                   head_model=head_model)
+            if self._member is not None and self._node is not None:
+                self._member.agent = self._node.agent
+                self._member.joiner.agent = self._node.agent
+            if had_fleet:
+                await self._open_fleet()
+            self._roles_changed()
+            return model.name
+
+    def cancel_pull(self, model: str) -> bool:
+        """Stop a pull under way (what was downloaded stays, to resume)."""
+        return self._pulls.cancel(model)
+
+    # -- the fleet -----------------------------------------------------------------
+
+    async def create_fleet(self, name: str | None = None) -> Pairing:
+        """Make this machine the start of a fleet: a token (if it has none), the head
+        taking nodes from other machines and announced on the network. Returns the
+        pairing code for the next machine."""
+        async with self._lock:
+            if self._psk is None:
+                await self._set_token(pysecrets.token_bytes(tokens.TOKEN_BYTES),
+                                      name or socket.gethostname())
+            elif name:
+                await self._set_fleet_name(name)
+            if self._head is not None and self._head.fleet_side is None:
+                await self._open_fleet()
+            self._roles_changed()
+        return await self.pairing()
+
+    async def fleet_token(self, *, rotate: bool = False) -> bytes:
+        """The fleet token (made when absent; replaced with ``rotate``). For a person who
+        asked for it (`shoal fleet token`): it is the key to the whole fleet."""
+        if rotate or self._psk is None:
+            async with self._lock:
+                await self._set_token(pysecrets.token_bytes(tokens.TOKEN_BYTES),
+                                      self._fleet_name)
+        assert self._psk is not None
+        return self._psk
+
+    async def move_token(self, to: tokens.Place) -> str:
+        """Keep the token in the OS keychain or in the token file; one line says where."""
+        try:
+            return await asyncio.to_thread(tokens.move_token, self.settings.home, to)
+        except tokens.TokenError as exc:
+            raise CommandError(str(exc), code="bad_token") from None
+
+    async def pairing(self, *, head: str | None = None) -> Pairing:
+        """The join URL and QR code of this fleet, pointing at this machine's head (or
+        ``head``, HOST:PORT)."""
+        if self._psk is None:
+            raise CommandError("this machine has no fleet token yet; start a fleet here "
+                               "first (Start a fleet here, or `shoal fleet token`)",
+                               code="no_token")
+        if head is None:
+            side = self.fleet_address
+            port = side[1] if side else FLEET_PORT
+            addresses = await asyncio.to_thread(local_addresses)
+            head = f"{addresses[0] if addresses else '127.0.0.1'}:{port}"
+        name = self._fleet_name or socket.gethostname()
+        try:
+            url = pairing.join_url(head, self._psk, name)
+        except pairing.PairingError as exc:
+            raise CommandError(str(exc), code="bad_pairing") from None
+        png = await asyncio.to_thread(pairing.qr_png, url)
+        return Pairing(url=url, fleet=name, head=head, png=png, text=pairing.qr_text(url))
+
+    async def rotate_token(self) -> Pairing:
+        """A new fleet token: every other machine must pair again."""
+        async with self._lock:
+            await self._set_token(pysecrets.token_bytes(tokens.TOKEN_BYTES), self._fleet_name)
+            if self._head is not None and self._head.fleet_side is not None:
+                await self._head.close_fleet()
+                await self._open_fleet()
+            self._roles_changed()
+        return await self.pairing()
+
+    async def join(self, code: str | None = None, *, head: str | None = None) -> JoinResult:
+        """Join a fleet: by a join code (the URL, or the path of an image of its QR code),
+        or with this machine's token by a head's HOST:PORT (None: found on the network).
+        The token is checked against a head before anything changes here."""
+        async with self._lock:
+            node = self._require_node()
+            psk: bytes | None
+            name: str | None
+            if code is not None:
+                parsed = await _parse_code(code)
+                psk, name = parsed.token, parsed.fleet
+                given: HeadAddress | None = HeadAddress(parsed.head_host, parsed.head_port,
+                                                        "code")
+            else:
+                psk, name = self._psk, self._fleet_name
+                given = None
+                if head is not None:
+                    host, port = parse_address(head, FLEET_PORT, what="the head")
+                    given = HeadAddress(host, port, "given")
+            join = self.settings.join or JoinSettings()
+            heads, hello, finder = await locate(given, psk=psk, discovery=self.settings.discovery,
+                                                head_port=join.head_port)
+            if self._member is not None:
+                await self._member.close()
+                self._member = None
+            if psk != self._psk or name != self._fleet_name:
+                await self._set_token(psk, name)
+            if self._head is not None and self._head.fleet_side is None and psk is not None:
+                await self._open_fleet()
+            self._member = Membership.start(node.agent, heads, finder, psk=psk, given=given,
+                                            handshake_timeout_s=node.settings.handshake_timeout_s)
+            self.settings = self.settings.with_join(replace(join, head=str(given) if given
+                                                            else None, code=None))
+            self._roles_changed()
+            return JoinResult(fleet=name or "", heads=tuple(str(h) for h in heads),
+                              model=hello.model)
+
+    async def leave(self, *, forget_token: bool = False) -> list[str]:
+        """Leave the fleet: this machine's node unlinks from the fleet's heads, its head
+        stops taking nodes from other machines; with ``forget_token`` the token goes too.
+        Returns what was done, one line each."""
+        async with self._lock:
+            done: list[str] = []
+            if self._member is not None:
+                heads = ", ".join(str(h) for h in self._member.heads) or "the heads"
+                await self._member.close()
+                self._member = None
+                done.append(f"closed the links to {heads}")
+            if self._head is not None and self._head.fleet_side is not None:
+                await self._head.close_fleet()
+                fleet = self._head.head.fleet
+                for key, pool in list(fleet.pools.items()):
+                    if key != "local" and (not pool.dialed or pool.discovered):
+                        fleet.forget(key)
+                done.append("stopped taking nodes from other machines")
+            self.settings = self.settings.with_join(None)
+            if forget_token:
+                places = await asyncio.to_thread(tokens.forget_token, self.settings.home)
+                self._apply_psk(None)
+                if places:
+                    done.append(f"removed the fleet token from {' and '.join(places)}")
+            self._roles_changed()
+            return done
+
+    # -- helpers -------------------------------------------------------------------
+
+    @property
+    def _drain_s(self) -> float:
+        return 10.0
+
+    def _require_node(self) -> LocalNode:
+        if self._node is None:
+            raise CommandError("this machine serves no model; choose one to serve first",
+                               code="no_node")
+        return self._node
+
+    async def _resolve(self, spec: str | None, runtime: str | None) -> Resolved:
+        return await resolve(spec, runtime, home=self.settings.home,
+                             offline=self.settings.offline, emit=self._emit, pulls=self._pulls)
+
+    async def _read_token(self) -> bytes | None:
+        path = self.settings.auth_file
+        try:
+            if path is not None:
+                return await asyncio.to_thread(tokens.read_token, path)
+            return await asyncio.to_thread(tokens.load_fleet_token, self.settings.home)
+        except tokens.TokenError as exc:
+            raise StartError(str(exc), code="bad_token") from None
+
+    async def _store_token(self, psk: bytes | None, name: str | None) -> None:
+        if psk is None:
+            return
+        try:
+            where = await asyncio.to_thread(tokens.store_fleet_token, self.settings.home, psk,
+                                            "auto")
+        except tokens.TokenError as exc:
+            raise ShoalError(str(exc), code="bad_token") from None
+        if name:
+            await self._set_fleet_name(name)
+        log.info("stored the fleet token of '%s' in %s", name or "this fleet", where)
+
+    async def _set_token(self, psk: bytes | None, name: str | None) -> None:
+        await self._store_token(psk, name)
+        self._apply_psk(psk)
+
+    async def _set_fleet_name(self, name: str) -> None:
+        self._fleet_name = name
+        await asyncio.to_thread(_save_fleet_name, self.settings.home, name)
+
+    def _apply_psk(self, psk: bytes | None) -> None:
+        self._psk = psk
+        if self._head is not None:
+            self._head.set_psk(psk)
+        if self._node is not None:
+            self._node.set_psk(psk)
+        if self._member is not None:
+            self._member.set_psk(psk)
+
+    async def _open_fleet(self) -> None:
+        assert self._head is not None
+        hs = self._head.settings
+        sock = HeadRole.bind_fleet(hs.fleet_listen or DEFAULT_FLEET_LISTEN)
+        await self._head.open_fleet(sock, discovery=self.settings.discovery)
+
+    def _emit(self, event: ShoalEvent) -> None:
+        self._bus.publish(event)
+
+    def _roles_changed(self) -> None:
+        node = self._node
+        self._emit(RolesChanged(head=self._head is not None,
+                                node=node.state if node else "off",
+                                fleet=self._fleet_name if self._psk else None))
+
+    def notice(self, level: str, text: str) -> None:
+        """Publish a warning or error line (for parts that only log)."""
+        self._emit(Notice(level=level, text=text))  # type: ignore[arg-type]
+
+
+async def _parse_code(code: str) -> pairing.JoinCode:
+    """A join URL, or an image of its QR code (read off the loop)."""
+    text = code.strip()
+    try:
+        if not text.lower().startswith(f"{pairing.SCHEME}://"):
+            text = await asyncio.to_thread(_read_code_image, text)
+        return pairing.parse_join_url(text)
+    except pairing.PairingError as exc:
+        raise JoinError(str(exc), code="bad_join_code") from None
+
+
+def _read_code_image(path: str) -> str:
+    return pairing.read_qr_image(Path(path).expanduser())
+
+
+def _load_fleet_name(home: Path) -> str | None:
+    try:
+        text = (home / "fleet" / FLEET_NAME_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return text[:pairing.MAX_FLEET_CHARS] or None
+
+
+def _save_fleet_name(home: Path, name: str) -> None:
+    from engine.files import write_private
+
+    with contextlib.suppress(OSError):
+        write_private(home / "fleet" / FLEET_NAME_FILE, name.encode("utf-8"))

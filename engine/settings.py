@@ -1,0 +1,130 @@
+"""Everything a running Shoal is started from: one frozen, typed `Settings`.
+
+The CLI builds it from its flags over ``$SHOAL_HOME/config.toml``; the app from the
+same file and its own choices; tests directly. A role left as None is not started
+(a head with no local node, a node with no head). Changing a role at run time goes
+through `Shoal`'s commands, which keep their own copy of the settings up to date.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+Policy = Literal["load-aware", "least-loaded", "round-robin"]
+DiscoveryMode = Literal["lan", "tailnet", "both", "none"]
+KeysMode = Literal["auto", "on", "off"]
+
+HTTP_DEFAULT = "127.0.0.1:8453"
+FLEET_PORT = 8454  # where heads take nodes that join
+NODE_PORT = 8455  # where listening nodes take heads that dial
+LANES_DEFAULT = 8
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("SHOAL_HOME") or Path.home() / ".shoal")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSettings:
+    """This machine's node: which model it serves and how."""
+
+    model: str | None = None  # a GGUF path, org/repo[:QUANT], an MLX folder; None: embedded
+    runtime: str | None = None  # llamacpp | mlx | mock; None: by the model's format
+    model_name: str | None = None  # the name heads match on; None: the model's own
+    max_context: int | None = None  # tokens per lane; None: sized for this device
+    lanes: int = LANES_DEFAULT
+    identity: str | None = None  # the name in heads' logs; None: the host name
+    listen: str | None = None  # HOST:PORT where heads dial it; None: no listener
+    insecure_no_auth: bool = False  # listen off loopback without a token
+    handshake_timeout_s: float = 10.0
+    idle_timeout_s: float = 120.0
+    mock_speed: float = 0.0  # the mock runtime's tokens/s per lane (0: unlimited)
+    paused: bool = False  # start without taking sessions
+
+
+@dataclass(frozen=True, slots=True)
+class HeadSettings:
+    """This machine's head: the API on localhost and how it places sessions."""
+
+    model: str | None = None  # the tokenizer and template; None: the local node's model
+    runtime: str | None = None  # how to read that model; None: by its format
+    http: str = HTTP_DEFAULT
+    fleet: tuple[str, ...] = ()  # HOST:PORT of nodes it dials
+    fleet_listen: str | None = None  # ADDR:PORT where nodes join; None: none join
+    also_models: tuple[str, ...] = ()
+    policy: Policy = "load-aware"
+    pool_high: float = 90.0
+    conns_per_node: int = 0  # 0: as many as the node has lanes
+    queue_timeout_s: float = 20.0
+    keepalive_s: float = 5.0
+    tool_call_parser: str | None = None
+    chat_template: Path | None = None
+    api_key: str | None = field(default=None, repr=False)  # the operator's static key
+    keys: KeysMode = "auto"  # keys from `shoal keys issue`: on once one was issued
+    key_policy: Path | None = None
+    cors_allow: tuple[str, ...] = ()
+    allow_hosts: tuple[str, ...] = ()
+    node_port: int = NODE_PORT  # where it looks for listening nodes on tailnet peers
+
+
+@dataclass(frozen=True, slots=True)
+class JoinSettings:
+    """This machine's node joins a fleet's heads (and every head of it found later)."""
+
+    head: str | None = None  # HOST:PORT; None: found on the network
+    code: str | None = field(default=None, repr=False)  # a join URL (holds the token)
+    head_port: int = FLEET_PORT  # where discovery looks for heads
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoverySettings:
+    mode: DiscoveryMode = "both"
+    seeds: tuple[str, ...] = ()
+    tailscale_socket: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    home: Path = field(default_factory=default_home)
+    head: HeadSettings | None = None
+    node: NodeSettings | None = None
+    join: JoinSettings | None = None
+    discovery: DiscoverySettings = DiscoverySettings()
+    auth_file: Path | None = None  # the token from this file (not the keychain)
+    offline: bool = False  # pull nothing
+    fleet_name: str | None = None  # the name people see in pairing codes
+
+    def with_head(self, head: HeadSettings | None) -> Settings:
+        return replace(self, head=head)
+
+    def with_node(self, node: NodeSettings | None) -> Settings:
+        return replace(self, node=node)
+
+    def with_join(self, join: JoinSettings | None) -> Settings:
+        return replace(self, join=join)
+
+    @property
+    def models_dir(self) -> Path:
+        return self.home / "models"
+
+
+def split_hostport(text: str, default_port: int) -> tuple[str, int]:
+    """(host, port) of ``HOST:PORT``, ``[V6]:PORT`` or ``HOST``; ValueError with the fix."""
+    host, sep, port = text.rpartition(":")
+    if not sep or (host.count(":") and not host.startswith("[")):
+        if text.count(":") > 1 and not text.startswith("["):  # a bare IPv6 address
+            return text, default_port
+        if not sep:
+            return text, default_port
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        value = int(port)
+    except ValueError:
+        raise ValueError(f"'{text}' is not HOST:PORT; write it like 127.0.0.1:8455") from None
+    if not 0 <= value < 65536:
+        raise ValueError(f"port {value} in '{text}' is out of range 0-65535")
+    return host or "0.0.0.0", value  # noqa: S104 - an empty host means every interface

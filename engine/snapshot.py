@@ -1,0 +1,165 @@
+"""A running Shoal's state at one moment, as frozen dataclasses.
+
+`Shoal.snapshot()` builds one; `GET /v1/fleet` and the app's window render the same
+thing. Nothing here refers back into the engine: a snapshot can be kept, compared and
+handed to another thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+NodeState = Literal["connecting", "ready", "unreachable", "other-model", "left"]
+LinkKind = Literal["dialed", "joined", "local"]
+ServingState = Literal["off", "loading", "serving", "paused", "failed"]
+AliasState = Literal["ok", "fallback", "unavailable", "shadowed"]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    key: str  # "host:port" (dialed), "joined:<identity>" (joined) or "local"
+    identity: str
+    address: str
+    link: LinkKind
+    state: NodeState
+    model: str
+    runtime: str
+    context_window: int
+    lanes: int
+    lanes_busy: int  # all heads together: the higher of the node's report and ours
+    own_sessions: int  # this head's sessions there now
+    kv_used: int
+    kv_total: int
+    prefill_tps: float
+    decode_tps: float  # per lane
+    ttft_ms: float
+    last_seen: float  # wall-clock seconds of the last record from it; 0.0 never
+    sessions_total: int  # sessions this head placed there
+    peak_busy: int
+    connections: int
+    error: str | None
+
+    @property
+    def kv_percent(self) -> float:
+        return 100.0 * self.kv_used / self.kv_total if self.kv_total else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class HeadSnapshot:
+    """A head of the fleet: this machine's, or another one met over the fleet link."""
+
+    head_id: str
+    address: str
+    linked: bool
+    this_machine: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AliasSnapshot:
+    name: str
+    target: str | None
+    fallbacks: tuple[str, ...]
+    version: int
+    updated_at: float
+    resolves_to: str | None
+    state: AliasState
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSnapshot:
+    """A model this head has a tokenizer for, and whether a node serves it now."""
+
+    name: str
+    served: bool
+    context_window: int
+    tools: bool
+    fill_in_middle: bool
+
+
+@dataclass(frozen=True, slots=True)
+class PullSnapshot:
+    model: str
+    done_bytes: int
+    total_bytes: int
+    state: Literal["running", "done", "failed", "cancelled"]
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LocalNodeSnapshot:
+    """This machine's own node."""
+
+    state: ServingState
+    identity: str
+    model: str
+    runtime: str
+    path: str
+    context_window: int
+    window_pinned: bool  # --max-context (else sized for this device)
+    lanes: int
+    lanes_busy: int
+    address: str  # HOST:PORT where it takes links (loopback: this machine's head only)
+    listening: bool  # heads of other machines may dial it (--listen)
+    encrypted: bool  # it holds a fleet token
+    heads: tuple[str, ...]  # heads of the fleet it links with ("HOST:PORT")
+    linked: tuple[str, ...]  # of those, the ones it has a live link to now
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Roles:
+    head: bool  # the API runs on this machine
+    api_url: str | None  # http://127.0.0.1:8453/v1 when the head runs
+    fleet_listen: str | None  # where this head takes nodes that join
+    node: LocalNodeSnapshot | None
+    member: bool  # this machine's node has joined a fleet's heads
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    at: float  # wall-clock seconds
+    fleet_name: str | None  # the name people see ("alice's desk"); None outside a fleet
+    fleet_id: str  # one-way from the token; "open" without one
+    has_token: bool
+    roles: Roles
+    model: str | None  # the head's main model (announced to joining nodes)
+    models: tuple[ModelSnapshot, ...]
+    nodes: tuple[NodeSnapshot, ...]
+    heads: tuple[HeadSnapshot, ...]
+    aliases: tuple[AliasSnapshot, ...]
+    queued: int
+    moves: int
+    pulls: tuple[PullSnapshot, ...]
+
+    @property
+    def lanes(self) -> int:
+        return sum(n.lanes for n in self.nodes if n.state == "ready")
+
+    @property
+    def lanes_busy(self) -> int:
+        return sum(min(n.lanes_busy, n.lanes) for n in self.nodes if n.state == "ready")
+
+    @property
+    def ready_nodes(self) -> int:
+        return sum(1 for n in self.nodes if n.state == "ready")
+
+    def context_window(self, model: str | None = None) -> int:
+        want = model or self.model
+        return max((n.context_window for n in self.nodes
+                    if n.model == want and n.state == "ready"), default=0)
+
+
+def to_json(snapshot: FleetSnapshot) -> dict[str, Any]:
+    """The snapshot as ``GET /v1/fleet`` answers it (plain JSON types)."""
+    out = dataclasses.asdict(snapshot)
+    out["context_window"] = snapshot.context_window()
+    out["lanes"] = snapshot.lanes
+    out["lanes_busy"] = snapshot.lanes_busy
+    out["models"] = [m["name"] for m in out["models"]]
+    out["model_details"] = [dataclasses.asdict(m) for m in snapshot.models]
+    for node, raw in zip(out["nodes"], snapshot.nodes, strict=True):
+        node["sessions"] = node["lanes_busy"]
+        node["kv_percent"] = round(raw.kv_percent, 1)
+    return out
