@@ -13,14 +13,13 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.api.errors import error_for
+from engine.api.errors import error_for, refusal
 from engine.api.openai import (
     HEAD,
     CollectedJSON,
     SSEWire,
     Wire,
     answer,
-    placement_refusal,
     routing_of,
     runnable,
     sse,
@@ -33,17 +32,11 @@ from engine.api.schemas import (
     decode_as,
     unsupported_completion,
 )
-from engine.head.fleet.sessions import PlacementError
+from engine.api.turns import sampling_of, stops_of
+from engine.errors import RequestError
 from engine.head.head import Head
 from engine.head.prompt.tools import TextDelta
-from engine.head.prompt.turn import (
-    ChatEvent,
-    ChatFinal,
-    Turn,
-    completion_prompt_ids,
-    off_loop,
-    sampling_of,
-)
+from engine.head.prompt.turn import ChatEvent, ChatFinal, Turn, completion_prompt_ids, off_loop
 
 
 def _usage(final: ChatFinal) -> dict[str, Any]:
@@ -112,7 +105,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return resolved
     model_name, names = resolved
     model = head.models[model_name]
-    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     try:
         text = completion_prompt(req)
         prompt = await off_loop(len(text) + len(req.suffix or ""),
@@ -122,9 +114,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
                              code="invalid_request", param="prompt", headers=names)
         turn = Turn(model, head.runner, prompt, routing=routing_of(request),
                     sampling=sampling_of(req),
-                    max_tokens=req.max_tokens or DEFAULT_COMPLETION_TOKENS, stops=stops)
-    except PlacementError as exc:
-        return placement_refusal(request, exc, names)
+                    max_tokens=req.max_tokens or DEFAULT_COMPLETION_TOKENS,
+                    stops=stops_of(req.stop), requested=req.model)
+    except RequestError as exc:
+        return refusal(request, exc, names)
     cid = "cmpl-" + turn.session[2:]
     wire: Wire = (CompletionStream(request, head, req, cid) if req.stream
                   else CompletionJSON(request, head, req, cid))

@@ -18,14 +18,15 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.api.errors import error_body, error_for
+from engine.api.errors import STATUS, error_body, error_for, refusal, status_for
 from engine.api.metrics import METRICS
 from engine.api.schemas import BadRequest, ChatRequest, decode_chat, unsupported
-from engine.head.fleet.sessions import PlacementError
+from engine.api.turns import chat_request_turn
+from engine.errors import RequestError, ShoalError
 from engine.head.head import Head
 from engine.head.naming import aliases as al
 from engine.head.prompt.tools import TextDelta, ToolCallDelta
-from engine.head.prompt.turn import ChatEvent, ChatFinal, EventPump, Routing, Turn, chat_turn
+from engine.head.prompt.turn import ChatEvent, ChatFinal, EventPump, Routing, Turn
 
 log = logging.getLogger("shoal.api")
 HEAD: web.AppKey[Head] = web.AppKey("head", Head)
@@ -91,8 +92,8 @@ def refuse_resolution(request: web.Request, found: al.Resolution) -> web.Respons
     """The 404 or 503 answer when the name names nothing that can run, else None."""
     if found.model is not None and not found.unknown:
         return None
-    status, code = (404, "model_not_found") if found.unknown else (503, "model_unavailable")
-    return error_for(request, status, found.message, code=code, param="model",
+    code = "model_not_found" if found.unknown else "model_unavailable"
+    return error_for(request, STATUS[code], found.message, code=code, param="model",
                      retry_after=found.retry_after, headers=model_headers(found))
 
 
@@ -105,12 +106,6 @@ def runnable(request: web.Request, head: Head, requested: str, *,
         return refused
     assert found.model is not None
     return found.model, model_headers(found)
-
-
-def placement_refusal(request: web.Request, exc: PlacementError,
-                      names: dict[str, str]) -> web.Response:
-    return error_for(request, exc.status, str(exc), code=exc.code,
-                     retry_after=exc.retry_after, headers=names)
 
 
 # -- answering a turn ----------------------------------------------------------------
@@ -143,14 +138,15 @@ class Wire:
         """The rest of the answer once the turn has ended (all of it for JSON)."""
         raise NotImplementedError
 
-    def failed(self, exc: PlacementError) -> bytes:
+    def failed(self, exc: ShoalError) -> bytes:
         """A failure after the answer was committed to 200, in the route's shape."""
-        body = error_body(exc.status, str(exc), code=exc.code)
-        body["error"]["type"] = "server_error" if exc.status >= 500 else body["error"]["type"]
+        status = status_for(exc)
+        body = error_body(status, str(exc), code=exc.code)
+        body["error"]["type"] = "server_error" if status >= 500 else body["error"]["type"]
         return json.dumps(body).encode()
 
-    def refuse(self, exc: PlacementError, names: dict[str, str]) -> web.Response:
-        return placement_refusal(self.request, exc, names)
+    def refuse(self, exc: ShoalError, names: dict[str, str]) -> web.Response:
+        return refusal(self.request, exc, names)
 
 
 def _gone(request: web.Request) -> bool:
@@ -203,7 +199,7 @@ async def answer(request: web.Request, head: Head, turn: Turn, wire: Wire,
                 metrics.keepalives += 1
                 last_write = now
                 continue
-            except PlacementError as exc:
+            except ShoalError as exc:
                 if resp is None:
                     return wire.refuse(exc, names)
                 metrics.stream_errors[exc.code] += 1
@@ -214,8 +210,8 @@ async def answer(request: web.Request, head: Head, turn: Turn, wire: Wire,
                     raise  # the 500 of the error middleware, logged there
                 log.exception("unexpected error in session %s", turn.session)
                 metrics.stream_errors["internal_error"] += 1
-                await resp.write(wire.failed(PlacementError(
-                    500, "internal_error", "internal error; the head's log has the details")))
+                await resp.write(wire.failed(RequestError(
+                    "internal error; the head's log has the details", code="internal_error")))
                 break
             now = time.monotonic()
             if ev is None:  # the turn ended
@@ -276,7 +272,7 @@ class SSEWire(Wire):
     content_type = "text/event-stream"
     keepalive = b": keepalive\n\n"
 
-    def failed(self, exc: PlacementError) -> bytes:
+    def failed(self, exc: ShoalError) -> bytes:
         return b"data: " + super().failed(exc) + b"\n\n"
 
 
@@ -369,10 +365,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return resolved
     model_name, names = resolved
     try:
-        turn = await chat_turn(head.models[model_name], head.runner, req,
-                               routing_of(request), tool_parser=head.tool_parser)
-    except PlacementError as exc:
-        return placement_refusal(request, exc, names)
+        turn = await chat_request_turn(head.models[model_name], head.runner, req,
+                                       routing_of(request), tool_parser=head.tool_parser)
+    except RequestError as exc:
+        return refusal(request, exc, names)
     cid = "chatcmpl-" + turn.session[2:]
     wire: Wire = (ChatStream(request, head, req, cid) if req.stream
                   else ChatJSON(request, head, req, cid))

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from engine import events as ev
+from engine.errors import RequestError
 from engine.head.fleet import attempt as at
 from engine.head.fleet.links import ConnClosed, Fleet, Inbound, NodeConn, NodePool
 from engine.head.fleet.placement import Placement, PlacementRequest, Policy, Refusal, place
@@ -40,17 +41,6 @@ MAX_WALL_S = 600.0
 QUEUE_TIMEOUT_S = 20.0
 RETRY_NODE_S = 10  # Retry-After when no node can take the request now
 _AFFINITY_MAX = 10_000
-
-
-class PlacementError(Exception):
-    """The session cannot run; ``status`` and ``code`` say how the API answers."""
-
-    def __init__(self, status: int, code: str, message: str,
-                 retry_after: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.retry_after = retry_after
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,22 +196,21 @@ class SessionRunner:
 
     def _raise_if_final(self, refusal: Refusal) -> None:
         if refusal.code == "context_length_exceeded":
-            raise PlacementError(400, "context_length_exceeded", refusal.message)
+            raise RequestError(refusal.message, code="context_length_exceeded")
         if refusal.code == "unknown_node":
-            raise PlacementError(404, "node_not_found", refusal.message)
+            raise RequestError(refusal.message, code="node_not_found")
         if refusal.code == "node_down":
-            raise PlacementError(503, "node_unavailable", refusal.message,
-                                 retry_after=RETRY_NODE_S)
+            raise RequestError(refusal.message, code="node_unavailable",
+                               retry_after=RETRY_NODE_S)
 
-    def _timeout_error(self, last: Refusal | None) -> PlacementError:
+    def _timeout_error(self, last: Refusal | None) -> RequestError:
         if last is not None and last.code == "no_node":
-            return PlacementError(503, "no_node_available", last.message,
-                                  retry_after=RETRY_NODE_S)
+            return RequestError(last.message, code="no_node_available",
+                                retry_after=RETRY_NODE_S)
         waited = int(self.queue_timeout_s)
-        return PlacementError(
-            429, "fleet_busy",
+        return RequestError(
             f"every lane of the fleet stayed busy for {waited} s; retry later or add a node",
-            retry_after=max(1, waited // 4))
+            code="fleet_busy", retry_after=max(1, waited // 4))
 
     # -- running -------------------------------------------------------------------
 
@@ -230,7 +219,7 @@ class SessionRunner:
         return Session(self, job)
 
     async def run(self, job: Job) -> AsyncGenerator[list[int] | Finish, None]:
-        """Yield batches of new token ids, then one Finish. Raises PlacementError."""
+        """Yield batches of new token ids, then one Finish. Raises RequestError."""
         session = self.start(job)
         try:
             while True:
@@ -304,7 +293,7 @@ class SessionRunner:
                 continue
             if isinstance(final, at.Refused):
                 code = "invalid_request" if final.code == "bad_request" else final.code
-                raise PlacementError(400, code, final.message)
+                raise RequestError(final.message, code=code)
             if isinstance(final, at.WallExceeded):
                 log.warning("session %s reached the %d s ceiling; ending it", job.session,
                             int(self.max_wall_s))
@@ -347,19 +336,19 @@ class Session:
         self.job = job
         self.state: SessionState = "placing"
         self.node = ""
-        self._out: asyncio.Queue[list[int] | Finish | PlacementError] = asyncio.Queue()
+        self._out: asyncio.Queue[list[int] | Finish | RequestError] = asyncio.Queue()
         self._task = asyncio.create_task(self._run(), name=f"session-{job.session}")
 
     async def _run(self) -> None:
         try:
             async for item in self.runner._generate(self.job, self):
                 self._out.put_nowait(item)
-        except PlacementError as exc:
+        except RequestError as exc:
             self._out.put_nowait(exc)
         except Exception:
             log.exception("session %s failed", self.job.session)
-            self._out.put_nowait(PlacementError(
-                500, "internal_error", "internal error; the head's log has the details"))
+            self._out.put_nowait(RequestError(
+                "internal error; the head's log has the details", code="internal_error"))
         finally:
             self.state = "ended"
 
@@ -372,9 +361,9 @@ class Session:
 
     async def next(self) -> list[int] | Finish:
         """The next batch of ids (every batch already waiting, as one) or the Finish.
-        Raises the session's PlacementError."""
+        Raises the session's RequestError."""
         item = await self._out.get()
-        if isinstance(item, PlacementError):
+        if isinstance(item, RequestError):
             raise item
         if isinstance(item, list):
             while not self._out.empty():
