@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from engine.api import admin, completions, ollama, openai, ops
+from engine.api import admin, completions, context, ollama, openai, ops
 from engine.api.auth import Gate, add_cors_headers, gate_middleware
 from engine.api.errors import error_for
 from engine.api.metrics import METRICS, ApiMetrics, metrics_route
@@ -57,7 +57,7 @@ def _route_label(request: web.Request) -> str:
 def counting(metrics: ApiMetrics) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        request[openai.ARRIVED] = time.monotonic()
+        request[context.ARRIVED] = time.monotonic()
         metrics.in_flight += 1
         status = 500
         try:
@@ -83,7 +83,7 @@ def build_app(head: Head) -> web.Application:
 
     app = web.Application(client_max_size=MAX_BODY, middlewares=[
         counting(metrics), openai_errors, gate_middleware(gate, refused)])
-    app[openai.HEAD] = head
+    app[context.HEAD] = head
     app[METRICS] = metrics
     app[GATE] = gate
     app.on_response_prepare.append(add_cors_headers)

@@ -9,21 +9,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 from aiohttp import web
 
+from engine.api.answer import CollectedJSON, SSEWire, Wire, answer, sse, usage
+from engine.api.context import HEAD, routing_of, runnable
 from engine.api.errors import error_for, refusal
-from engine.api.openai import (
-    HEAD,
-    CollectedJSON,
-    SSEWire,
-    Wire,
-    answer,
-    routing_of,
-    runnable,
-    sse,
-)
 from engine.api.schemas import (
     DEFAULT_COMPLETION_TOKENS,
     BadRequest,
@@ -37,12 +28,6 @@ from engine.errors import RequestError
 from engine.head.head import Head
 from engine.head.prompt.tools import TextDelta
 from engine.head.prompt.turn import ChatEvent, ChatFinal, Turn, completion_prompt_ids, off_loop
-
-
-def _usage(final: ChatFinal) -> dict[str, Any]:
-    return {"prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens,
-            "total_tokens": final.prompt_tokens + final.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": final.cached_tokens}}
 
 
 class CompletionStream(SSEWire):
@@ -67,7 +52,7 @@ class CompletionStream(SSEWire):
             if self.include_usage:
                 out += sse({"id": self.cid, "object": "text_completion",
                             "created": self.created, "model": self.model, "choices": [],
-                            "usage": _usage(ev)})
+                            "usage": usage(ev)})
             return out
         return b""
 
@@ -87,7 +72,7 @@ class CompletionJSON(CollectedJSON):
                 "model": self.model,
                 "choices": [{"text": "".join(self.text), "index": 0, "logprobs": None,
                              "finish_reason": final.finish_reason}],
-                "usage": _usage(final)}
+                "usage": usage(final)}
         return json.dumps(body).encode()
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,8 +17,9 @@ from typing import Any
 from aiohttp import web
 
 from engine import __version__, nesting
+from engine.api.answer import Wire, answer
+from engine.api.context import HEAD, routing_of, runnable
 from engine.api.errors import ollama_error, refusal
-from engine.api.openai import HEAD, Wire, answer, routing_of, runnable
 from engine.api.schemas import (
     BadRequest,
     ChatRequest,
@@ -123,7 +123,7 @@ class _Ollama(Wire):
     def done(self) -> dict[str, Any]:
         final = self.final
         assert final is not None
-        end = time.monotonic()
+        end = self.clock()
         first = self.first_at if self.first_at is not None else end
         body = self.piece("".join(self.text), self.calls or None)
         body.update({

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from engine import __version__
-from engine.api.openai import HEAD
+from engine.api.context import HEAD
 
 
 async def health(request: web.Request) -> web.Response:
