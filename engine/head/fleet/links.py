@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine import events as ev
+from engine.head.fleet.node_state import NodeEvent, NodeState, transition
 from engine.head.fleet.placement import NodeView
 from engine.link import messages as m
 from engine.link.connection import LinkError, LinkErrorKind
@@ -95,7 +96,7 @@ class NodePool:
         self.discovered = discovered  # found on the network, not given by the user
         self.failures = 0  # failed dials in a row
         self.info = NodeInfo()
-        self.state = "connecting"  # connecting | ready | unreachable | other-model | left
+        self._state: NodeState = "connecting"
         self.last_error = ""
         self.idle: list[NodeConn] = []
         self.busy: set[NodeConn] = set()
@@ -108,6 +109,17 @@ class NodePool:
         self.task: asyncio.Task[None] | None = None
         self._announced = False
         self.instance = ""
+
+    @property
+    def state(self) -> NodeState:
+        """See :mod:`engine.head.fleet.node_state`; changed only through :meth:`_apply`."""
+        return self._state
+
+    def _apply(self, event: NodeEvent) -> NodeState:
+        """Move the state machine; returns the state before."""
+        before = self._state
+        self._state = transition(before, event)
+        return before
 
     @property
     def address(self) -> str:
@@ -142,9 +154,11 @@ class NodePool:
             self.idle.remove(conn)
         self.busy.discard(conn)
         self.wake.set()
-        if not self.dialed and self.conns == 0 and self.state == "ready":
+        if self.conns:
+            return
+        before = self._apply("closed_last_dialed" if self.dialed else "closed_last_joined")
+        if self.state == "left" and before != "left":
             # a joined node is waited for, never dialed: it comes back by itself
-            self.state = "left"
             self._announced = False
             log.info("joined node '%s' left; waiting for it to join again", self.info.identity)
             self.fleet.emit(ev.NodeLeft(key=self.key, identity=self.info.identity))
@@ -189,7 +203,7 @@ class NodePool:
         for conn in [*self.idle, *self.busy]:
             conn.abort()
         self.idle.clear()
-        self.state = "unreachable"
+        self._apply("hung")
         self.fleet.emit(ev.NodeUnreachable(key=self.key, address=self.address, reason=why))
         self._announced = False
         self.wake.set()
@@ -263,8 +277,7 @@ class NodePool:
             self.failures = 0
             self.add_conn(link)
             opened += 1
-        if self.state != "ready":
-            self.state = "ready"
+        if self._apply("dial_ok") != "ready":
             self.fleet.capacity_changed()
         return True
 
@@ -282,8 +295,7 @@ class NodePool:
         self.instance = hello.instance
         self._accept_hello(hello)
         self.add_conn(link)
-        if self.state != "ready":
-            self.state = "ready"
+        self._apply("joined")
         self.fleet.capacity_changed()
 
     def _accept_hello(self, hello: m.NodeHello) -> bool:
@@ -317,8 +329,8 @@ class NodePool:
             self.fleet.emit(ev.NodeUnreachable(key=self.key, address=self.address,
                                                reason=why))
         self.last_error = why
+        self._apply("dial_failed_with_conns" if self.conns else "dial_failed")
         if self.conns == 0:
-            self.state = "unreachable"
             self._announced = False
 
     async def _keepalive_until_woken(self) -> None:
