@@ -19,6 +19,7 @@ from engine.discovery.mdns import Announcer, Browser
 from engine.head.fleet.links import Fleet
 from engine.link import messages as m
 from engine.link.connection import LinkError
+from engine.link.hello import exchange_hellos
 from engine.link.transport import LinkClosed, dial, is_loopback
 from engine.node.join import HeadAddress, JoinRefused, probe_head
 
@@ -94,13 +95,12 @@ async def probe_node(node: HeadAddress, *, psk: bytes | None,
     except (OSError, TimeoutError, LinkError):
         return None
     try:
-        async with asyncio.timeout(timeout_s):
-            hello = await link.recv()
-    except (TimeoutError, LinkClosed):
+        return await exchange_hellos(link, None, responder=False, expect=m.NodeHello,
+                                     timeout_s=timeout_s)
+    except (TimeoutError, LinkClosed):  # a wrong peer too
         return None
     finally:
         link.close()
-    return hello if isinstance(hello, m.NodeHello) else None
 
 
 class HeadFinder:

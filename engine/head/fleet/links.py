@@ -19,6 +19,7 @@ from engine.head.fleet.node_state import NodeEvent, NodeState, transition
 from engine.head.fleet.placement import NodeView
 from engine.link import messages as m
 from engine.link.connection import LinkError, LinkErrorKind
+from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.transport import Link, LinkClosed, dial
 
 log = logging.getLogger("shoal.head")
@@ -267,7 +268,10 @@ class NodePool:
             try:
                 link = await dial(self.host, self.port, psk=self.fleet.psk,
                                   timeout_s=self.fleet.handshake_timeout_s)
-                hello = await self._exchange_hellos(link)
+                hello = await exchange_hellos(
+                    link, m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model),
+                    responder=False, expect=m.NodeHello,
+                    timeout_s=self.fleet.handshake_timeout_s)
             except (OSError, TimeoutError, LinkError, LinkClosed) as exc:
                 self._unreachable(exc)
                 return opened > 0 or self.conns > 0
@@ -280,15 +284,6 @@ class NodePool:
         if self._apply("dial_ok") != "ready":
             self.fleet.capacity_changed()
         return True
-
-    async def _exchange_hellos(self, link: Link) -> m.NodeHello:
-        async with asyncio.timeout(self.fleet.handshake_timeout_s):
-            first = await link.recv()
-        if not isinstance(first, m.NodeHello):
-            link.close()
-            raise LinkClosed("the peer is not a Shoal node")
-        link.send(m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model))
-        return first
 
     def joined(self, hello: m.NodeHello, link: Link) -> None:
         """A connection a joining node opened to this head."""
@@ -357,6 +352,8 @@ def _why(exc: BaseException) -> str:
         if exc.kind is LinkErrorKind.NO_TOKEN_HERE:
             return "uses a fleet token; give the head --fleet-auth with it"
         return str(exc)
+    if isinstance(exc, WrongPeer):
+        return f"{exc}; check the port (a node listens on 8455, a head takes joins on 8454)"
     if isinstance(exc, TimeoutError):
         return "did not answer the handshake in time; check that it is a Shoal node and running"
     if isinstance(exc, ConnectionRefusedError):
