@@ -6,6 +6,8 @@ codes to statuses (`engine.api.errors`), the CLI prints the line, the app shows 
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 
 class ShoalError(Exception):
     """A refused command or request. ``str(error)`` is the one line for the user."""
@@ -35,6 +37,23 @@ class RequestError(ShoalError):
     """A request the fleet refuses: a bad prompt, no node, every lane busy, too long."""
 
     code = "invalid_request"
+
+
+# The codes a RequestError carries; `engine.api.errors.STATUS` gives each its HTTP status.
+RequestCode = Literal[
+    "invalid_request",  # the request itself is wrong (an empty prompt, a node refused it)
+    "invalid_request_error",  # the chat template refused the messages (the code as answered)
+    "context_length_exceeded",  # no node's window holds the prompt
+    "fim_unsupported",  # a suffix for a model without fill-in-the-middle tokens
+    "node_not_found",  # ?host= names no node of the fleet
+    "model_not_found",  # the name is neither a model nor an alias
+    "fleet_busy",  # every lane stayed busy for the whole queue timeout
+    "no_node_available",  # no node serving the model is linked
+    "node_unavailable",  # the node ?host= names is down
+    "model_unavailable",  # an alias whose models no node serves now
+    "internal_error",  # a bug: the head's log has the details
+]
+REQUEST_CODES: frozenset[str] = frozenset(get_args(RequestCode))
 
 
 class JoinError(ShoalError):

@@ -12,8 +12,8 @@ from typing import Any
 from aiohttp import web
 
 from engine import nesting
+from engine.api.context import HEAD
 from engine.api.errors import error_response
-from engine.api.openai import HEAD
 from engine.errors import CommandError
 from engine.head.access import keys
 from engine.head.commands import AliasChange, AliasCommands

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from engine.api import admin, completions, ollama, openai, ops
+from engine.api import admin, completions, context, ollama, openai, ops
 from engine.api.auth import Gate, add_cors_headers, gate_middleware
 from engine.api.errors import error_for
 from engine.api.metrics import METRICS, ApiMetrics, metrics_route
@@ -57,10 +57,10 @@ def _route_label(request: web.Request) -> str:
     return resource.canonical if resource is not None else "unmatched"
 
 
-def counting(metrics: ApiMetrics) -> Middleware:
+def counting(metrics: ApiMetrics, clock: Callable[[], float]) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        request[openai.ARRIVED] = time.monotonic()
+        request[context.ARRIVED] = clock()
         metrics.in_flight += 1
         status = 500
         try:
@@ -92,8 +92,8 @@ def build_app(head: Head, *, snapshot: Callable[[], FleetSnapshot] | None = None
         metrics.refused[reason] += 1
 
     app = web.Application(client_max_size=MAX_BODY, middlewares=[
-        counting(metrics), openai_errors, gate_middleware(gate, refused)])
-    app[openai.HEAD] = head
+        counting(metrics, head.runner.clock), openai_errors, gate_middleware(gate, refused)])
+    app[context.HEAD] = head
     app[admin.ALIASES] = aliases
     app[ops.SNAPSHOT] = snapshot
     app[METRICS] = metrics

@@ -37,8 +37,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from engine.api.context import request_key
 from engine.api.errors import error_for
-from engine.api.openai import request_key
 from engine.head.access import keys
 from engine.head.access.hosts import host_allowed, host_of, machine_names
 from engine.link.transport import is_loopback

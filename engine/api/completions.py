@@ -9,22 +9,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 from aiohttp import web
 
-from engine.api.errors import error_for
-from engine.api.openai import (
-    HEAD,
-    CollectedJSON,
-    SSEWire,
-    Wire,
-    answer,
-    placement_refusal,
-    routing_of,
-    runnable,
-    sse,
-)
+from engine.api.answer import CollectedJSON, SSEWire, Wire, answer, sse, usage
+from engine.api.context import HEAD, routing_of, runnable
+from engine.api.errors import error_for, refusal
 from engine.api.schemas import (
     DEFAULT_COMPLETION_TOKENS,
     BadRequest,
@@ -33,23 +23,11 @@ from engine.api.schemas import (
     decode_as,
     unsupported_completion,
 )
-from engine.head.fleet.sessions import PlacementError
+from engine.api.turns import sampling_of, stops_of
+from engine.errors import RequestError
 from engine.head.head import Head
 from engine.head.prompt.tools import TextDelta
-from engine.head.prompt.turn import (
-    ChatEvent,
-    ChatFinal,
-    Turn,
-    completion_prompt_ids,
-    off_loop,
-    sampling_of,
-)
-
-
-def _usage(final: ChatFinal) -> dict[str, Any]:
-    return {"prompt_tokens": final.prompt_tokens, "completion_tokens": final.completion_tokens,
-            "total_tokens": final.prompt_tokens + final.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": final.cached_tokens}}
+from engine.head.prompt.turn import ChatEvent, ChatFinal, Turn, completion_prompt_ids, off_loop
 
 
 class CompletionStream(SSEWire):
@@ -74,7 +52,7 @@ class CompletionStream(SSEWire):
             if self.include_usage:
                 out += sse({"id": self.cid, "object": "text_completion",
                             "created": self.created, "model": self.model, "choices": [],
-                            "usage": _usage(ev)})
+                            "usage": usage(ev)})
             return out
         return b""
 
@@ -94,7 +72,7 @@ class CompletionJSON(CollectedJSON):
                 "model": self.model,
                 "choices": [{"text": "".join(self.text), "index": 0, "logprobs": None,
                              "finish_reason": final.finish_reason}],
-                "usage": _usage(final)}
+                "usage": usage(final)}
         return json.dumps(body).encode()
 
 
@@ -112,7 +90,6 @@ async def completions(request: web.Request) -> web.StreamResponse:
         return resolved
     model_name, names = resolved
     model = head.models[model_name]
-    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     try:
         text = completion_prompt(req)
         prompt = await off_loop(len(text) + len(req.suffix or ""),
@@ -122,9 +99,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
                              code="invalid_request", param="prompt", headers=names)
         turn = Turn(model, head.runner, prompt, routing=routing_of(request),
                     sampling=sampling_of(req),
-                    max_tokens=req.max_tokens or DEFAULT_COMPLETION_TOKENS, stops=stops)
-    except PlacementError as exc:
-        return placement_refusal(request, exc, names)
+                    max_tokens=req.max_tokens or DEFAULT_COMPLETION_TOKENS,
+                    stops=stops_of(req.stop), requested=req.model)
+    except RequestError as exc:
+        return refusal(request, exc, names)
     cid = "cmpl-" + turn.session[2:]
     wire: Wire = (CompletionStream(request, head, req, cid) if req.stream
                   else CompletionJSON(request, head, req, cid))

@@ -1,7 +1,8 @@
 """Errors in the OpenAI shape: {"error": {"message", "type", "param", "code"}}.
 
 Ollama's routes (``/api/...``) answer in Ollama's own shape, ``{"error": "message"}``,
-which its clients read.
+which its clients read. The engine's errors carry a code and no status: ``STATUS``
+is the one place that says how each code is answered over HTTP.
 """
 
 from __future__ import annotations
@@ -9,6 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from aiohttp import web
+
+from engine.errors import ShoalError
+
+STATUS: dict[str, int] = {
+    "invalid_request": 400, "invalid_request_error": 400, "context_length_exceeded": 400,
+    "fim_unsupported": 400,
+    "node_not_found": 404, "model_not_found": 404,
+    "fleet_busy": 429,
+    "internal_error": 500,
+    "no_node_available": 503, "node_unavailable": 503, "model_unavailable": 503,
+}
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error",
           403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
@@ -55,3 +67,15 @@ def error_for(request: web.Request, status: int, message: str, *, code: str | No
         return ollama_error(status, message, retry_after=retry_after, headers=headers)
     return error_response(status, message, code=code, param=param, retry_after=retry_after,
                           headers=headers)
+
+
+def status_for(exc: ShoalError) -> int:
+    """The HTTP status of an engine error; a code missing from STATUS is a bug (500)."""
+    return STATUS.get(exc.code, 500)
+
+
+def refusal(request: web.Request, exc: ShoalError,
+            headers: dict[str, str] | None = None) -> web.Response:
+    """An engine error as the route's error answer, with its status and Retry-After."""
+    return error_for(request, status_for(exc), str(exc), code=exc.code,
+                     retry_after=exc.retry_after, headers=headers)

@@ -14,6 +14,8 @@ from typing import Any
 
 from aiohttp import web
 
+from engine.api.context import HEAD
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # seconds from a request's arrival to its first token: CPU prefill can take minutes
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -181,7 +183,5 @@ METRICS: web.AppKey[ApiMetrics] = web.AppKey("metrics", ApiMetrics)
 
 
 async def metrics_route(request: web.Request) -> web.Response:
-    from engine.api.openai import HEAD
-
     text = request.app[METRICS].render(request.app[HEAD])
     return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,15 +17,9 @@ from typing import Any
 from aiohttp import web
 
 from engine import __version__, nesting
-from engine.api.errors import ollama_error
-from engine.api.openai import (
-    HEAD,
-    Wire,
-    answer,
-    placement_refusal,
-    routing_of,
-    runnable,
-)
+from engine.api.answer import Wire, answer
+from engine.api.context import HEAD, routing_of, runnable
+from engine.api.errors import ollama_error, refusal
 from engine.api.schemas import (
     BadRequest,
     ChatRequest,
@@ -41,18 +34,17 @@ from engine.api.schemas import (
     decode_as,
     unsupported_ollama,
 )
-from engine.head.fleet.sessions import PlacementError
+from engine.api.turns import chat_request_turn, sampling_of
+from engine.errors import RequestError, ShoalError
 from engine.head.head import Head
 from engine.head.prompt.model import HeadModel
-from engine.head.prompt.templates import TemplateError
 from engine.head.prompt.tools import TextDelta, ToolCallDelta
 from engine.head.prompt.turn import (
     ChatEvent,
     Turn,
-    chat_turn,
     completion_prompt_ids,
     off_loop,
-    sampling_of,
+    render_prompt,
 )
 
 # the Ollama API version these routes follow; clients that check a minimum version
@@ -131,7 +123,7 @@ class _Ollama(Wire):
     def done(self) -> dict[str, Any]:
         final = self.final
         assert final is not None
-        end = time.monotonic()
+        end = self.clock()
         first = self.first_at if self.first_at is not None else end
         body = self.piece("".join(self.text), self.calls or None)
         body.update({
@@ -146,12 +138,9 @@ class _Ollama(Wire):
         body = self.done()
         return self.line(body) if self.streaming else json.dumps(body).encode()
 
-    def failed(self, exc: PlacementError) -> bytes:
+    def failed(self, exc: ShoalError) -> bytes:
         out = json.dumps({"error": str(exc)}).encode()
         return out + b"\n" if self.streaming else out
-
-    def refuse(self, exc: PlacementError, names: dict[str, str]) -> web.Response:
-        return placement_refusal(self.request, exc, names)
 
 
 class ChatWire(_Ollama):
@@ -221,10 +210,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return _loaded(req.model, "message", names)
     chat_req = _to_chat(req, req.stream)
     try:
-        turn = await chat_turn(head.models[model_name], head.runner, chat_req,
-                               routing_of(request), tool_parser=head.tool_parser)
-    except PlacementError as exc:
-        return placement_refusal(request, exc, names)
+        turn = await chat_request_turn(head.models[model_name], head.runner, chat_req,
+                                       routing_of(request), tool_parser=head.tool_parser)
+    except RequestError as exc:
+        return refusal(request, exc, names)
     return await answer(request, head, turn,
                         ChatWire(request, head, req.model, stream=req.stream), names)
 
@@ -239,11 +228,7 @@ async def _generate_prompt(model: HeadModel, req: OllamaGenerateRequest) -> list
         messages.append({"role": "system", "content": req.system})
     messages.append({"role": "user", "content": req.prompt})
     enable = req.think is not None and req.think is not False
-    try:
-        return await off_loop(size, lambda: model.render(messages, tools=None,
-                                                         enable_thinking=enable))
-    except TemplateError as exc:
-        raise PlacementError(400, "invalid_request_error", str(exc)) from None
+    return await render_prompt(model, messages, template_kwargs={"enable_thinking": enable})
 
 
 async def generate(request: web.Request) -> web.StreamResponse:
@@ -267,9 +252,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
     try:
         prompt = await _generate_prompt(model, req)
         turn = Turn(model, head.runner, prompt, routing=routing_of(request), sampling=sampling,
-                    max_tokens=_max_tokens(req.options), stops=_stops(req.options))
-    except PlacementError as exc:
-        return placement_refusal(request, exc, names)
+                    max_tokens=_max_tokens(req.options), stops=_stops(req.options),
+                    requested=req.model)
+    except RequestError as exc:
+        return refusal(request, exc, names)
     return await answer(request, head, turn,
                         _Ollama(request, head, req.model, stream=req.stream), names)
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from engine import __version__
-from engine.api.openai import HEAD
+from engine.api.context import HEAD
 from engine.snapshot import FleetSnapshot, to_json
 
 SNAPSHOT: web.AppKey[Callable[[], FleetSnapshot]] = web.AppKey("snapshot")

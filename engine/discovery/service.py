@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from engine.discovery.fleet_id import fleet_id
@@ -18,6 +19,7 @@ from engine.discovery.mdns import Announcer, Browser
 from engine.head.fleet.links import Fleet
 from engine.link import messages as m
 from engine.link.connection import LinkError
+from engine.link.hello import exchange_hellos
 from engine.link.transport import LinkClosed, dial, is_loopback
 from engine.node.join import HeadAddress, JoinRefused, probe_head
 
@@ -93,13 +95,12 @@ async def probe_node(node: HeadAddress, *, psk: bytes | None,
     except (OSError, TimeoutError, LinkError):
         return None
     try:
-        async with asyncio.timeout(timeout_s):
-            hello = await link.recv()
-    except (TimeoutError, LinkClosed):
+        return await exchange_hellos(link, None, responder=False, expect=m.NodeHello,
+                                     timeout_s=timeout_s)
+    except (TimeoutError, LinkClosed):  # a wrong peer too
         return None
     finally:
         link.close()
-    return hello if isinstance(hello, m.NodeHello) else None
 
 
 class HeadFinder:
@@ -107,8 +108,9 @@ class HeadFinder:
 
     def __init__(self, mode: str, *, psk: bytes | None, seeds: list[str],
                  tailscale_socket: str | None, head_port: int = 8454,
-                 role: str = "head") -> None:
+                 role: str = "head", clock: Callable[[], float] = time.monotonic) -> None:
         self.role = role
+        self._clock = clock
         self.lan, self.tailnet = _modes(mode)
         self.psk = psk
         self.fleet = fleet_id(psk)
@@ -167,12 +169,11 @@ class HeadFinder:
     async def _lan(self, timeout_s: float) -> list[HeadAddress]:
         browser = self._browser
         assert browser is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
+        deadline = self._clock() + timeout_s
         while True:
             heads = [HeadAddress(f.host, f.port, "lan")
                      for f in browser.found(self.fleet, self.role)]
-            remaining = deadline - loop.time()
+            remaining = deadline - self._clock()
             if heads or remaining <= 0:
                 if not heads and self.role == "head":
                     others = browser.found(None, "head")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from engine.link import messages as m
 from engine.link.admission import PRE_HANDSHAKE_S, PendingHandshakes
 from engine.link.connection import LinkError
+from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.transport import Link, LinkClosed, accept
 from engine.node import leases
 from engine.runtimes.base import Engine, EngineStats, Generation, GenerationRequest, Sampling
@@ -128,18 +129,15 @@ class NodeAgent:
 
     async def serve_link(self, link: Link, *, responder: bool) -> None:
         """Run one head connection until it closes. Used for dialed and joined links."""
-        hello = self._hello()
         try:
-            if responder:
-                link.send(hello)
-            async with asyncio.timeout(self.handshake_timeout_s):
-                first = await link.recv()
-            if not isinstance(first, m.HeadHello):
+            try:
+                head = await exchange_hellos(link, self._hello(), responder=responder,
+                                             expect=m.HeadHello,
+                                             timeout_s=self.handshake_timeout_s)
+            except WrongPeer:
                 log.warning("head at %s did not say hello; closing", link.peer)
                 return
-            if not responder:
-                link.send(hello)
-            await self._serve(link, first.head_id)
+            await self._serve(link, head.head_id)
         except (LinkClosed, TimeoutError):
             pass
         finally:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from engine.link import messages as m
 from engine.link.connection import LinkError, LinkErrorKind
+from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.transport import LinkClosed, dial
 from engine.node.agent import NodeAgent
 
@@ -66,15 +67,14 @@ async def probe_head(head: HeadAddress, *, psk: bytes | None,
     except (OSError, TimeoutError, LinkError) as exc:
         raise JoinRefused(refusal_text(head, exc)) from None
     try:
-        async with asyncio.timeout(timeout_s):
-            hello = await link.recv()
+        return await exchange_hellos(link, None, responder=False, expect=m.HeadHello,
+                                     timeout_s=timeout_s)
+    except WrongPeer:
+        raise JoinRefused(f"{head} is not a Shoal head (it did not say hello as one)") from None
     except (TimeoutError, LinkClosed) as exc:
         raise JoinRefused(refusal_text(head, exc)) from None
     finally:
         link.close()
-    if not isinstance(hello, m.HeadHello):
-        raise JoinRefused(f"{head} is not a Shoal head (it did not say hello as one)")
-    return hello
 
 
 class Joiner:

@@ -279,7 +279,7 @@ def test_alias_writes_compare_the_static_key_in_constant_time(
     from aiohttp.test_utils import make_mocked_request
 
     from engine.api import admin
-    from engine.api.openai import HEAD
+    from engine.api.context import HEAD
 
     app = web.Application()
     app[HEAD] = SimpleNamespace(api_key="s3cret-key")  # type: ignore[assignment]

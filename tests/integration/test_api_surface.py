@@ -21,12 +21,14 @@ from aiohttp import web
 
 from engine.api.app import build_app
 from engine.api.schemas import ChatRequest, Message
+from engine.api.turns import chat_request_turn
+from engine.events import SessionFinished
 from engine.head.fleet.links import Fleet
 from engine.head.fleet.sessions import SessionRunner
 from engine.head.head import Head
 from engine.head.prompt.model import HeadModel, load_head_model
 from engine.head.prompt.templates import load_chat_template
-from engine.head.prompt.turn import Routing, chat_turn
+from engine.head.prompt.turn import Routing
 from engine.node.agent import NodeAgent
 from engine.runtimes.mock import CHATML_TEMPLATE, MockEngine, MockTokenizer
 from tests.integration.conftest import Cluster, Proc, sse_text
@@ -488,7 +490,7 @@ async def test_thinking_is_off_unless_the_request_asks():
 
     async def prompt(**kw: Any) -> str:
         req = ChatRequest(model=MODEL, messages=[Message(role="user", content="2+2?")], **kw)
-        turn = await chat_turn(model, runner, req, Routing())
+        turn = await chat_request_turn(model, runner, req, Routing())
         return bytes(t for t in turn.prompt if t < 256).decode()
 
     assert (await prompt()).endswith("<think>\n\n</think>\n\n")
@@ -559,12 +561,17 @@ async def test_fim_over_http_and_aliases_in_headers():
                   ("/api/generate", {"model": "coder", "prompt": "x",
                                      "options": {"num_predict": 1}}),
                   ("/api/show", {"model": "coder"})]
+        finished: list[SessionFinished] = []
+        live.head.fleet.emit = lambda e: finished.append(e) if isinstance(
+            e, SessionFinished) else None
         for path, body in routes:
             async with http.post(live.url(path), json=body) as r:
                 assert r.status == 200, (path, await r.text())
                 assert r.headers["X-Shoal-Alias"] == "coder", path
                 assert r.headers["X-Shoal-Model"] == MODEL, path
                 await r.read()
+        # each generating route names the alias the client asked for in SessionFinished
+        assert [(e.requested, e.model, e.error) for e in finished] == [("coder", MODEL, None)] * 4
         async with http.get(live.url("/v1/models/coder")) as r:
             assert r.headers["X-Shoal-Alias"] == "coder"
             assert (await r.json())["alias_for"] == MODEL

@@ -12,8 +12,10 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from engine.api.errors import status_for
+from engine.errors import RequestError
 from engine.head.fleet.links import Fleet
-from engine.head.fleet.sessions import Finish, Job, PlacementError, SessionRunner
+from engine.head.fleet.sessions import Finish, Job, SessionRunner
 from engine.link import messages as m
 from engine.node.agent import NodeAgent
 from engine.runtimes.base import EngineInfo, EngineStats, GenerationRequest
@@ -100,10 +102,10 @@ async def test_the_head_answers_a_refused_prompt_as_a_bad_request():
         fleet.add_dialed("127.0.0.1", port)
         runner = SessionRunner(fleet)
         await wait_ready(fleet, 1)
-        with pytest.raises(PlacementError) as err:
+        with pytest.raises(RequestError) as err:
             await collect(runner, Job(session="s", model="m", prompt=[1, 10**9],
                                       max_tokens=5))
-        assert err.value.status == 400 and "outside the vocabulary" in str(err.value)
+        assert status_for(err.value) == 400 and "outside the vocabulary" in str(err.value)
         # the node is not blamed: the next request runs there
         ids, fin = await collect(runner, Job(session="t", model="m", prompt=[1],
                                              max_tokens=5, sampling=LONG))

@@ -8,8 +8,10 @@ import logging
 
 import pytest
 
+from engine.api.errors import status_for
+from engine.errors import RequestError
 from engine.head.fleet.links import Fleet
-from engine.head.fleet.sessions import Finish, Job, PlacementError, SessionRunner
+from engine.head.fleet.sessions import Finish, Job, SessionRunner
 from engine.link import messages as m
 from engine.link.transport import Link, LinkClosed, dial
 from engine.node.agent import NodeAgent
@@ -184,9 +186,9 @@ async def test_prompt_beyond_every_window_is_refused():
         fleet.add_dialed("127.0.0.1", port)
         runner = SessionRunner(fleet)
         await wait_ready(fleet, 1)
-        with pytest.raises(PlacementError) as err:
+        with pytest.raises(RequestError) as err:
             await collect(runner, job("s", prompt=[1] * 5000, max_tokens=1))
-        assert err.value.status == 400 and err.value.code == "context_length_exceeded"
+        assert status_for(err.value) == 400 and err.value.code == "context_length_exceeded"
         await fleet.close()
 
 

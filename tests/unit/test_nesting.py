@@ -27,13 +27,13 @@ from engine.api.schemas import (
     decode_as,
     decode_chat,
 )
+from engine.api.turns import to_template_messages
 from engine.config import ConfigError, parse_config
 from engine.discovery.tailscale import TailscaleError, parse_status
 from engine.head.access.keys import KeysError, load_policy, parse_revoked
 from engine.head.naming import aliases as al
 from engine.head.prompt.model import load_head_model
 from engine.head.prompt.tools import PARSERS, parser_for
-from engine.head.prompt.turn import to_template_messages
 from engine.link import messages as m
 from engine.link.connection import NEED_DATA, LinkConnection, LinkError, LinkErrorKind
 

@@ -16,6 +16,7 @@ from engine.head.fleet.peers import HeadPeers
 from engine.link import messages as m
 from engine.link.admission import PRE_HANDSHAKE_S, PendingHandshakes
 from engine.link.connection import LinkError
+from engine.link.hello import exchange_hellos
 from engine.link.transport import LinkClosed, accept, peer_is_loopback
 
 log = logging.getLogger("shoal.head")
@@ -63,24 +64,24 @@ class JoinListener:
                                     timeout_s=min(self.handshake_timeout_s, PRE_HANDSHAKE_S))
             finally:
                 self._pending.release(address)
-            link.send(m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
-                                  listen_port=self.listen_port))
-            async with asyncio.timeout(self.handshake_timeout_s):
-                hello = await link.recv()
+            hello = await exchange_hellos(
+                link, m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
+                                  listen_port=self.listen_port),
+                responder=True, expect=(m.NodeHello, m.HeadHello),
+                timeout_s=self.handshake_timeout_s)
         except LinkError as exc:
             self._warn_once(where.rsplit(":", 1)[0],
                             f"refused a node joining from {where}: {exc}; pair it again "
                             "(`shoal fleet pair` here, `shoal node join --code` there)")
             return
         except (TimeoutError, OSError, LinkClosed):
-            return
-        if isinstance(hello, m.HeadHello) and self.peers is not None:
+            return  # not a peer of this fleet, or gone: the link is closed
+        if isinstance(hello, m.NodeHello):
+            self.fleet.add_joined(hello, link)
+        elif self.peers is not None:
             self.peers.accepted(link, hello)
-            return
-        if not isinstance(hello, m.NodeHello):
-            link.close()
-            return
-        self.fleet.add_joined(hello, link)
+        else:
+            link.close()  # a head, and this one does not sync with other heads
 
     def _warn_once(self, host: str, message: str) -> None:
         if len(self._warned) > 1024:  # bounded: a scan must not grow it forever

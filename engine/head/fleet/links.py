@@ -15,9 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine import events as ev
+from engine.head.fleet.node_state import NodeEvent, NodeState, transition
 from engine.head.fleet.placement import NodeView
 from engine.link import messages as m
 from engine.link.connection import LinkError, LinkErrorKind
+from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.transport import Link, LinkClosed, dial
 
 log = logging.getLogger("shoal.head")
@@ -95,7 +97,7 @@ class NodePool:
         self.discovered = discovered  # found on the network, not given by the user
         self.failures = 0  # failed dials in a row
         self.info = NodeInfo()
-        self.state = "connecting"  # connecting | ready | unreachable | other-model | left
+        self._state: NodeState = "connecting"
         self.last_error = ""
         self.idle: list[NodeConn] = []
         self.busy: set[NodeConn] = set()
@@ -108,6 +110,17 @@ class NodePool:
         self.task: asyncio.Task[None] | None = None
         self._announced = False
         self.instance = ""
+
+    @property
+    def state(self) -> NodeState:
+        """See :mod:`engine.head.fleet.node_state`; changed only through :meth:`_apply`."""
+        return self._state
+
+    def _apply(self, event: NodeEvent) -> NodeState:
+        """Move the state machine; returns the state before."""
+        before = self._state
+        self._state = transition(before, event)
+        return before
 
     @property
     def address(self) -> str:
@@ -142,9 +155,11 @@ class NodePool:
             self.idle.remove(conn)
         self.busy.discard(conn)
         self.wake.set()
-        if not self.dialed and self.conns == 0 and self.state == "ready":
+        if self.conns:
+            return
+        before = self._apply("closed_last_dialed" if self.dialed else "closed_last_joined")
+        if self.state == "left" and before != "left":
             # a joined node is waited for, never dialed: it comes back by itself
-            self.state = "left"
             self._announced = False
             log.info("joined node '%s' left; waiting for it to join again", self.info.identity)
             self.fleet.emit(ev.NodeLeft(key=self.key, identity=self.info.identity))
@@ -189,7 +204,7 @@ class NodePool:
         for conn in [*self.idle, *self.busy]:
             conn.abort()
         self.idle.clear()
-        self.state = "unreachable"
+        self._apply("hung")
         self.fleet.emit(ev.NodeUnreachable(key=self.key, address=self.address, reason=why))
         self._announced = False
         self.wake.set()
@@ -253,7 +268,10 @@ class NodePool:
             try:
                 link = await dial(self.host, self.port, psk=self.fleet.psk,
                                   timeout_s=self.fleet.handshake_timeout_s)
-                hello = await self._exchange_hellos(link)
+                hello = await exchange_hellos(
+                    link, m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model),
+                    responder=False, expect=m.NodeHello,
+                    timeout_s=self.fleet.handshake_timeout_s)
             except (OSError, TimeoutError, LinkError, LinkClosed) as exc:
                 self._unreachable(exc)
                 return opened > 0 or self.conns > 0
@@ -263,27 +281,16 @@ class NodePool:
             self.failures = 0
             self.add_conn(link)
             opened += 1
-        if self.state != "ready":
-            self.state = "ready"
+        if self._apply("dial_ok") != "ready":
             self.fleet.capacity_changed()
         return True
-
-    async def _exchange_hellos(self, link: Link) -> m.NodeHello:
-        async with asyncio.timeout(self.fleet.handshake_timeout_s):
-            first = await link.recv()
-        if not isinstance(first, m.NodeHello):
-            link.close()
-            raise LinkClosed("the peer is not a Shoal node")
-        link.send(m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model))
-        return first
 
     def joined(self, hello: m.NodeHello, link: Link) -> None:
         """A connection a joining node opened to this head."""
         self.instance = hello.instance
         self._accept_hello(hello)
         self.add_conn(link)
-        if self.state != "ready":
-            self.state = "ready"
+        self._apply("joined")
         self.fleet.capacity_changed()
 
     def _accept_hello(self, hello: m.NodeHello) -> bool:
@@ -317,8 +324,8 @@ class NodePool:
             self.fleet.emit(ev.NodeUnreachable(key=self.key, address=self.address,
                                                reason=why))
         self.last_error = why
+        self._apply("dial_failed_with_conns" if self.conns else "dial_failed")
         if self.conns == 0:
-            self.state = "unreachable"
             self._announced = False
 
     async def _keepalive_until_woken(self) -> None:
@@ -345,6 +352,8 @@ def _why(exc: BaseException) -> str:
         if exc.kind is LinkErrorKind.NO_TOKEN_HERE:
             return "uses a fleet token; give the head --fleet-auth with it"
         return str(exc)
+    if isinstance(exc, WrongPeer):
+        return f"{exc}; check the port (a node listens on 8455, a head takes joins on 8454)"
     if isinstance(exc, TimeoutError):
         return "did not answer the handshake in time; check that it is a Shoal node and running"
     if isinstance(exc, ConnectionRefusedError):

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from engine.head.naming import aliases as al
 from engine.link import messages as m
 from engine.link.connection import LinkError
+from engine.link.hello import exchange_hellos
 from engine.link.transport import Link, LinkClosed, dial
 
 log = logging.getLogger("shoal.head")
@@ -75,13 +76,10 @@ class HeadPeers:
         while True:
             try:
                 link = await dial(host, port, psk=self.psk, timeout_s=self.handshake_timeout_s)
-                async with asyncio.timeout(self.handshake_timeout_s):
-                    hello = await link.recv()
-                if not isinstance(hello, m.HeadHello):
-                    link.close()
-                    raise LinkClosed("not a head")
-                link.send(m.HeadHello(head_id=self.head_id, model=self.model,
-                                      listen_port=self.listen_port))
+                hello = await exchange_hellos(
+                    link, m.HeadHello(head_id=self.head_id, model=self.model,
+                                      listen_port=self.listen_port),
+                    responder=False, expect=m.HeadHello, timeout_s=self.handshake_timeout_s)
             except (OSError, TimeoutError, LinkError, LinkClosed) as exc:
                 failures += 1
                 if discovered and failures >= DROP_DISCOVERED_AFTER:

@@ -16,14 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, assert_never
 
 from engine import events as ev
+from engine.errors import RequestError
 from engine.head.fleet import attempt as at
+from engine.head.fleet import failover as fo
 from engine.head.fleet.links import ConnClosed, Fleet, Inbound, NodeConn, NodePool
 from engine.head.fleet.placement import Placement, PlacementRequest, Policy, Refusal, place
 from engine.link import messages as m
@@ -40,17 +43,6 @@ MAX_WALL_S = 600.0
 QUEUE_TIMEOUT_S = 20.0
 RETRY_NODE_S = 10  # Retry-After when no node can take the request now
 _AFFINITY_MAX = 10_000
-
-
-class PlacementError(Exception):
-    """The session cannot run; ``status`` and ``code`` say how the API answers."""
-
-    def __init__(self, status: int, code: str, message: str,
-                 retry_after: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.retry_after = retry_after
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,22 +198,21 @@ class SessionRunner:
 
     def _raise_if_final(self, refusal: Refusal) -> None:
         if refusal.code == "context_length_exceeded":
-            raise PlacementError(400, "context_length_exceeded", refusal.message)
+            raise RequestError(refusal.message, code="context_length_exceeded")
         if refusal.code == "unknown_node":
-            raise PlacementError(404, "node_not_found", refusal.message)
+            raise RequestError(refusal.message, code="node_not_found")
         if refusal.code == "node_down":
-            raise PlacementError(503, "node_unavailable", refusal.message,
-                                 retry_after=RETRY_NODE_S)
+            raise RequestError(refusal.message, code="node_unavailable",
+                               retry_after=RETRY_NODE_S)
 
-    def _timeout_error(self, last: Refusal | None) -> PlacementError:
+    def _timeout_error(self, last: Refusal | None) -> RequestError:
         if last is not None and last.code == "no_node":
-            return PlacementError(503, "no_node_available", last.message,
-                                  retry_after=RETRY_NODE_S)
+            return RequestError(last.message, code="no_node_available",
+                                retry_after=RETRY_NODE_S)
         waited = int(self.queue_timeout_s)
-        return PlacementError(
-            429, "fleet_busy",
+        return RequestError(
             f"every lane of the fleet stayed busy for {waited} s; retry later or add a node",
-            retry_after=max(1, waited // 4))
+            code="fleet_busy", retry_after=max(1, waited // 4))
 
     # -- running -------------------------------------------------------------------
 
@@ -230,7 +221,7 @@ class SessionRunner:
         return Session(self, job)
 
     async def run(self, job: Job) -> AsyncGenerator[list[int] | Finish, None]:
-        """Yield batches of new token ids, then one Finish. Raises PlacementError."""
+        """Yield batches of new token ids, then one Finish. Raises RequestError."""
         session = self.start(job)
         try:
             while True:
@@ -243,39 +234,34 @@ class SessionRunner:
 
     async def _generate(self, job: Job,
                         session: Session) -> AsyncGenerator[list[int] | Finish, None]:
-        """The session's work, driven by its own task (see :class:`Session`)."""
+        """The session's work, driven by its own task (see :class:`Session`): place, run
+        one attempt, then carry out what :func:`failover.after` decides."""
         started = self.clock()
         wall_deadline = started + self.max_wall_s
         delivered: list[int] = []
-        exclude: frozenset[str] = frozenset()
-        moves = 0
-        prompt_tokens = len(job.prompt)
-        cached = 0
-        last_node = ""
-        queue_deadline = started + self.queue_timeout_s
+        progress = fo.begin(started, self.queue_timeout_s)
         while True:
             remaining = job.max_tokens - len(delivered)
             context = job.prompt + delivered
             pool, conn, reason = await self._acquire(job, session, len(context), remaining,
-                                                     exclude, queue_deadline)
+                                                     progress.exclude,
+                                                     progress.queue_deadline)
             session.state = "running"
-            session.node = pool.info.identity
-            if last_node:
-                moves += 1
+            node = session.node = pool.info.identity
+            progress, moved_from = fo.placed(progress, node)
+            if moved_from is not None:
                 self.moves_total += 1
-                log.warning("session %s moved from %s to '%s' at %s after %d tokens (%s)",
-                            job.session, last_node, pool.info.identity, pool.address,
-                            len(delivered), reason)
-                self.fleet.emit(ev.SessionMoved(session=job.session,
-                                                from_node=last_node.strip("'"),
-                                                to_node=pool.info.identity,
-                                                after_tokens=len(delivered), reason=reason))
+                log.warning("session %s moved from '%s' to '%s' at %s after %d tokens (%s)",
+                            job.session, moved_from, node, pool.address, len(delivered),
+                            reason)
+                self.fleet.emit(ev.SessionMoved(session=job.session, from_node=moved_from,
+                                                to_node=node, after_tokens=len(delivered),
+                                                reason=reason))
             else:
-                log.info("session %s placed on '%s' at %s (%s)", job.session,
-                         pool.info.identity, pool.address, reason)
+                log.info("session %s placed on '%s' at %s (%s)", job.session, node,
+                         pool.address, reason)
                 self.fleet.emit(ev.SessionPlaced(session=job.session, model=job.model,
-                                                 node=pool.info.identity, reason=reason))
-            last_node = f"'{pool.info.identity}'"
+                                                 node=node, reason=reason))
             if job.affinity:
                 self._remember(job.affinity, pool.key)
             attempt = _Attempt(self, pool, conn, job, context, remaining, wall_deadline)
@@ -285,44 +271,39 @@ class SessionRunner:
                     yield ids
             finally:
                 attempt.release()
-            final = attempt.final
-            if isinstance(final, at.Finished):
-                assert attempt.done is not None
-                if not moves:
-                    cached = attempt.done.cached_tokens
-                yield Finish(reason=attempt.done.finish_reason, prompt_tokens=prompt_tokens,
-                             completion_tokens=len(delivered), cached_tokens=cached,
-                             node=pool.info.identity, moves=moves)
+            done = attempt.done
+            now = self.clock()
+            progress, decision = fo.after(
+                progress, attempt.final, node=pool.key, delivered=len(delivered),
+                max_tokens=job.max_tokens, finish_reason=done.finish_reason if done else "",
+                cached_tokens=done.cached_tokens if done else 0, now=now,
+                queue_timeout_s=self.queue_timeout_s)
+            ending = Finish(reason="length", prompt_tokens=len(job.prompt),
+                            completion_tokens=len(delivered),
+                            cached_tokens=progress.cached_tokens, node=node,
+                            moves=progress.moves)
+            if isinstance(decision, fo.End):
+                yield dataclasses.replace(ending, reason=decision.reason)
                 return
-            if isinstance(final, at.Busy):
-                # refused before any token of this attempt: try the next node at once
-                log.info("node '%s' is full (%s); trying the next node",
-                         pool.info.identity, final.message)
-                pool.mark_full(self.clock())
-                last_node = "" if not delivered and not moves else last_node
-                queue_deadline = max(queue_deadline, self.clock())
+            if isinstance(decision, fo.NextNode):
+                log.info("node '%s' is full (%s); trying the next node", node, decision.message)
+                pool.mark_full(now)
                 continue
-            if isinstance(final, at.Refused):
-                code = "invalid_request" if final.code == "bad_request" else final.code
-                raise PlacementError(400, code, final.message)
-            if isinstance(final, at.WallExceeded):
+            if isinstance(decision, fo.Refuse):
+                raise RequestError(decision.message, code=decision.code)
+            if isinstance(decision, fo.Ceiling):
                 log.warning("session %s reached the %d s ceiling; ending it", job.session,
                             int(self.max_wall_s))
-                yield Finish(reason="length", prompt_tokens=prompt_tokens,
-                             completion_tokens=len(delivered), cached_tokens=cached,
-                             node=pool.info.identity, moves=moves)
+                yield ending
                 return
-            # the node failed mid-session
-            why = final.reason if isinstance(final, at.Failover) else "the attempt ended"
-            log.warning("session %s lost node '%s' at %s: %s", job.session,
-                        pool.info.identity, pool.address, why)
-            exclude = exclude | {pool.key}
-            if len(delivered) >= job.max_tokens:
-                yield Finish(reason="length", prompt_tokens=prompt_tokens,
-                             completion_tokens=len(delivered), cached_tokens=cached,
-                             node=pool.info.identity, moves=moves)
-                return
-            queue_deadline = self.clock() + self.queue_timeout_s
+            if isinstance(decision, fo.Replace | fo.GiveUp):
+                log.warning("session %s lost node '%s' at %s: %s", job.session, node,
+                            pool.address, decision.why)
+                if isinstance(decision, fo.GiveUp):
+                    yield ending
+                    return
+                continue
+            assert_never(decision)
 
     def _remember(self, session: str, key: str) -> None:
         self._affinity[session] = key
@@ -347,19 +328,19 @@ class Session:
         self.job = job
         self.state: SessionState = "placing"
         self.node = ""
-        self._out: asyncio.Queue[list[int] | Finish | PlacementError] = asyncio.Queue()
+        self._out: asyncio.Queue[list[int] | Finish | RequestError] = asyncio.Queue()
         self._task = asyncio.create_task(self._run(), name=f"session-{job.session}")
 
     async def _run(self) -> None:
         try:
             async for item in self.runner._generate(self.job, self):
                 self._out.put_nowait(item)
-        except PlacementError as exc:
+        except RequestError as exc:
             self._out.put_nowait(exc)
         except Exception:
             log.exception("session %s failed", self.job.session)
-            self._out.put_nowait(PlacementError(
-                500, "internal_error", "internal error; the head's log has the details"))
+            self._out.put_nowait(RequestError(
+                "internal error; the head's log has the details", code="internal_error"))
         finally:
             self.state = "ended"
 
@@ -372,9 +353,9 @@ class Session:
 
     async def next(self) -> list[int] | Finish:
         """The next batch of ids (every batch already waiting, as one) or the Finish.
-        Raises the session's PlacementError."""
+        Raises the session's RequestError."""
         item = await self._out.get()
-        if isinstance(item, PlacementError):
+        if isinstance(item, RequestError):
             raise item
         if isinstance(item, list):
             while not self._out.empty():

@@ -1,6 +1,7 @@
 """A chat completion on the head: messages to prompt ids, ids back to text and tool calls.
 
-Nothing here touches HTTP; the API layer turns the events into JSON or SSE.
+Nothing here touches HTTP: the API layer turns its requests into template messages,
+sampling parameters and stops, and the events back into JSON or SSE.
 """
 
 from __future__ import annotations
@@ -8,14 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from engine import nesting
-from engine.api.schemas import ChatRequest, SamplingRequest, message_text
+from engine.errors import RequestError
 from engine.events import SessionFinished
-from engine.head.fleet.sessions import Finish, Job, PlacementError, Session, SessionRunner
+from engine.head.fleet.sessions import Finish, Job, Session, SessionRunner
 from engine.head.prompt.model import HeadModel
 from engine.head.prompt.templates import TemplateError
 from engine.head.prompt.text import Detokenizer, StopMatcher
@@ -43,60 +43,8 @@ class ChatFinal:
 ChatEvent = TextDelta | ToolCallDelta | ChatFinal
 
 
-def to_template_messages(req: ChatRequest) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for msg in req.messages:
-        role = "system" if msg.role == "developer" else msg.role
-        d: dict[str, Any] = {"role": role, "content": message_text(msg.content)}
-        if msg.name:
-            d["name"] = msg.name
-        if msg.tool_calls:
-            calls = []
-            for call in msg.tool_calls:
-                calls.append({"id": call.id, "type": "function",
-                              "function": {"name": call.function.name,
-                                           "arguments": _args(call.function.arguments)}})
-            d["tool_calls"] = calls
-        if msg.tool_call_id:
-            d["tool_call_id"] = msg.tool_call_id
-        out.append(d)
-    return out
-
-
-def _args(raw: str) -> Any:
-    try:
-        return nesting.json_loads(raw) if raw else {}
-    except ValueError:
-        return raw
-
-
-def sampling_of(req: SamplingRequest) -> m.SamplingParams:
-    """The request's sampler settings, with llama.cpp's defaults for what it leaves out."""
-    d = m.SamplingParams()
-    return m.SamplingParams(
-        temperature=d.temperature if req.temperature is None else req.temperature,
-        top_p=d.top_p if req.top_p is None else req.top_p,
-        top_k=d.top_k if req.top_k is None else req.top_k,
-        min_p=d.min_p if req.min_p is None else req.min_p,
-        seed=req.seed,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        repeat_penalty=1.0 if req.repeat_penalty is None else req.repeat_penalty)
-
-
-def template_kwargs(req: ChatRequest) -> dict[str, Any]:
-    """Thinking stays off for small reasoning models unless the request asks for it."""
-    kwargs: dict[str, Any] = {"enable_thinking": False}
-    if req.reasoning_effort and req.reasoning_effort not in ("none", "minimal"):
-        kwargs["enable_thinking"] = True
-    if req.chat_template_kwargs:
-        kwargs.update({k: v for k, v in req.chat_template_kwargs.items()
-                       if k not in _RESERVED_KWARGS})
-    return kwargs
-
-
 # what the head itself passes to a template; a request cannot override these
-_RESERVED_KWARGS = frozenset({"messages", "tools", "add_generation_prompt"})
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt"})
 
 
 UNKNOWN_ROOM = 1 << 16
@@ -111,8 +59,8 @@ class Turn:
                  parser: ToolCallParser | None = None, requested: str = "") -> None:
         if not prompt:
             # every runtime refuses an empty prompt; say so here rather than on a node
-            raise PlacementError(400, "invalid_request", "the prompt is empty after the "
-                                 "model's template; send some text")
+            raise RequestError("the prompt is empty after the model's template; send some "
+                               "text", code="invalid_request")
         self.model = model
         self.runner = runner
         self.routing = routing
@@ -164,7 +112,7 @@ class Turn:
             while True:
                 try:
                     item = await session.next()
-                except PlacementError as exc:
+                except RequestError as exc:
                     error = str(exc)
                     raise
                 if not first_at:
@@ -218,24 +166,32 @@ class Turn:
                 error=error if final is None else None))
 
 
-async def chat_turn(model: HeadModel, runner: SessionRunner, req: ChatRequest,
-                    routing: Routing, *, tool_parser: str | None = None) -> Turn:
-    """A chat request: messages rendered through the model's template, then a Turn."""
-    messages = to_template_messages(req)
+async def render_prompt(model: HeadModel, messages: list[dict[str, Any]], *,
+                        tools: list[dict[str, Any]] | None = None,
+                        template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+    """Prompt ids of ``messages`` through the model's chat template (off the loop when
+    long); the head's own template arguments cannot be overridden."""
+    kwargs = {k: v for k, v in (template_kwargs or {}).items()
+              if k not in RESERVED_TEMPLATE_KWARGS}
     size = sum(len(str(msg.get("content") or "")) for msg in messages)
-
-    def render() -> list[int]:
-        return model.render(messages, tools=req.tools, **template_kwargs(req))
-
     try:
-        prompt = await off_loop(size, render)
+        return await off_loop(size, lambda: model.render(messages, tools=tools, **kwargs))
     except TemplateError as exc:
-        raise PlacementError(400, "invalid_request_error", str(exc)) from None
-    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    parser = parser_for(tool_parser, model.template.family) if req.tools else None
-    return Turn(model, runner, prompt, routing=routing, sampling=sampling_of(req),
-                max_tokens=req.max_completion_tokens or req.max_tokens, stops=stops,
-                parser=parser)
+        raise RequestError(str(exc), code="invalid_request_error") from None
+
+
+async def chat_turn(model: HeadModel, runner: SessionRunner, messages: list[dict[str, Any]],
+                    *, routing: Routing, tools: list[dict[str, Any]] | None = None,
+                    template_kwargs: Mapping[str, Any] | None = None,
+                    sampling: m.SamplingParams | None = None, stops: Sequence[str] = (),
+                    max_tokens: int | None = None, tool_parser: str | None = None,
+                    requested: str = "") -> Turn:
+    """A chat: ``messages`` (the template's dicts) rendered through the model's template,
+    then a Turn; with ``tools``, tool calls are parsed out of the text."""
+    prompt = await render_prompt(model, messages, tools=tools, template_kwargs=template_kwargs)
+    parser = parser_for(tool_parser, model.template.family) if tools else None
+    return Turn(model, runner, prompt, routing=routing, sampling=sampling,
+                max_tokens=max_tokens, stops=stops, parser=parser, requested=requested)
 
 
 INLINE_CHARS = 16_384  # tokenizing this much takes a few ms: less than a thread hop costs
@@ -268,10 +224,10 @@ def completion_prompt_ids(model: HeadModel, prompt: str, suffix: str | None) -> 
     if fim is None:
         if not suffix:
             return vocab.encode(prompt, special=True)
-        raise PlacementError(
-            400, "fim_unsupported",
+        raise RequestError(
             f"model {model.name} has no fill-in-the-middle tokens; send the prompt without "
-            "a suffix, or serve a code model that has them (for example Qwen2.5-Coder)")
+            "a suffix, or serve a code model that has them (for example Qwen2.5-Coder)",
+            code="fim_unsupported")
     pre, suf, mid = fim
     bos = vocab.encode("", special=True)
     head = _strip_bos(vocab.encode(prompt, special=False), bos)

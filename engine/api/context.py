@@ -1,0 +1,75 @@
+"""What every route reads from its request: the head, the arrival time, routing hints,
+and the model a request's name runs (or the refusal when it names nothing runnable)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+
+from engine.api.errors import STATUS, error_for
+from engine.head.head import Head
+from engine.head.naming import aliases as al
+from engine.head.prompt.turn import Routing
+
+HEAD: web.AppKey[Head] = web.AppKey("head", Head)
+
+
+def request_key(name: str, kind: type[Any]) -> Any:
+    """A typed request key where aiohttp has them (3.13+), else a plain string."""
+    make = getattr(web, "RequestKey", None)
+    return make(name, kind) if make is not None else f"shoal.{name}"
+
+
+ARRIVED = request_key("arrived", float)  # the head's clock when the request came in
+
+
+def routing_of(request: web.Request) -> Routing:
+    """The request's placement hints: affinity (X-Session-Id), ?host= and ?prefer=."""
+    affinity = (request.headers.get("X-Session-Id")
+                or request.headers.get("X-Session-Affinity") or None)
+    pin = request.query.get("host") or None
+    prefer_raw = request.query.get("prefer") or request.headers.get("X-Shoal-Prefer") or ""
+    prefer = tuple(p.strip() for p in prefer_raw.split(",") if p.strip())[:16]
+    return Routing(affinity=affinity[:256] if affinity else None,
+                   pin_host=pin[:256] if pin else None, prefer=prefer)
+
+
+def resolve_model(head: Head, requested: str, *, ollama: bool = False) -> al.Resolution:
+    """A request's model through the head (real model, loose names, aliases); Ollama's
+    clients may add ``:latest`` to a name that has no tag."""
+    found = head.resolve(requested)
+    if found.unknown and ollama and requested.endswith(":latest"):
+        bare = head.resolve(requested[: -len(":latest")])
+        if not bare.unknown:
+            return bare
+    return found
+
+
+def model_headers(found: al.Resolution) -> dict[str, str]:
+    names: dict[str, str] = {}
+    if found.model:
+        names["X-Shoal-Model"] = found.model
+    if found.alias:
+        names["X-Shoal-Alias"] = found.alias
+    return names
+
+
+def refuse_resolution(request: web.Request, found: al.Resolution) -> web.Response | None:
+    """The 404 or 503 answer when the name names nothing that can run, else None."""
+    if found.model is not None and not found.unknown:
+        return None
+    code = "model_not_found" if found.unknown else "model_unavailable"
+    return error_for(request, STATUS[code], found.message, code=code, param="model",
+                     retry_after=found.retry_after, headers=model_headers(found))
+
+
+def runnable(request: web.Request, head: Head, requested: str, *,
+             ollama: bool = False) -> tuple[str, dict[str, str]] | web.Response:
+    """The model a request's name runs and the X-Shoal-* headers, or the refusal."""
+    found = resolve_model(head, requested, ollama=ollama)
+    refused = refuse_resolution(request, found)
+    if refused is not None:
+        return refused
+    assert found.model is not None
+    return found.model, model_headers(found)
