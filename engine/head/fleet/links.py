@@ -120,6 +120,11 @@ class NodePool:
         """Move the state machine; returns the state before."""
         before = self._state
         self._state = transition(before, event)
+        if self._state == "ready" and before != "ready":
+            info = self.info
+            self.fleet.emit(ev.NodeLinked(key=self.key, identity=info.identity,
+                                          address=self.address, model=info.model,
+                                          lanes=info.lanes, context_window=info.context_window))
         return before
 
     @property
@@ -303,10 +308,6 @@ class NodePool:
             self.last_error = ""
             log.info("fleet node '%s' at %s: %s, context window %d tokens, %d lanes",
                      hello.identity, self.address, hello.model, hello.context_window, hello.lanes)
-            self.fleet.emit(ev.NodeLinked(key=self.key, identity=hello.identity,
-                                          address=self.address, model=hello.model,
-                                          lanes=hello.lanes,
-                                          context_window=hello.context_window))
             if hello.model not in self.fleet.models:
                 log.warning("fleet node '%s' at %s serves '%s', not %s; no sessions go there "
                             "until it serves a model this head knows (serve it with "
