@@ -142,6 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cli_argv.hand_over_and_exec(found)
             for dest, value in cli_argv.take_handed_over().items():
                 setattr(args, dest, value)
+        if args.command == "app":
+            raise StartError("the desktop app starts from the `shoal` program (`shoal app`), "
+                             "not from engine.cli; install Shoal with its app to run it")
         if args.command in ("fleet", "alias", "keys"):
             from engine import cli_admin
 

@@ -188,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     pair.add_argument("--png", type=Path, help="also save the QR code as a PNG file "
                       "(mode 0600: it holds the token)")
 
+    sub.add_parser("app", help="the desktop app: a tray icon and the fleet window "
+                   "(needs PySide6; started by the `shoal` program)")
     _serve_parser(sub)
     node_sub = _node_parser(sub)
     from engine.cli_admin import add_parsers

@@ -10,12 +10,18 @@ tailscale_socket = "/var/run/tailscale/tailscaled.sock"
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from engine import nesting
-from engine.settings import DiscoveryMode
+from engine.settings import (
+    DiscoveryMode,
+    DiscoverySettings,
+    HeadSettings,
+    NodeSettings,
+    Settings,
+)
 
 MODES = ("lan", "tailnet", "both", "none")
 
@@ -64,3 +70,128 @@ def load_config(home: Path) -> Config:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     return parse_config(text, source=str(path))
+
+
+# -- the settings of this machine, as the desktop app keeps them --------------------------
+#
+# ```toml
+# [fleet]
+# name = "desk"
+# [head]                       # the API on this machine
+# enabled = true
+# http = "127.0.0.1:8453"
+# fleet_listen = "0.0.0.0:8454"   # other machines' nodes join here (in a fleet)
+# queue_timeout_s = 20.0
+# keys = "auto"
+# cors_allow = []
+# allow_hosts = []
+# [node]                       # the model this machine serves
+# enabled = true
+# model = "org/repo:Q4_K_M"    # absent: the embedded default
+# runtime = "llamacpp"
+# lanes = 8
+# max_context = 4096
+# paused = false
+# [discovery]
+# mode = "both"
+# [app]                        # the app's own choices, kept as they are
+# start_at_login = false
+# ```
+
+_Kinds = dict[str, type | tuple[type, ...]]
+HEAD_KEYS: _Kinds = {"http": str, "fleet_listen": str, "queue_timeout_s": (int, float),
+                     "keys": str, "cors_allow": list, "allow_hosts": list, "policy": str}
+NODE_KEYS: _Kinds = {"model": str, "runtime": str, "lanes": int, "max_context": int,
+                     "paused": bool, "identity": str}
+
+
+def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
+    section = data.get(name, {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"{source}: [{name}] must be a table")
+    return section
+
+
+def _typed(section: dict[str, Any], kinds: _Kinds, name: str, source: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, kind in kinds.items():
+        if key not in section:
+            continue
+        value = section[key]
+        # TOML booleans are not numbers here, though Python's bool is an int
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise ConfigError(f"{source}: {name}.{key} has the wrong type; fix or remove it")
+        out[key] = tuple(str(v) for v in value) if isinstance(value, list) else value
+    return out
+
+
+def machine_settings(home: Path, base: Settings | None = None
+                     ) -> tuple[Settings, dict[str, Any]]:
+    """This machine's settings from ``config.toml`` over ``base`` (the app's defaults: the
+    head and the node on), and the file's ``[app]`` table as it is. Reads a file: call it
+    off the event loop."""
+    path = config_path(home)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = ""
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    source = str(path)
+    cfg = parse_config(text, source=source)
+    data: dict[str, Any] = nesting.toml_loads(text) if text else {}
+    head_t, node_t = _table(data, "head", source), _table(data, "node", source)
+    base = base or Settings(home=home, head=HeadSettings(), node=NodeSettings())
+    head = base.head
+    if head_t.get("enabled") is False:
+        head = None
+    elif head is not None or head_t.get("enabled") is True:
+        head = replace(head or HeadSettings(), **_typed(head_t, HEAD_KEYS, "head", source))
+    node = base.node
+    if node_t.get("enabled") is False:
+        node = None
+    elif node is not None or node_t.get("enabled") is True:
+        node = replace(node or NodeSettings(), **_typed(node_t, NODE_KEYS, "node", source))
+    name = _table(data, "fleet", source).get("name")
+    settings = replace(base, head=head, node=node,
+                       discovery=DiscoverySettings(mode=cfg.discovery, seeds=tuple(cfg.seeds),
+                                                   tailscale_socket=cfg.tailscale_socket),
+                       fleet_name=name if isinstance(name, str) else base.fleet_name)
+    return settings, dict(_table(data, "app", source))
+
+
+def save_machine_settings(settings: Settings, app: dict[str, Any]) -> None:
+    """Write ``settings`` (the parts a person changes in the app) and the app's table to
+    ``config.toml``, atomically. Writes a file: call it off the event loop."""
+    import tomli_w
+
+    from engine.files import write_private
+
+    doc: dict[str, Any] = {}
+    if settings.fleet_name:
+        doc["fleet"] = {"name": settings.fleet_name}
+    head = settings.head
+    head_t: dict[str, Any] = {"enabled": head is not None}
+    if head is not None:
+        head_t.update(http=head.http, queue_timeout_s=head.queue_timeout_s, keys=head.keys,
+                      policy=head.policy, cors_allow=list(head.cors_allow),
+                      allow_hosts=list(head.allow_hosts))
+        if head.fleet_listen:
+            head_t["fleet_listen"] = head.fleet_listen
+    doc["head"] = head_t
+    node = settings.node
+    node_t: dict[str, Any] = {"enabled": node is not None}
+    if node is not None:
+        values = {"runtime": node.runtime, "model": node.model, "lanes": node.lanes,
+                  "max_context": node.max_context, "paused": node.paused,
+                  "identity": node.identity}
+        node_t.update({k: v for k, v in values.items() if v is not None})
+    doc["node"] = node_t
+    d = settings.discovery
+    discovery: dict[str, Any] = {"mode": d.mode, "seeds": list(d.seeds)}
+    if d.tailscale_socket:
+        discovery["tailscale_socket"] = d.tailscale_socket
+    doc["discovery"] = discovery
+    if app:
+        doc["app"] = app
+    write_private(config_path(settings.home), tomli_w.dumps(doc).encode("utf-8"))

@@ -28,3 +28,44 @@ def test_bad_config_is_refused_in_one_line(text, words):
     with pytest.raises(ConfigError) as err:
         parse_config(text, source="config.toml")
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_machine_settings_default_to_head_and_node(tmp_path):
+    from engine.config import machine_settings
+
+    settings, app = machine_settings(tmp_path)
+    assert settings.head is not None and settings.node is not None and app == {}
+    assert settings.head.http == "127.0.0.1:8453" and settings.node.model is None
+
+
+def test_machine_settings_round_trip(tmp_path):
+    from dataclasses import replace
+
+    from engine.config import machine_settings, save_machine_settings
+    from engine.settings import HeadSettings, NodeSettings, Settings
+
+    mine = Settings(home=tmp_path, fleet_name="desk",
+                    head=HeadSettings(http="127.0.0.1:9000", fleet_listen="0.0.0.0:8454",
+                                      allow_hosts=("box.lan",)),
+                    node=NodeSettings(model="org/repo:Q4_K_M", lanes=4, paused=True))
+    save_machine_settings(mine, {"start_at_login": True})
+    assert oct((tmp_path / "config.toml").stat().st_mode & 0o777) == "0o600"
+    again, app = machine_settings(tmp_path)
+    assert app == {"start_at_login": True}
+    assert again.fleet_name == "desk"
+    assert again.head == replace(mine.head, queue_timeout_s=20.0)  # type: ignore[arg-type]
+    assert again.node == mine.node
+    save_machine_settings(replace(mine, head=None), {})
+    assert machine_settings(tmp_path)[0].head is None
+
+
+def test_machine_settings_refuse_wrong_types_in_one_line(tmp_path):
+    from engine.config import machine_settings
+
+    (tmp_path / "config.toml").write_text('[node]\nlanes = "eight"\n')
+    with pytest.raises(ConfigError) as err:
+        machine_settings(tmp_path)
+    assert "node.lanes has the wrong type" in str(err.value)
+    (tmp_path / "config.toml").write_text('[node]\nlanes = true\n')
+    with pytest.raises(ConfigError):
+        machine_settings(tmp_path)

@@ -1,0 +1,113 @@
+"""The one place where the engine meets Qt: a running `Shoal` seen as Qt signals, and its
+commands run as tasks on the same asyncio loop (qasync), with their outcome reported.
+
+The app holds no fleet logic: it renders `FleetSnapshot`s and `ShoalEvent`s and calls
+`Shoal`'s commands. Everything here runs on the GUI thread, which is the loop's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from engine.errors import ShoalError
+from engine.events import ShoalEvent
+from engine.service import Shoal
+from engine.snapshot import FleetSnapshot
+
+log = logging.getLogger("shoal.app")
+T = TypeVar("T")
+REFRESH_MS = 1000  # live tables: lanes, KV and rates change without an event
+
+
+class ShoalBridge(QObject):
+    """Signals: ``snapshot`` (a fresh FleetSnapshot, at least once a second and after
+    every event), ``event`` (each ShoalEvent as it comes), ``failed`` (the one line of a
+    command that failed), ``busy`` (a command is under way: True/False)."""
+
+    snapshot = Signal(object)
+    event = Signal(object)
+    failed = Signal(str)
+    busy = Signal(bool)
+
+    def __init__(self, shoal: Shoal, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.shoal = shoal
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._events = shoal.events()
+        self._reader = asyncio.get_running_loop().create_task(self._read(), name="app-events")
+        self._timer = QTimer(self)
+        self._timer.setInterval(REFRESH_MS)
+        self._timer.timeout.connect(self.refresh)
+        self._timer.start()
+        self.last: FleetSnapshot = shoal.snapshot()
+
+    def refresh(self) -> FleetSnapshot:
+        self.last = self.shoal.snapshot()
+        self.snapshot.emit(self.last)
+        return self.last
+
+    async def _read(self) -> None:
+        async for event in self._events:
+            self.event.emit(event)
+            self.refresh()
+
+    def run(self, work: Awaitable[T], *, done: Callable[[T], None] | None = None) -> None:
+        """Run a command (a coroutine from `Shoal`) without blocking the UI; its result
+        goes to ``done``, a ShoalError's line to ``failed``."""
+        async def go() -> None:
+            self.busy.emit(True)
+            try:
+                result = await work
+            except ShoalError as exc:
+                self.failed.emit(str(exc))
+            except Exception as exc:  # a bug: say so in one line, keep the app alive
+                log.exception("a command failed")
+                self.failed.emit(f"something went wrong ({type(exc).__name__}); the log "
+                                 "has the details")
+            else:
+                if done is not None:
+                    done(result)
+            finally:
+                self.busy.emit(False)
+                self.refresh()
+
+        task = asyncio.get_running_loop().create_task(go())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        """Stop listening and wait for the commands under way (the caller stops Shoal)."""
+        self._timer.stop()
+        self._events.close()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+        for task in list(self._tasks):
+            with contextlib.suppress(Exception):
+                await task
+
+
+def describe(event: ShoalEvent) -> str:
+    """One line for a person (notifications, the activity list)."""
+    from engine import events as ev
+
+    if isinstance(event, ev.NodeLinked):
+        return f"{event.identity} joined: {event.model}, {event.lanes} lanes"
+    if isinstance(event, ev.NodeLeft):
+        return f"{event.identity} left the fleet"
+    if isinstance(event, ev.NodeUnreachable):
+        return f"{event.address} is unreachable: {event.reason}"
+    if isinstance(event, ev.SessionFinished):
+        if event.error:
+            return f"a request for {event.requested} failed: {event.error}"
+        return (f"{event.requested} on {event.node}: {event.completion_tokens} tokens in "
+                f"{event.duration_ms / 1000:.1f} s")
+    if isinstance(event, ev.Notice):
+        return event.text
+    return type(event).__name__
