@@ -487,3 +487,18 @@ def test_round_robin_spreads_sessions_evenly(k: int, sessions: int, start: int) 
     per_node = [counts[n.key] for n in nodes]
     assert max(per_node) - min(per_node) <= 1
     assert sum(per_node) == sessions
+
+
+def test_the_node_holding_the_prefix_is_priced_with_the_new_tokens_only() -> None:
+    # a slow node holds the conversation's first 4000 tokens; a fast one holds nothing
+    slow = node("slow", prefill_tps=100.0, decode_tps=10.0)
+    fast = node("fast", prefill_tps=1000.0, decode_tps=30.0)
+    turn = req(prompt_tokens=4200, max_tokens=50, affinity="slow")
+    # priced with the whole prompt, the slow node is 40 s behind: affinity gives way
+    assert placed(place(turn, [slow, fast], now=0.0)).node == "fast"
+    # priced with the 200 new tokens it has to read, it is the quickest
+    p = placed(place(replace(turn, affinity_cached=4000), [slow, fast], now=0.0))
+    assert p.node == "slow" and p.reason == "affinity"
+    # a claim beyond the prompt counts as the prompt less one token
+    p = placed(place(replace(turn, affinity_cached=10**9), [slow, fast], now=0.0))
+    assert p.node == "slow"

@@ -18,7 +18,10 @@ Order of decisions:
 2. ``prefer``: the first named node (by identity) with a free lane wins outright,
    ahead of speed and affinity; a name with no free node is passed over.
 3. Affinity (every policy): the node holding the session's prompt cache wins
-   while its estimate is within ``affinity_slack`` x the best estimate.
+   while its estimate is within ``affinity_slack`` x the best estimate. That node
+   is priced with only the part of the prompt it does not hold yet
+   (``req.affinity_cached`` tokens are already there): a long conversation's next
+   turn costs it a few hundred tokens of prefill, and the whole prompt anywhere else.
 4. The policy: ``load-aware`` (lowest estimate, after skipping nodes at or
    above ``pool_high`` % KV occupancy unless that skips all), ``least-loaded``
    (fewest sessions) or ``round-robin`` (rotate over capable nodes by key).
@@ -40,7 +43,7 @@ is 0 and nodes tie; ties go to the lower load, then the lower key.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, assert_never
 
 Policy = Literal["load-aware", "least-loaded", "round-robin"]
@@ -73,6 +76,7 @@ class PlacementRequest:
     max_tokens: int
     exclude: frozenset[str] = frozenset()  # node keys that already failed this session
     affinity: str | None = None  # node key holding this session's prompt cache
+    affinity_cached: int = 0  # prompt tokens that node holds (its last turn's context)
     pin_host: str | None = None  # ?host=NAME: compared with identities, never dialed
     prefer: tuple[str, ...] = ()  # ?prefer=a,b: identities, first free one wins
 
@@ -160,10 +164,12 @@ def place(
     # stays true after that node failed this one session.
     mean_prefill = _mean(n.prefill_tps for n in serving)
     mean_decode = _mean(n.decode_tps for n in serving)
+    cached = min(max(req.affinity_cached, 0), req.prompt_tokens - 1)
+    held_req = replace(req, prompt_tokens=req.prompt_tokens - cached) if cached > 0 else req
     est = {
         n.key: estimate_seconds(
             n,
-            req,
+            held_req if n.key == req.affinity else req,
             n.prefill_tps if n.prefill_tps > 0 else mean_prefill,
             n.decode_tps if n.decode_tps > 0 else mean_decode,
         )

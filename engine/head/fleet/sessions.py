@@ -124,7 +124,8 @@ class SessionRunner:
         self.limits = at.Limits(lease_s=lease_ms / 1000, stall_s=stall_s, ping_s=PING_S)
         self.gate = FifoGate()
         self._cursor = 0
-        self._affinity: OrderedDict[str, str] = OrderedDict()
+        # session -> (the node key holding its prompt cache, the tokens it holds)
+        self._affinity: OrderedDict[str, tuple[str, int]] = OrderedDict()
         fleet.on_capacity = self.gate.notify
         self.moves_total = 0
 
@@ -140,9 +141,11 @@ class SessionRunner:
 
     def _try_place(self, job: Job, prompt_len: int, max_tokens: int,
                    exclude: frozenset[str]) -> tuple[NodePool, NodeConn, str] | Refusal:
+        held = self._affinity.get(job.affinity) if job.affinity else None
         req = PlacementRequest(model=job.model, prompt_tokens=prompt_len,
                                max_tokens=max_tokens, exclude=exclude,
-                               affinity=self._affinity.get(job.affinity) if job.affinity else None,
+                               affinity=held[0] if held else None,
+                               affinity_cached=held[1] if held else 0,
                                pin_host=job.pin_host, prefer=job.prefer)
         now = self.clock()
         while True:
@@ -157,10 +160,7 @@ class SessionRunner:
             if conn is not None:
                 return pool, conn, decision.reason
             # every idle connection was dead: the view is fresh now, place again
-            req = PlacementRequest(model=req.model, prompt_tokens=req.prompt_tokens,
-                                   max_tokens=req.max_tokens,
-                                   exclude=req.exclude | {pool.key}, affinity=req.affinity,
-                                   pin_host=req.pin_host, prefer=req.prefer)
+            req = dataclasses.replace(req, exclude=req.exclude | {pool.key})
 
     async def _acquire(self, job: Job, session: Session, prompt_len: int, max_tokens: int,
                        exclude: frozenset[str], deadline: float
@@ -263,7 +263,7 @@ class SessionRunner:
                 self.fleet.emit(ev.SessionPlaced(session=job.session, model=job.model,
                                                  node=node, reason=reason))
             if job.affinity:
-                self._remember(job.affinity, pool.key)
+                self._remember(job.affinity, pool.key, len(context))
             attempt = _Attempt(self, pool, conn, job, context, remaining, wall_deadline)
             try:
                 async for ids in attempt.stream():
@@ -283,6 +283,8 @@ class SessionRunner:
                             cached_tokens=progress.cached_tokens, node=node,
                             moves=progress.moves)
             if isinstance(decision, fo.End):
+                if job.affinity:  # the node parks the whole conversation so far
+                    self._remember(job.affinity, pool.key, len(job.prompt) + len(delivered))
                 yield dataclasses.replace(ending, reason=decision.reason)
                 return
             if isinstance(decision, fo.NextNode):
@@ -305,8 +307,8 @@ class SessionRunner:
                 continue
             assert_never(decision)
 
-    def _remember(self, session: str, key: str) -> None:
-        self._affinity[session] = key
+    def _remember(self, session: str, key: str, tokens: int) -> None:
+        self._affinity[session] = (key, tokens)
         self._affinity.move_to_end(session)
         while len(self._affinity) > _AFFINITY_MAX:
             self._affinity.popitem(last=False)
