@@ -26,7 +26,8 @@ from engine.head.prompt.templates import TemplateError
 from engine.link.transport import is_loopback
 from engine.node.agent import NodeAgent
 from engine.node.join import HeadAddress, Joiner, JoinRefused, probe_head
-from engine.runtimes.base import Engine, RuntimeUnavailable
+from engine.runtimes import registry
+from engine.runtimes.base import RuntimeUnavailable
 from engine.secrets import TokenError, default_home, read_token, token_path
 
 log = logging.getLogger("shoal")
@@ -123,68 +124,30 @@ def load_token(path: Path | None, home: Path) -> bytes | None:
 
 
 def pick_runtime(runtime: str | None, model: str) -> str:
-    if runtime:
-        if runtime not in ("llamacpp", "mlx", "mock"):
-            raise StartError(f"unknown runtime '{runtime}'; use llamacpp, mlx or mock")
-        return runtime
-    return "llamacpp"
+    try:
+        return registry.pick_runtime(runtime, model)
+    except RuntimeUnavailable as exc:
+        raise StartError(str(exc)) from None
 
 
 def resolve_model_path(spec: str | None, runtime: str, *, home: Path, offline: bool,
                        progress: Callable[[str], None] | None = None) -> tuple[str, str]:
     """(path or name the runtime loads, the model's name on the link)."""
-    if runtime == "mock":
-        name = spec or "mock"
-        return name, name
-    from engine import models
-
-    if runtime == "mlx":
-        # MLX loads a model folder or a repo already in the Hugging Face cache itself
-        check_runtime(runtime)
-        if spec is None:
-            raise StartError("runtime mlx has no embedded default model; give an MLX model "
-                             "folder or repo id, or use --runtime llamacpp")
-        return spec, models.model_name(spec)
+    from engine.models import ModelMissing
 
     try:
-        if spec is None:
-            path = models.ensure_embedded_default(home, offline=offline, progress=progress)
-            return str(path), models.EMBEDDED_NAME
-        path = models.resolve_model(spec, home=home, offline=offline, progress=progress)
-    except models.ModelMissing as exc:
+        return registry.resolve_model(runtime, spec, home=home, offline=offline,
+                                      progress=progress)
+    except (ModelMissing, RuntimeUnavailable) as exc:
         raise StartError(str(exc)) from None
-    return str(path), models.model_name(spec)
 
 
 def check_runtime(runtime: str) -> None:
     """Refuse an unusable runtime before any slow work (pulls, loads)."""
-    if runtime == "mlx":
-        from engine.runtimes.mlx import check_available
-
-        try:
-            check_available()
-        except RuntimeUnavailable as exc:
-            raise StartError(str(exc)) from None
-
-
-def make_engine(runtime: str, model: str, *, name: str, lanes: int, max_context: int | None,
-                mock_speed: float = 0.0) -> Engine:
-    if runtime == "mock":
-        from engine.runtimes.mock import MockEngine
-
-        return MockEngine(model=name, lanes=lanes, context_window=max_context or 4096,
-                          speed=mock_speed)
-    if runtime == "llamacpp":
-        from engine.runtimes.llamacpp import LlamaCppEngine
-
-        return LlamaCppEngine(model, model_name=name, lanes=lanes, max_context=max_context)
-    if runtime == "mlx":
-        from engine.runtimes.mlx import MlxEngine
-
-        mlx_engine: Engine = MlxEngine(model, model_name=name, lanes=lanes,
-                                       max_context=max_context)
-        return mlx_engine
-    raise StartError(f"unknown runtime '{runtime}'")
+    try:
+        registry.check_runtime(runtime)
+    except RuntimeUnavailable as exc:
+        raise StartError(str(exc)) from None
 
 
 def bind(host: str, port: int, *, what: str) -> socket.socket:
@@ -230,9 +193,10 @@ async def build_agent(opts: NodeOptions, *, psk: bytes | None,
     path, name = resolve_model_path(opts.model, runtime, home=opts.home, offline=opts.offline,
                                     progress=lambda line: log.info("%s", line))
     try:
-        engine = make_engine(runtime, path, name=opts.model_name or announced or name,
-                             lanes=opts.max_batch, max_context=opts.max_context,
-                             mock_speed=opts.mock_speed)
+        engine = registry.make_engine(runtime, path,
+                                      model_name=opts.model_name or announced or name,
+                                      lanes=opts.max_batch, max_context=opts.max_context,
+                                      mock_speed=opts.mock_speed)
         await engine.start()
     except (RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
         raise StartError(str(exc)) from None

@@ -64,6 +64,12 @@ def _lib() -> Any:
                 "runtime llamacpp needs llama-cpp-python, which is not installed "
                 f"({exc}); install it with: pip install 'llama-cpp-python>=0.3.36,<0.4'"
             ) from exc
+        except (OSError, RuntimeError) as exc:  # pragma: no cover - a broken build
+            detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise RuntimeUnavailable(
+                f"runtime llamacpp cannot load llama.cpp's library ({detail}); reinstall it "
+                "with: pip install --force-reinstall 'llama-cpp-python>=0.3.36,<0.4'"
+            ) from exc
         verbose = os.environ.get("SHOAL_LLAMA_LOG", "") == "1"
 
         def _log(level: int, text: bytes | None, user_data: object) -> None:
@@ -75,6 +81,11 @@ def _lib() -> Any:
         lib.llama_backend_init()
         _lib_mod = lib
         return lib
+
+
+def check_available() -> None:
+    """Raise RuntimeUnavailable (one line: cause and fix) when llama.cpp cannot load here."""
+    _lib()
 
 
 def _read_str(fill: Callable[[Any, int], int], initial: int = 256) -> str:
