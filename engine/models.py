@@ -55,7 +55,8 @@ class ModelMissing(Exception):
 
 
 class PullCancelled(ModelMissing):
-    """The user cancelled the pull; what was downloaded stays in the cache to resume."""
+    """The user cancelled the pull; its partial file is removed (huggingface_hub >= 1.x
+    downloads to a temporary file of its own, so a later pull starts over)."""
 
 
 class Cancel:
@@ -69,7 +70,7 @@ class Cancel:
 
     def check(self) -> None:
         if self.requested:
-            raise PullCancelled("the pull was cancelled; start it again to resume")
+            raise PullCancelled("the pull was cancelled; choose the model again to pull it")
 
 
 class ModelChoiceError(ModelMissing):
@@ -307,14 +308,13 @@ def _pull(mid: ModelId, cache: Path, progress: Progress | None,
     for name in shards_of(files, chosen):
         _say(progress, f"pulling {mid.repo}/{name}")
         try:
-            # partial downloads resume from the .incomplete blob in the cache
             got = hf_hub_download(mid.repo, name, cache_dir=cache, tqdm_class=bar)
         except PullCancelled:
             raise
         except Exception as exc:
             raise ModelMissing(
                 f"pulling {mid.repo}/{name} failed ({_one_line(exc)}); "
-                "check the network and disk space, then run again to resume"
+                "check the network and disk space, then run again"
             ) from None
         paths.append(Path(str(got)))
     return paths[0]
@@ -327,6 +327,7 @@ def _progress_tqdm(progress: Progress | None, cancel: Cancel | None = None) -> A
     from tqdm.std import tqdm as base  # type: ignore[import-untyped]
 
     class _Bar(base):  # type: ignore[misc]
+        monitor_interval = 0  # no tqdm monitor thread left running after the pull
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.pop("name", None)
             kwargs["disable"] = False

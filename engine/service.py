@@ -197,12 +197,14 @@ class Shoal:
                     leftover.close()
         self._roles_changed()
 
-    async def _start_head(self, hs: HeadSettings, sock: socket.socket | None) -> Resolved:
+    async def _start_head(self, hs: HeadSettings, sock: socket.socket | None,
+                          resolved: Resolved | None = None) -> Resolved:
+        """The head on ``hs``; ``resolved``: the model already made ready (no second look)."""
         s = self.settings
         node = s.node
         spec = hs.model if hs.model is not None else (node.model if node else None)
         runtime = hs.runtime or (node.runtime if node else None)
-        model = await self._resolve(spec, runtime)
+        model = resolved if resolved is not None else await self._resolve(spec, runtime)
         models: list[HeadModel] = [await load_head_model(model, chat_template=hs.chat_template)]
         for other in hs.also_models:
             models.append(await load_head_model(await self._resolve(other, runtime)))
@@ -216,14 +218,19 @@ class Shoal:
         return model
 
     async def _start_node(self, ns: NodeSettings, *, sock: socket.socket | None,
-                          announced: str | None, head_model: Resolved | None) -> None:
+                          announced: str | None, head_model: Resolved | None,
+                          resolved: Resolved | None = None) -> None:
         s = self.settings
         hs = s.head
         same = (hs is not None and (hs.model is None or hs.model == ns.model)
                 and (hs.runtime is None or hs.runtime == ns.runtime))
-        # the head read this very model: use what it resolved (no second pull)
-        model = head_model if head_model is not None and same else \
-            await self._resolve(ns.model, ns.runtime)
+        # the head read this very model (or the caller made it ready): no second pull
+        if resolved is not None:
+            model = resolved
+        elif head_model is not None and same:
+            model = head_model
+        else:
+            model = await self._resolve(ns.model, ns.runtime)
         name = ns.model_name or announced or (head_model.name if head_model else model.name)
         if ns.identity is None and self._head is not None and ns.listen is None:
             ns = replace(ns, identity=f"{socket.gethostname()} (local)")
@@ -360,10 +367,9 @@ class Shoal:
                 replace(head_settings, model=None, runtime=None) if head_settings else None))
             head_model = None
             if self.settings.head is not None:
-                head_model = await self._start_head(self.settings.head, None)
+                head_model = await self._start_head(self.settings.head, None, model)
             await self._start_node(ns, sock=LocalNode.bind_listener(ns, self._psk),
-                                   announced=None,
-                                   head_model=head_model)
+                                   announced=None, head_model=head_model, resolved=model)
             if self._member is not None and self._node is not None:
                 self._member.agent = self._node.agent
                 self._member.joiner.agent = self._node.agent
@@ -373,7 +379,7 @@ class Shoal:
             return model.name
 
     def cancel_pull(self, model: str) -> bool:
-        """Stop a pull under way (what was downloaded stays, to resume)."""
+        """Stop a pull under way; its partial file is removed. False: no such pull."""
         return self._pulls.cancel(model)
 
     # -- the fleet -----------------------------------------------------------------

@@ -17,8 +17,9 @@ from engine import models
 from engine.errors import StartError
 from engine.events import Emit, PullProgress
 from engine.head.prompt.model import HeadModel
+from engine.head.prompt.model import load_head_model as _load_head_model
 from engine.head.prompt.templates import TemplateError
-from engine.roles import _glue as registry
+from engine.runtimes import registry
 from engine.runtimes.base import Engine, RuntimeUnavailable
 
 REPORT_EVERY_S = 0.25
@@ -50,8 +51,8 @@ async def resolve(spec: str | None, runtime: str | None, *, home: Path, offline:
                   emit: Emit, pulls: Pulls) -> Resolved:
     """The model ``spec`` (None: the embedded default) ready on disk for ``runtime``."""
     try:
-        rt = registry.pick(runtime, spec)
-        await asyncio.to_thread(registry.check, rt)
+        rt = registry.pick_runtime(runtime, spec)
+        await asyncio.to_thread(registry.check_runtime, rt)
     except RuntimeUnavailable as exc:
         raise StartError(str(exc), code="runtime_unavailable") from None
     label = spec or models.EMBEDDED_NAME
@@ -108,7 +109,7 @@ async def load_engine(model: Resolved, *, name: str, lanes: int, max_context: in
                       mock_speed: float) -> Engine:
     """An engine loaded and running its decode thread (the load runs off the loop)."""
     try:
-        engine = registry.make_engine(model.runtime, model.path, name=name, lanes=lanes,
+        engine = registry.make_engine(model.runtime, model.path, model_name=name, lanes=lanes,
                                       max_context=max_context, mock_speed=mock_speed)
         await engine.start()
     except (RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
@@ -127,7 +128,7 @@ async def load_head_model(model: Resolved, *, chat_template: Path | None = None,
             raise StartError(f"cannot read the chat template {chat_template}: "
                              f"{exc.strerror}; check the path", code="bad_template") from None
     try:
-        return await asyncio.to_thread(registry.load_head_model, model.runtime, model.path,
+        return await asyncio.to_thread(_load_head_model, model.runtime, model.path,
                                        name=model.name, chat_template=template)
     except (RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
         raise StartError(str(exc), code="cannot_load") from None

@@ -8,7 +8,7 @@ and ids back into bytes.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -122,3 +122,21 @@ class Tokenizer(Protocol):
         ...
 
     def special_text(self, token: int) -> str: ...
+
+    def metadata(self) -> Mapping[str, str]:
+        """The model's metadata as GGUF names it (``general.architecture``, ...)."""
+        ...
+
+    def chat_template(self) -> str | None:
+        """The model's own chat template, if it carries one."""
+        ...
+
+    @property
+    def bos_text(self) -> str: ...
+
+    @property
+    def eos_text(self) -> str: ...
+
+    def fim_ids(self) -> tuple[int, int, int] | None:
+        """Fill-in-the-middle prefix, suffix and middle ids, when the model has them."""
+        ...

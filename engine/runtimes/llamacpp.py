@@ -2,56 +2,44 @@
 
 One model and one ``llama_context`` per node. The context holds one sequence
 per lane (``n_seq_max = lanes``, a separate KV stream of ``window`` cells per
-sequence). A single daemon thread owns the context and runs continuous
-batching: every step it builds one ``llama_batch`` holding one token for each
-decoding lane plus chunks of the prompts that are still prefilling (bounded by
-``n_batch``), decodes it, samples each lane with its own sampler chain and
-hands the new ids to the asyncio side with ``call_soon_threadsafe``. Lanes
-join and leave between steps.
+sequence). The decode thread (:mod:`engine.runtimes.decode_thread`) owns the
+context and runs continuous batching: every step it builds one ``llama_batch``
+holding one token for each decoding lane plus chunks of the prompts that are
+still prefilling (bounded by ``n_batch``; :func:`~engine.runtimes.lanes.plan_batch`),
+decodes it and samples each lane with its own sampler chain. Lanes join and
+leave between steps.
 
 A finished sequence stays parked in its lane (its tokens remembered) under its
 session until another request needs the lane; the next request of the session
-reuses the longest common prefix and prefills only the rest.
+reuses the longest common prefix and prefills only the rest
+(:func:`~engine.runtimes.lanes.pick_lane`).
 
 The head side uses :class:`LlamaCppVocab`, which loads the vocabulary only.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import ctypes
 import importlib
 import os
-import queue
-import statistics
 import sys
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from engine.runtimes.base import (
-    EngineInfo,
-    EngineStats,
-    FinishReason,
-    GenerationRequest,
-    GenerationResult,
-    RuntimeUnavailable,
-    Sampling,
-)
-from engine.runtimes.threaded import ThreadedGeneration, TokenSink, check_prompt
+from engine.runtimes.base import EngineInfo, RuntimeUnavailable, Sampling
+from engine.runtimes.decode_thread import DecodeThreadEngine, Job
+from engine.runtimes.lanes import Lane, LaneWant, common_prefix, pick_lane, plan_batch
+from engine.runtimes.threaded import ThreadedGeneration
+from engine.runtimes.window import available_memory_bytes, size_window
 
 RUNTIME_ID = "llamacpp"
 
 PENALTY_LAST_N = 64
-WINDOW_FLOOR = 512
-MIN_REUSE = 16  # a shorter shared prefix does not pick a lane by itself
 N_BATCH_MAX = 512
-RECENT = 64  # requests the measured rates and the ttft median look back over
 
 _LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 
@@ -76,6 +64,12 @@ def _lib() -> Any:
                 "runtime llamacpp needs llama-cpp-python, which is not installed "
                 f"({exc}); install it with: pip install 'llama-cpp-python>=0.3.36,<0.4'"
             ) from exc
+        except (OSError, RuntimeError) as exc:  # pragma: no cover - a broken build
+            detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise RuntimeUnavailable(
+                f"runtime llamacpp cannot load llama.cpp's library ({detail}); reinstall it "
+                "with: pip install --force-reinstall 'llama-cpp-python>=0.3.36,<0.4'"
+            ) from exc
         verbose = os.environ.get("SHOAL_LLAMA_LOG", "") == "1"
 
         def _log(level: int, text: bytes | None, user_data: object) -> None:
@@ -87,6 +81,11 @@ def _lib() -> Any:
         lib.llama_backend_init()
         _lib_mod = lib
         return lib
+
+
+def check_available() -> None:
+    """Raise RuntimeUnavailable (one line: cause and fix) when llama.cpp cannot load here."""
+    _lib()
 
 
 def _read_str(fill: Callable[[Any, int], int], initial: int = 256) -> str:
@@ -136,45 +135,7 @@ def _check_path(path: str) -> None:
 
 
 # ----------------------------------------------------------------------------
-# window sizing
-
-
-def available_memory_bytes() -> int:
-    """Memory free for the KV cache: MemAvailable on Linux, else physical memory."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        page = os.sysconf("SC_PAGE_SIZE")
-        for name in ("SC_AVPHYS_PAGES", "SC_PHYS_PAGES"):
-            with contextlib.suppress(ValueError, OSError):
-                pages = os.sysconf(name)
-                if pages > 0:
-                    return int(page * pages)
-    except (ValueError, OSError):
-        pass
-    return 4 * 1024**3
-
-
-def size_window(
-    *, free_bytes: int, model_bytes: int, kv_bytes_per_token: int, lanes: int, n_ctx_train: int
-) -> int:
-    """Per-lane window: half of the memory left after the model, over all lanes.
-
-    Capped by the model's training context, floored at 512 tokens, rounded
-    down to a multiple of 256 above the floor.
-    """
-    left = max(free_bytes - model_bytes, 0)
-    per_lane = left // 2 // max(kv_bytes_per_token, 1) // max(lanes, 1)
-    if n_ctx_train > 0:
-        per_lane = min(per_lane, n_ctx_train)
-    if per_lane > WINDOW_FLOOR:
-        per_lane = max(WINDOW_FLOOR, per_lane // 256 * 256)
-    return max(int(per_lane), WINDOW_FLOOR)
+# sizing
 
 
 def _kv_bytes_per_token(lib: Any, model: Any, meta: dict[str, str]) -> int:
@@ -206,64 +167,26 @@ def start_line(info: EngineInfo) -> str:
 
 
 # ----------------------------------------------------------------------------
-# the asyncio side of one generation
+# the engine
 
-
-class LlamaCppGeneration(ThreadedGeneration):
-    """A generation on a llama.cpp lane."""
-
-
-# ----------------------------------------------------------------------------
-# the decode thread's bookkeeping
+# the asyncio side of a generation on a llama.cpp lane
+LlamaCppGeneration = ThreadedGeneration
 
 
 @dataclass(eq=False)
-class _Job:
-    id: int
-    request: GenerationRequest
-    sink: TokenSink
-    t_submit: float
-    prompt: list[int] = field(default_factory=list)
+class _Job(Job):
     lane: _Lane | None = None
     sampler: Any = None
     pending: list[int] = field(default_factory=list)  # prompt tokens still to prefill
-    cached: int = 0
     next_token: int = -1  # sampled, to be fed at the next step
-    completion: int = 0
-    t_lane: float = 0.0
-    t_first: float = 0.0
-    batch_index: int = -1  # where its logits are in this step's batch
 
 
-@dataclass(eq=False)
-class _Lane:
-    seq: int
-    tokens: list[int] = field(default_factory=list)  # tokens whose KV this sequence holds
-    session: str = ""
-    last_used: float = float("-inf")
+@dataclass(eq=False, slots=True)
+class _Lane(Lane):
     job: _Job | None = None
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-class _Stop:
-    pass
-
-
-_STOP = _Stop()
-
-
-# ----------------------------------------------------------------------------
-# the engine
-
-
-class LlamaCppEngine:
+class LlamaCppEngine(DecodeThreadEngine[_Job]):
     """A node's engine on llama.cpp: one context, one sequence per lane."""
 
     def __init__(
@@ -275,59 +198,27 @@ class LlamaCppEngine:
         max_context: int | None = None,
         n_threads: int | None = None,
     ) -> None:
-        path = os.fspath(path)
-        if lanes < 1:
-            raise ValueError("lanes must be at least 1")
-        if max_context is not None and max_context < 1:
-            raise ValueError("--max-context must be a positive number of tokens")
-        self.path = path
-        self.lanes = lanes
-        self.max_context = max_context
-        self.n_threads = n_threads or os.cpu_count() or 1
-        self.info = EngineInfo(
-            model=model_name,
+        super().__init__(
+            os.fspath(path),
             runtime=RUNTIME_ID,
-            context_window=max_context or 0,
+            job_type=_Job,
+            model_name=model_name,
             lanes=lanes,
-            path=path,
-            window_pinned=max_context is not None,
+            max_context=max_context,
         )
-        self._window = max_context or 0
-        self._n_ctx = 0
+        self.n_threads = n_threads or os.cpu_count() or 1
         self._n_batch = 0
         self._model: Any = None
         self._ctx: Any = None
         self._mem: Any = None
         self._vocab: Any = None
-        self._n_vocab = 0
-        self._eog: frozenset[int] = frozenset()
-        self._commands: queue.SimpleQueue[_Job | int | _Stop] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._batch: Any = None
         self._lanes = [_Lane(seq=i) for i in range(lanes)]
-        self._lock = threading.Lock()
-        self._busy = 0  # admitted and not finished
-        self._kv_used = 0
-        self._next_id = 0
-        self._closed = False
-        self._accepting = False
-        self._failure: Exception | None = None
-        self._ttft: deque[float] = deque(maxlen=RECENT)
-        self._prefill_rates: deque[float] = deque(maxlen=RECENT)
-        self._decode_rates: deque[float] = deque(maxlen=RECENT)
 
-    # -- life cycle ---------------------------------------------------------
-
-    async def start(self) -> None:
-        if self._thread is not None:
-            return
-        _check_path(self.path)
-        await asyncio.to_thread(self._load)
-        self.info = replace(self.info, context_window=self._window)
-        self._accepting = True
-        self._thread = threading.Thread(target=self._run, name="shoal-llamacpp-decode", daemon=True)
-        self._thread.start()
+    # -- loading ------------------------------------------------------------
 
     def _load(self) -> None:
+        _check_path(self.path)
         lib = _lib()
         mparams = lib.llama_model_default_params()
         model = lib.llama_model_load_from_file(self.path.encode(), mparams)
@@ -374,84 +265,28 @@ class LlamaCppEngine:
         self._mem = lib.llama_get_memory(ctx)
         self._vocab = lib.llama_model_get_vocab(model)
         self._n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
-        self._eog = frozenset(
+        self._eos = frozenset(
             t for t in range(self._n_vocab) if lib.llama_vocab_is_eog(self._vocab, t)
         )
         per_seq = int(lib.llama_n_ctx_seq(ctx))
-        self._window = min(window, per_seq) if per_seq > 0 else window
-        # the cells the lanes may use; llama.cpp pads n_ctx (per sequence to 256),
+        # the cells a lane may use; llama.cpp pads n_ctx (per sequence to 256),
         # so a pinned odd window leaves a few cells that no lane reaches
-        self._n_ctx = self._window * self.lanes
+        self._window = min(window, per_seq) if per_seq > 0 else window
         self._n_batch = int(lib.llama_n_batch(ctx))
+        self._batch = lib.llama_batch_init(self._n_batch, 0, 1)
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with self._lock:
-            self._accepting = False
-        thread = self._thread
-        if thread is not None:
-            self._commands.put(_STOP)
-            await asyncio.to_thread(thread.join)
-        self._free()
-
-    def _free(self) -> None:
-        lib = _lib_mod
-        if lib is None:
-            return
+    def _unload(self) -> None:
+        lib = _lib()
+        if self._batch is not None:
+            lib.llama_batch_free(self._batch)
+            self._batch = None
         if self._ctx:
             lib.llama_free(self._ctx)
             self._ctx = None
+            self._mem = None
         if self._model:
             lib.llama_model_free(self._model)
             self._model = None
-
-    # -- requests -----------------------------------------------------------
-
-    def generate(self, request: GenerationRequest) -> LlamaCppGeneration:
-        if self._failure is not None:
-            raise RuntimeError(f"the llamacpp engine stopped: {self._failure!r}")
-        if self._thread is None or self._closed:
-            raise RuntimeError("the engine is not running; await start() first")
-        prompt = check_prompt(request.prompt, window=self._window, n_vocab=self._n_vocab)
-        loop = asyncio.get_running_loop()
-        sink = TokenSink(loop)
-        with self._lock:
-            if not self._accepting:
-                raise RuntimeError("the engine is closing")
-            self._next_id += 1
-            job = _Job(
-                id=self._next_id,
-                request=request,
-                sink=sink,
-                t_submit=time.perf_counter(),
-                prompt=prompt,
-            )
-            self._busy += 1
-            self._commands.put(job)
-        return LlamaCppGeneration(self._post_cancel, job.id, sink)
-
-    def _post_cancel(self, job_id: int) -> None:
-        if not self._closed:
-            self._commands.put(job_id)
-
-    def stats(self) -> EngineStats:
-        with self._lock:
-            busy = self._busy
-            kv_used = self._kv_used
-            ttft = statistics.median(self._ttft) if self._ttft else 0.0
-            prefill = statistics.median(self._prefill_rates) if self._prefill_rates else 0.0
-            decode = statistics.median(self._decode_rates) if self._decode_rates else 0.0
-        return EngineStats(
-            lanes=self.lanes,
-            lanes_busy=min(busy, self.lanes),
-            kv_used=kv_used,
-            kv_total=self._n_ctx,
-            prefill_tps=prefill,
-            decode_tps=decode,
-            ttft_ms=ttft,
-        )
 
     def kv_used_from_llama(self) -> int:
         """Tokens held over all sequences, as llama.cpp's memory reports them."""
@@ -466,111 +301,26 @@ class LlamaCppEngine:
                 total += hi - max(lo, 0) + 1
         return total
 
-    # -- the decode thread --------------------------------------------------
+    # -- lanes (on the decode thread) ---------------------------------------
 
-    def _run(self) -> None:
-        lib = _lib()
-        batch = lib.llama_batch_init(self._n_batch, 0, 1)
-        waiting: deque[_Job] = deque()
-        active: list[_Job] = []  # in admission order
-        try:
-            self._loop(lib, batch, waiting, active)
-        except Exception as exc:  # pragma: no cover - a bug or a broken library
-            self._failure = exc
-            sys.stderr.write(f"shoal: the llamacpp decode loop stopped: {exc!r}\n")
-        finally:
-            with self._lock:
-                self._accepting = False
-            # whatever is still queued or running ends as cancelled
-            while True:
-                try:
-                    cmd = self._commands.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(cmd, _Job):
-                    waiting.append(cmd)
-            for job in list(active):
-                self._finish(lib, job, "cancelled", active)
-            for job in waiting:
-                self._done_bookkeeping(job)
-                self._deliver(job, [], self._result(job, "cancelled", time.perf_counter()))
-            lib.llama_batch_free(batch)
-
-    def _loop(self, lib: Any, batch: Any, waiting: deque[_Job], active: list[_Job]) -> None:
-        while True:
-            # take commands; block when there is nothing to do
-            block = not active and not waiting
-            while True:
-                try:
-                    cmd = self._commands.get(block=block)
-                except queue.Empty:
-                    break
-                block = False
-                if isinstance(cmd, _Stop):
-                    return
-                if isinstance(cmd, _Job):
-                    waiting.append(cmd)
-                else:
-                    self._cancel(cmd, waiting, active)
-            # lanes join between steps
-            while waiting:
-                lane = self._pick_lane(waiting[0])
-                if lane is None:
-                    break
-                job = waiting.popleft()
-                if self._admit(lib, job, lane):
-                    active.append(job)
-            if active:
-                self._step(lib, batch, active)
-
-    def _cancel(self, job_id: int, waiting: deque[_Job], active: list[_Job]) -> None:
-        for job in waiting:
-            if job.id == job_id:
-                waiting.remove(job)
-                self._deliver(job, [], self._result(job, "cancelled", time.perf_counter()))
-                self._done_bookkeeping(job)
-                return
-        for job in active:
-            if job.id == job_id:
-                self._finish(_lib(), job, "cancelled", active)
-                return
-
-    def _pick_lane(self, job: _Job) -> _Lane | None:
-        """The session's parked lane, else the longest useful common prefix, else LRU.
-
-        A prefix shorter than ``MIN_REUSE`` tokens (a chat header) saves
-        nothing worth evicting another session's parked sequence for, unless
-        it is the whole prompt but its last token.
-        """
-        free = [lane for lane in self._lanes if lane.job is None]
-        if not free:
-            return None
-        session = job.request.session
-        if session:
-            for lane in free:
-                if lane.session == session and lane.tokens:
-                    return lane
-        best = max(free, key=lambda ln: _common_prefix(ln.tokens, job.prompt))
-        common = _common_prefix(best.tokens, job.prompt)
-        if common > 0 and common >= min(MIN_REUSE, len(job.prompt) - 1):
-            return best
-        return min(free, key=lambda ln: ln.last_used)
-
-    def _admit(self, lib: Any, job: _Job, lane: _Lane) -> bool:
+    def _admit(self, job: _Job, active: dict[int, _Job]) -> bool:
         """Put a job on a lane: keep the common prefix, drop the rest of the sequence."""
-        now = time.perf_counter()
-        if job.request.max_tokens <= 0:
-            self._deliver(job, [], self._result(job, "length", now))
-            self._done_bookkeeping(job)
+        lane = pick_lane(
+            [lane for lane in self._lanes if lane.job is None], job.prompt, job.request.session
+        )
+        if lane is None:
             return False
+        lib = _lib()
+        now = time.perf_counter()
         prompt = job.prompt
-        keep = _common_prefix(lane.tokens, prompt)
+        keep = common_prefix(lane.tokens, prompt)
         keep = min(keep, len(prompt) - 1)  # re-evaluate the last prompt token for its logits
         if keep < len(lane.tokens):
             if not lib.llama_memory_seq_rm(self._mem, lane.seq, keep, -1):
                 lib.llama_memory_seq_rm(self._mem, lane.seq, -1, -1)
                 keep = 0
-            self._set_lane_tokens(lane, lane.tokens[:keep])
+            self._kv_add(keep - len(lane.tokens))
+            lane.tokens = lane.tokens[:keep]
         lane.job = job
         lane.session = job.request.session
         lane.last_used = now
@@ -580,6 +330,16 @@ class LlamaCppEngine:
         job.t_lane = now
         job.sampler = self._make_sampler(lib, job.request.sampling, prompt)
         return True
+
+    def _leave_lane(self, job: _Job, now: float) -> None:
+        lane = job.lane
+        if lane is not None:
+            # the sequence stays parked (a half-prefilled prompt is a valid prefix too)
+            lane.job = None
+            lane.last_used = now
+        if job.sampler is not None:
+            _lib().llama_sampler_free(job.sampler)
+            job.sampler = None
 
     def _make_sampler(self, lib: Any, s: Sampling, prompt: list[int]) -> Any:
         chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
@@ -615,170 +375,70 @@ class LlamaCppEngine:
                 lib.llama_sampler_accept(chain, tok)
         return chain
 
-    def _set_lane_tokens(self, lane: _Lane, tokens: list[int]) -> None:
-        with self._lock:
-            self._kv_used += len(tokens) - len(lane.tokens)
-        lane.tokens = tokens
+    # -- one step (on the decode thread) ------------------------------------
 
-    def _step(self, lib: Any, batch: Any, active: list[_Job]) -> None:
+    def _step(self, active: dict[int, _Job]) -> None:
         """One decode: a token for every decoding lane, prompt chunks for the rest.
 
-        Decoding lanes always get their token; prompts share what is left of the
-        batch. Each group is written in lane order: with one KV stream per lane,
-        llama.cpp splits a batch whose sequence ids are out of order into several
-        smaller decodes, which cost up to a third of the throughput at 8 lanes.
+        :func:`plan_batch` decides what goes in and in which order (decoding lanes
+        first, each group in lane order, which llama.cpp needs to keep the batch whole).
         """
-        fed: list[tuple[_Job, list[int]]] = []
-        for job in active:
-            job.batch_index = -1
-            if not job.pending:
-                fed.append((job, [job.next_token]))
-        budget = self._n_batch - len(fed)
-        for job in active:
-            if budget <= 0:
-                break
-            if not job.pending:
-                continue
-            chunk = job.pending[:budget]
-            fed.append((job, chunk))
-            budget -= len(chunk)
-        # decoding lanes first, then prompts (a mixed order can stall llama_decode),
-        # each group by lane
-        fed.sort(key=lambda item: (bool(item[0].pending),
-                                   item[0].lane.seq if item[0].lane is not None else 0))
+        lib = _lib_mod
+        batch = self._batch
+        jobs = list(active.values())
+        wants: list[LaneWant] = []
+        for job in jobs:
+            assert job.lane is not None
+            wants.append(LaneWant(job.lane.seq, job.pending, job.next_token))
+        plan = plan_batch(wants, self._n_batch)
+        sampled: list[tuple[_Job, int]] = []  # each job that samples, and where its logits are
         n = 0
-        for job, chunk in fed:
+        for slot, tokens, logits in plan:
+            job = jobs[slot]
             lane = job.lane
             assert lane is not None
             pos = len(lane.tokens)
-            # logits for a decoding lane's token, and for a prompt's very last token
-            wants = not job.pending or len(chunk) == len(job.pending)
-            for i, tok in enumerate(chunk):
-                last = i == len(chunk) - 1
-                self._batch_put(batch, n, tok, pos + i, lane.seq, wants and last)
+            seq = lane.seq
+            last = len(tokens) - 1
+            for i, tok in enumerate(tokens):
+                batch.token[n] = tok
+                batch.pos[n] = pos + i
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = seq
+                batch.logits[n] = 1 if logits and i == last else 0
                 n += 1
-            if wants:
-                job.batch_index = n - 1
+            if logits:
+                sampled.append((job, n - 1))
         if n == 0:
             return
         batch.n_tokens = n
         rc = int(lib.llama_decode(self._ctx, batch))
         if rc != 0:
-            self._decode_failed(lib, rc, fed, active)
+            self._decode_failed(lib, rc, [jobs[feed.slot] for feed in plan], active)
             return
         now = time.perf_counter()
-        for job, chunk in fed:
+        for slot, tokens, _logits in plan:
+            job = jobs[slot]
             lane = job.lane
             assert lane is not None
-            with self._lock:
-                self._kv_used += len(chunk)
-            lane.tokens.extend(chunk)
+            lane.tokens.extend(tokens)
             if job.pending:
-                job.pending = job.pending[len(chunk) :]
-        for job, _chunk in fed:
-            if job.batch_index < 0:
-                continue
-            tok = int(lib.llama_sampler_sample(job.sampler, self._ctx, job.batch_index))
-            if job.t_first == 0.0:
-                job.t_first = now
-                self._record_first(job)
-            reason: FinishReason | None = None
-            emit: list[int] = []
-            if tok in self._eog or tok in job.request.stop_ids:
-                reason = "stop"
-            else:
-                emit.append(tok)
-                job.completion += 1
-                # the window holds the prompt and the whole completion
-                full = len(job.prompt) + job.completion >= self._window
-                if job.completion >= job.request.max_tokens or full:
-                    reason = "length"
-                else:
-                    job.next_token = tok
-            if reason is None:
-                self._deliver(job, emit, None)
-            else:
-                self._finish(lib, job, reason, active, emit)
+                job.pending = job.pending[len(tokens) :]
+        self._kv_add(n)
+        ctx = self._ctx
+        for job, index in sampled:
+            tok = int(lib.llama_sampler_sample(job.sampler, ctx, index))
+            if self._sampled(job, tok, now, active):
+                job.next_token = tok
 
-    @staticmethod
-    def _batch_put(batch: Any, i: int, tok: int, pos: int, seq: int, logits: bool) -> None:
-        batch.token[i] = tok
-        batch.pos[i] = pos
-        batch.n_seq_id[i] = 1
-        batch.seq_id[i][0] = seq
-        batch.logits[i] = 1 if logits else 0
-
-    def _decode_failed(
-        self, lib: Any, rc: int, fed: list[tuple[_Job, list[int]]], active: list[_Job]
-    ) -> None:
+    def _decode_failed(self, lib: Any, rc: int, fed: list[_Job], active: dict[int, _Job]) -> None:
         """No KV slot (1) or an error: end what was in the batch, keep the rest going."""
-        for job, _chunk in fed:
+        for job in fed:
             lane = job.lane
             assert lane is not None
             # resync the bookkeeping with what the memory really holds
             lib.llama_memory_seq_rm(self._mem, lane.seq, len(lane.tokens), -1)
-            self._finish(lib, job, "length" if rc == 1 else "cancelled", active)
-
-    def _record_first(self, job: _Job) -> None:
-        ttft_ms = (job.t_first - job.t_submit) * 1000.0
-        prefilled = len(job.prompt) - job.cached
-        dt = job.t_first - job.t_lane
-        with self._lock:
-            self._ttft.append(ttft_ms)
-            if prefilled >= 8 and dt > 0:
-                self._prefill_rates.append(prefilled / dt)
-
-    def _result(self, job: _Job, reason: FinishReason, now: float) -> GenerationResult:
-        ttft_ms = (job.t_first - job.t_submit) * 1000.0 if job.t_first else 0.0
-        prefilled = len(job.prompt) - job.cached
-        prefill_dt = (job.t_first - job.t_lane) if job.t_first else 0.0
-        decode_dt = now - job.t_first if job.t_first else 0.0
-        return GenerationResult(
-            finish_reason=reason,
-            prompt_tokens=len(job.prompt),
-            completion_tokens=job.completion,
-            cached_tokens=job.cached,
-            ttft_ms=ttft_ms,
-            prefill_tps=prefilled / prefill_dt if prefill_dt > 0 else 0.0,
-            decode_tps=(job.completion - 1) / decode_dt
-            if decode_dt > 0 and job.completion > 1
-            else 0.0,
-        )
-
-    def _finish(
-        self,
-        lib: Any,
-        job: _Job,
-        reason: FinishReason,
-        active: list[_Job],
-        emit: list[int] | None = None,
-    ) -> None:
-        """The job leaves its lane; the sequence stays parked for its session."""
-        now = time.perf_counter()
-        result = self._result(job, reason, now)
-        if job in active:
-            active.remove(job)
-        lane = job.lane
-        if lane is not None:
-            # the sequence stays parked (a half-prefilled prompt is a valid prefix too)
-            lane.job = None
-            lane.last_used = now
-        if job.sampler is not None:
-            lib.llama_sampler_free(job.sampler)
-            job.sampler = None
-        if result.decode_tps > 0:
-            with self._lock:
-                self._decode_rates.append(result.decode_tps)
-        self._done_bookkeeping(job)
-        self._deliver(job, emit or [], result)
-
-    def _done_bookkeeping(self, job: _Job) -> None:
-        with self._lock:
-            self._busy -= 1
-
-    def _deliver(self, job: _Job, tokens: list[int], result: GenerationResult | None) -> None:
-        if not job.sink.hand_over(tokens, result) and result is None:
-            self._commands.put(job.id)  # nobody reads it any more: cancel the job
+            self._finish(job, "length" if rc == 1 else "cancelled", active)
 
 
 # ----------------------------------------------------------------------------

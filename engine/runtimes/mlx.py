@@ -4,15 +4,15 @@ One model per node, loaded by ``mlx_lm.utils.load`` from an MLX model folder
 (``config.json``, ``*.safetensors``, tokenizer files) or from a Hugging Face
 repo id already in the local cache (nothing is downloaded here).
 
-Lanes are truly batched: a single daemon thread owns the model and an
-``mlx_lm.generate.BatchGenerator``, mlx-lm's continuous batching. Every step
-decodes one token for each generating lane in one forward pass over a batched
-KV cache and prefills one chunk (``PREFILL_STEP`` tokens) of the prompts that
-are still being read, so a new prompt joins while the others decode. Each lane
-has its own sampler (temperature, top-p, top-k, min-p, and a seed of its own),
-its own penalties (``make_logits_processors``), its own stop ids and token
-budget; a cancelled generation is removed from the batch between steps. New
-ids reach the caller's event loop through ``call_soon_threadsafe``.
+Lanes are truly batched: the decode thread (:mod:`engine.runtimes.decode_thread`)
+owns the model and an ``mlx_lm.generate.BatchGenerator``, mlx-lm's continuous
+batching. Every step decodes one token for each generating lane in one forward
+pass over a batched KV cache and prefills one chunk (``PREFILL_STEP`` tokens) of
+the prompts that are still being read, so a new prompt joins while the others
+decode. Each lane has its own sampler (temperature, top-p, top-k, min-p, and a
+seed of its own), its own penalties (``make_logits_processors``), its own stop
+ids and token budget; a cancelled generation is removed from the batch between
+steps.
 
 A model whose KV cache mlx-lm cannot batch (a cache type without ``merge``)
 falls back to round-robin: each lane runs its own ``generate_step`` and the
@@ -31,39 +31,25 @@ cause and the fix.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import importlib
 import json
 import platform
-import queue
-import statistics
 import sys
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.runtimes.base import (
-    EngineInfo,
-    EngineStats,
-    FinishReason,
-    GenerationRequest,
-    GenerationResult,
-    RuntimeUnavailable,
-    Sampling,
-)
-from engine.runtimes.llamacpp import available_memory_bytes, size_window
-from engine.runtimes.threaded import ThreadedGeneration, TokenSink, check_prompt
+from engine.runtimes.base import RuntimeUnavailable, Sampling
+from engine.runtimes.decode_thread import DecodeThreadEngine, Job
+from engine.runtimes.threaded import ThreadedGeneration
+from engine.runtimes.window import available_memory_bytes, size_window
 
 RUNTIME_ID = "mlx"
 
 PENALTY_LAST_N = 64
 PREFILL_STEP = 512  # prompt tokens one step prefills per lane
-RECENT = 64  # requests the measured rates and the ttft median look back over
 DEFAULT_TRAIN_CONTEXT = 4096  # when config.json names no trained context
 
 INSTALL_HINT = "pip install mlx-lm on Apple silicon, pip install 'mlx[cpu]' mlx-lm on Linux"
@@ -169,39 +155,18 @@ def _weights_bytes(folder: Path) -> int:
 
 
 # ----------------------------------------------------------------------------
-# the asyncio side of one generation
+# the engine
 
-
-class MlxGeneration(ThreadedGeneration):
-    """A generation on an mlx lane."""
-
-
-# ----------------------------------------------------------------------------
-# the decode thread's bookkeeping
+# the asyncio side of a generation on an mlx lane
+MlxGeneration = ThreadedGeneration
 
 
 @dataclass(eq=False)
-class _Job:
-    id: int
-    request: GenerationRequest
-    sink: TokenSink
-    t_submit: float
-    prompt: list[int] = field(default_factory=list)
-    stops: frozenset[int] = frozenset()
-    limit: int = 0  # completion tokens allowed: max_tokens, capped by the window
+class _Job(Job):
     uid: int = -1  # the BatchGenerator's id
     solo: Iterator[tuple[Any, Any]] | None = None  # the round-robin fallback's stream
     admitted: bool = False
-    completion: int = 0
-    t_lane: float = 0.0
-    t_first: float = 0.0
-
-
-class _Stop:
-    pass
-
-
-_STOP = _Stop()
+    in_batch: bool = True  # False once the BatchGenerator dropped the sequence itself
 
 
 def make_sampler(s: Sampling) -> Callable[[Any], Any]:
@@ -265,11 +230,7 @@ def _batchable(caches: list[Any]) -> bool:
     return bool(caches) and all(hasattr(type(c), "merge") for c in caches)
 
 
-# ----------------------------------------------------------------------------
-# the engine
-
-
-class MlxEngine:
+class MlxEngine(DecodeThreadEngine[_Job]):
     """A node's engine on mlx-lm: one model, one batch of lanes on one decode thread."""
 
     def __init__(
@@ -281,65 +242,22 @@ class MlxEngine:
         max_context: int | None = None,
     ) -> None:
         _import_mlx()
-        if lanes < 1:
-            raise ValueError("lanes must be at least 1")
-        if max_context is not None and max_context < 1:
-            raise ValueError("--max-context must be a positive number of tokens")
-        self.path = path
-        self.lanes = lanes
-        self.max_context = max_context
-        self.info = EngineInfo(
-            model=model_name,
+        super().__init__(
+            path,
             runtime=RUNTIME_ID,
-            context_window=max_context or 0,
+            job_type=_Job,
+            model_name=model_name,
             lanes=lanes,
-            path=path,
-            window_pinned=max_context is not None,
+            max_context=max_context,
         )
         self.batched = True  # False: the round-robin fallback (set at load)
-        self._window = max_context or 0
-        self._n_vocab = 0
-        self._eos: frozenset[int] = frozenset()
         self._model: Any = None
         self._gen: Any = None  # the BatchGenerator
-        self._commands: queue.SimpleQueue[_Job | int | _Stop] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._busy = 0  # admitted and not finished
-        self._kv_used = 0
-        self._next_id = 0
-        self._closed = False
-        self._accepting = False
-        self._failure: Exception | None = None
-        self._ttft: deque[float] = deque(maxlen=RECENT)
-        self._prefill_rates: deque[float] = deque(maxlen=RECENT)
-        self._decode_rates: deque[float] = deque(maxlen=RECENT)
 
-    # -- life cycle ---------------------------------------------------------
+    # -- loading ------------------------------------------------------------
 
-    async def start(self) -> None:
-        if self._thread is not None:
-            return
-        model_dir = await asyncio.to_thread(resolve_model_dir, self.path)
-        ready: concurrent.futures.Future[None] = concurrent.futures.Future()
-        # the model is loaded on the decode thread: mlx-lm's generation stream
-        # is per thread, and the thread that loads is the one that runs
-        thread = threading.Thread(
-            target=self._run, args=(model_dir, ready), name="shoal-mlx-decode", daemon=True
-        )
-        self._thread = thread
-        thread.start()
-        try:
-            await asyncio.wrap_future(ready)
-        except BaseException:
-            self._thread = None
-            await asyncio.to_thread(thread.join)
-            raise
-        self.info = replace(self.info, context_window=self._window)
-        with self._lock:
-            self._accepting = not self._closed
-
-    def _load(self, model_dir: Path) -> None:
+    def _load(self) -> None:
+        model_dir = resolve_model_dir(self.path)
         mx = _import_mlx()
         utils = _mlx_lm("utils")
         try:
@@ -381,150 +299,20 @@ class MlxEngine:
                 prefill_step_size=PREFILL_STEP,
             )
 
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        with self._lock:
-            self._accepting = False
-        thread = self._thread
-        if thread is not None:
-            self._commands.put(_STOP)
-            await asyncio.to_thread(thread.join)
+    def _unload(self) -> None:
+        gen, self._gen = self._gen, None
+        if gen is not None:
+            gen.close()
+        self._model = None
+        _import_mlx().clear_cache()
 
-    # -- requests -----------------------------------------------------------
+    # -- lanes (on the decode thread) ---------------------------------------
 
-    def generate(self, request: GenerationRequest) -> MlxGeneration:
-        if self._failure is not None:
-            raise RuntimeError(f"the mlx engine stopped: {self._failure!r}")
-        if self._thread is None or self._closed:
-            raise RuntimeError("the engine is not running; await start() first")
-        prompt = check_prompt(request.prompt, window=self._window, n_vocab=self._n_vocab)
-        loop = asyncio.get_running_loop()
-        sink = TokenSink(loop)
-        with self._lock:
-            if not self._accepting:
-                raise RuntimeError("the engine is closing")
-            self._next_id += 1
-            job = _Job(
-                id=self._next_id,
-                request=request,
-                sink=sink,
-                t_submit=time.perf_counter(),
-                prompt=prompt,
-                stops=self._eos | frozenset(int(t) for t in request.stop_ids),
-            )
-            self._busy += 1
-            self._commands.put(job)
-        return MlxGeneration(self._post_cancel, job.id, sink)
-
-    def _post_cancel(self, job_id: int) -> None:
-        if not self._closed:
-            self._commands.put(job_id)
-
-    def stats(self) -> EngineStats:
-        with self._lock:
-            busy = self._busy
-            kv_used = self._kv_used
-            ttft = statistics.median(self._ttft) if self._ttft else 0.0
-            prefill = statistics.median(self._prefill_rates) if self._prefill_rates else 0.0
-            decode = statistics.median(self._decode_rates) if self._decode_rates else 0.0
-        return EngineStats(
-            lanes=self.lanes,
-            lanes_busy=min(busy, self.lanes),
-            kv_used=kv_used,
-            kv_total=self._window * self.lanes,
-            prefill_tps=prefill,
-            decode_tps=decode,
-            ttft_ms=ttft,
-        )
-
-    # -- the decode thread --------------------------------------------------
-
-    def _run(self, model_dir: Path, ready: concurrent.futures.Future[None]) -> None:
-        try:
-            self._load(model_dir)
-        except BaseException as exc:
-            ready.set_exception(exc)
-            return
-        ready.set_result(None)
-        waiting: deque[_Job] = deque()
-        active: dict[int, _Job] = {}  # by job id, in admission order
-        mx = _import_mlx()
-        try:
-            self._loop(waiting, active)
-        except Exception as exc:  # pragma: no cover - a bug or a broken library
-            self._failure = exc
-            sys.stderr.write(f"shoal: the mlx decode loop stopped: {exc!r}\n")
-        finally:
-            with self._lock:
-                self._accepting = False
-            # whatever is still queued or running ends as cancelled
-            while True:
-                try:
-                    cmd = self._commands.get_nowait()
-                except queue.Empty:
-                    break
-                if isinstance(cmd, _Job):
-                    waiting.append(cmd)
-            for job in list(active.values()):
-                self._finish(job, "cancelled", active)
-            for job in waiting:
-                self._done_bookkeeping(job)
-                self._deliver(job, [], self._result(job, "cancelled", time.perf_counter()))
-            gen, self._gen = self._gen, None
-            if gen is not None:
-                gen.close()
-            self._model = None
-            mx.clear_cache()
-
-    def _loop(self, waiting: deque[_Job], active: dict[int, _Job]) -> None:
-        while True:
-            # take commands; block when there is nothing to do
-            block = not active and not waiting
-            while True:
-                try:
-                    cmd = self._commands.get(block=block)
-                except queue.Empty:
-                    break
-                block = False
-                if isinstance(cmd, _Stop):
-                    return
-                if isinstance(cmd, _Job):
-                    waiting.append(cmd)
-                else:
-                    self._cancel(cmd, waiting, active)
-            # lanes join between steps
-            while waiting and len(active) < self.lanes:
-                job = waiting.popleft()
-                if self._admit(job):
-                    active[job.id] = job
-            if active:
-                if self.batched:
-                    self._step_batched(active)
-                else:
-                    self._step_round_robin(active)
-
-    def _cancel(self, job_id: int, waiting: deque[_Job], active: dict[int, _Job]) -> None:
-        for job in waiting:
-            if job.id == job_id:
-                waiting.remove(job)
-                self._deliver(job, [], self._result(job, "cancelled", time.perf_counter()))
-                self._done_bookkeeping(job)
-                return
-        job_on_lane = active.get(job_id)
-        if job_on_lane is not None:
-            self._finish(job_on_lane, "cancelled", active)
-
-    def _admit(self, job: _Job) -> bool:
+    def _admit(self, job: _Job, active: dict[int, _Job]) -> bool:
         """Put a job on a lane: its sampler, penalties, stop ids and token budget."""
-        now = time.perf_counter()
-        if job.request.max_tokens <= 0:
-            self._deliver(job, [], self._result(job, "length", now))
-            self._done_bookkeeping(job)
+        if len(active) >= self.lanes:
             return False
-        # the window holds the prompt and the whole completion
-        job.limit = min(job.request.max_tokens, self._window - len(job.prompt))
+        now = time.perf_counter()
         sampler = make_sampler(job.request.sampling)
         processors = make_processors(job.request.sampling)
         if self.batched:
@@ -549,9 +337,30 @@ class MlxEngine:
             )
         job.admitted = True
         job.t_lane = now
-        with self._lock:
-            self._kv_used += len(job.prompt)
+        self._kv_add(len(job.prompt))
         return True
+
+    def _leave_lane(self, job: _Job, now: float) -> None:
+        """The lane's KV is freed."""
+        if not job.admitted:
+            return
+        if self._gen is not None and job.in_batch and job.uid >= 0:
+            self._gen.remove([job.uid])
+        if job.solo is not None:
+            close = getattr(job.solo, "close", None)
+            if close is not None:
+                close()
+            job.solo = None
+        self._kv_add(-(len(job.prompt) + job.completion))
+        job.admitted = False
+
+    # -- one step (on the decode thread) ------------------------------------
+
+    def _step(self, active: dict[int, _Job]) -> None:
+        if self.batched:
+            self._step_batched(active)
+        else:
+            self._step_round_robin(active)
 
     def _step_batched(self, active: dict[int, _Job]) -> None:
         """One BatchGenerator step: a token for each decoding lane, a prefill chunk."""
@@ -562,7 +371,10 @@ class MlxEngine:
             job = by_uid.get(int(r.uid))
             if job is None or job.id not in active:
                 continue
-            self._token(job, int(r.token), now, active, ended=r.finish_reason is not None)
+            ended = r.finish_reason is not None
+            if ended:
+                job.in_batch = False  # the BatchGenerator already dropped it
+            self._token(job, int(r.token), now, active, ended=ended)
 
     def _step_round_robin(self, active: dict[int, _Job]) -> None:
         """The fallback: every lane's own stream advances by one token."""
@@ -579,88 +391,9 @@ class MlxEngine:
     def _token(
         self, job: _Job, tok: int, now: float, active: dict[int, _Job], *, ended: bool
     ) -> None:
-        """A sampled token: hand it over, or end the lane at a stop id or the budget."""
-        if job.t_first == 0.0:
-            job.t_first = now
-            self._record_first(job)
-        reason: FinishReason | None = None
-        emit: list[int] = []
-        if tok in job.stops:
-            reason = "stop"  # the stop id is not yielded
-        else:
-            emit.append(tok)
-            job.completion += 1
-            with self._lock:
-                self._kv_used += 1
-            if job.completion >= job.limit or ended:
-                reason = "length"
-        if reason is None:
-            self._deliver(job, emit, None)
-        else:
-            # the BatchGenerator already dropped a sequence it ended itself
-            self._finish(job, reason, active, emit, in_batch=not ended)
-
-    def _record_first(self, job: _Job) -> None:
-        ttft_ms = (job.t_first - job.t_submit) * 1000.0
-        dt = job.t_first - job.t_lane
-        with self._lock:
-            self._ttft.append(ttft_ms)
-            if len(job.prompt) >= 8 and dt > 0:
-                self._prefill_rates.append(len(job.prompt) / dt)
-
-    def _result(self, job: _Job, reason: FinishReason, now: float) -> GenerationResult:
-        ttft_ms = (job.t_first - job.t_submit) * 1000.0 if job.t_first else 0.0
-        prefill_dt = (job.t_first - job.t_lane) if job.t_first else 0.0
-        decode_dt = now - job.t_first if job.t_first else 0.0
-        return GenerationResult(
-            finish_reason=reason,
-            prompt_tokens=len(job.prompt),
-            completion_tokens=job.completion,
-            cached_tokens=0,
-            ttft_ms=ttft_ms,
-            prefill_tps=len(job.prompt) / prefill_dt if prefill_dt > 0 else 0.0,
-            decode_tps=(job.completion - 1) / decode_dt
-            if decode_dt > 0 and job.completion > 1
-            else 0.0,
-        )
-
-    def _finish(
-        self,
-        job: _Job,
-        reason: FinishReason,
-        active: dict[int, _Job],
-        emit: list[int] | None = None,
-        *,
-        in_batch: bool = True,
-    ) -> None:
-        """The job leaves its lane and the lane's KV is freed."""
-        now = time.perf_counter()
-        result = self._result(job, reason, now)
-        active.pop(job.id, None)
-        if job.admitted:
-            if self._gen is not None and in_batch and job.uid >= 0:
-                self._gen.remove([job.uid])
-            if job.solo is not None:
-                close = getattr(job.solo, "close", None)
-                if close is not None:
-                    close()
-                job.solo = None
-            with self._lock:
-                self._kv_used -= len(job.prompt) + job.completion
-            job.admitted = False
-        if result.decode_tps > 0:
-            with self._lock:
-                self._decode_rates.append(result.decode_tps)
-        self._done_bookkeeping(job)
-        self._deliver(job, emit or [], result)
-
-    def _done_bookkeeping(self, job: _Job) -> None:
-        with self._lock:
-            self._busy -= 1
-
-    def _deliver(self, job: _Job, tokens: list[int], result: GenerationResult | None) -> None:
-        if not job.sink.hand_over(tokens, result) and result is None:
-            self._commands.put(job.id)  # nobody reads it any more: cancel the job
+        if tok not in job.stops:
+            self._kv_add(1)  # a token that is yielded stays in the lane's cache
+        self._sampled(job, tok, now, active, ended=ended)
 
 
 # ----------------------------------------------------------------------------

@@ -14,9 +14,9 @@ from engine.runtimes.llamacpp import (
     LlamaCppEngine,
     LlamaCppGeneration,
     LlamaCppVocab,
-    size_window,
     start_line,
 )
+from engine.runtimes.window import size_window
 from tests.loopwatch import LoopWatch
 from tests.waiting import until
 

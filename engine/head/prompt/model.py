@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.head.prompt.templates import ChatTemplate, load_chat_template
+from engine.runtimes.registry import load_vocab
 
 
 class HeadVocab(Protocol):
@@ -51,24 +52,7 @@ class HeadModel:
 def load_head_model(runtime: str, model: str, *, name: str,
                     chat_template: str | None = None) -> HeadModel:
     """The vocabulary through ``runtime``; ``chat_template`` overrides the model's own."""
-    vocab: HeadVocab
-    if runtime == "mock":
-        from engine.runtimes.mock import MockTokenizer
-
-        vocab = MockTokenizer()
-    elif runtime == "llamacpp":
-        from engine.runtimes.llamacpp import LlamaCppVocab
-
-        vocab = LlamaCppVocab(model)
-    elif runtime == "mlx":
-        from engine.runtimes.mlx import MlxVocab
-
-        vocab = MlxVocab(model)
-    else:
-        from engine.runtimes.base import RuntimeUnavailable
-
-        raise RuntimeUnavailable(f"the head cannot read a model through runtime '{runtime}'; "
-                                 "use --runtime llamacpp, mlx or mock")
+    vocab: HeadVocab = load_vocab(runtime, model)
     template = load_chat_template(vocab.metadata(), chat_template=chat_template,
                                   bos_text=vocab.bos_text, eos_text=vocab.eos_text)
     stop_ids = set(vocab.eos_ids)

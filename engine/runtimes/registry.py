@@ -1,0 +1,189 @@
+"""The runtimes Shoal knows, in one table: the one place that maps a runtime id to code.
+
+For each runtime: how to check that it can run here, how to find the model a
+spec names, how to make a node's engine, and how to load the head's vocabulary.
+Adding a runtime is adding one :class:`Runtime` to ``_RUNTIMES``.
+
+Which runtime serves a model: the one the user named, else llama.cpp (the
+default for every model spec today); ``mock`` only when named.
+
+Errors carry one line naming the cause and the fix: :class:`UnknownRuntime`
+(an id not in the table), :class:`~engine.runtimes.base.RuntimeUnavailable`
+(it cannot run here), and, when finding a model, ``engine.models.ModelMissing``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from engine.runtimes import llamacpp, mlx, mock
+from engine.runtimes.base import Engine, RuntimeUnavailable, Tokenizer
+
+if TYPE_CHECKING:
+    from engine.models import Cancel, Progress
+
+DEFAULT_RUNTIME = "llamacpp"
+
+
+class UnknownRuntime(RuntimeUnavailable):
+    """A runtime id that no entry has; the message names the known ones."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """What a node's engine is made from."""
+
+    path: str  # what the runtime loads: ResolvedModel.path
+    model_name: str  # the model's name on the link
+    lanes: int = 8
+    max_context: int | None = None  # None: sized for this device
+    mock_speed: float = 0.0  # the mock runtime's tokens/s per lane (0: unlimited)
+
+
+class ResolvedModel(NamedTuple):
+    path: str  # what the runtime loads (a file, a folder, a repo id, or only a name)
+    name: str  # the model's name on the link
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    id: str
+    check: Callable[[], None]  # raises RuntimeUnavailable when it cannot run here
+    find_model: Callable[[str | None, Path, bool, Progress | None, Cancel | None],
+                         ResolvedModel]
+    make_engine: Callable[[EngineSpec], Engine]
+    load_vocab: Callable[[str], Tokenizer]
+
+
+# -- llamacpp: a GGUF file from Shoal's model cache ------------------------------------
+
+
+def _gguf_model(spec: str | None, home: Path, offline: bool, progress: Progress | None,
+                cancel: Cancel | None) -> ResolvedModel:
+    """A path as it is, an ``org/repo[:QUANT]`` pulled, no spec: the embedded default."""
+    from engine import models
+
+    if spec is None:
+        path = models.ensure_embedded_default(home, offline=offline, progress=progress,
+                                              cancel=cancel)
+        return ResolvedModel(str(path), models.EMBEDDED_NAME)
+    path = models.resolve_model(spec, home=home, offline=offline, progress=progress,
+                                cancel=cancel)
+    return ResolvedModel(str(path), models.model_name(spec))
+
+
+def _llamacpp_engine(spec: EngineSpec) -> Engine:
+    return llamacpp.LlamaCppEngine(spec.path, model_name=spec.model_name, lanes=spec.lanes,
+                                   max_context=spec.max_context)
+
+
+# -- mlx: a model folder, or a repo id mlx-lm finds in the Hugging Face cache itself ----
+
+
+def _mlx_model(spec: str | None, home: Path, offline: bool, progress: Progress | None,
+               cancel: Cancel | None) -> ResolvedModel:
+    from engine import models
+
+    if spec is None:
+        raise models.ModelMissing("runtime mlx has no embedded default model; give an MLX "
+                                  "model folder or repo id, or use --runtime llamacpp")
+    return ResolvedModel(spec, models.model_name(spec))
+
+
+def _mlx_engine(spec: EngineSpec) -> Engine:
+    return mlx.MlxEngine(spec.path, model_name=spec.model_name, lanes=spec.lanes,
+                         max_context=spec.max_context)
+
+
+# -- mock: built in; the spec only names it --------------------------------------------
+
+
+def _no_check() -> None:
+    return None
+
+
+def _mock_model(spec: str | None, home: Path, offline: bool, progress: Progress | None,
+                cancel: Cancel | None) -> ResolvedModel:
+    name = spec or "mock"
+    return ResolvedModel(name, name)
+
+
+def _mock_engine(spec: EngineSpec) -> Engine:
+    return mock.MockEngine(model=spec.model_name, lanes=spec.lanes,
+                           context_window=spec.max_context or 4096, speed=spec.mock_speed)
+
+
+def _mock_vocab(path: str) -> Tokenizer:
+    return mock.MockTokenizer()
+
+
+_RUNTIMES: dict[str, Runtime] = {
+    r.id: r
+    for r in (
+        Runtime("llamacpp", llamacpp.check_available, _gguf_model, _llamacpp_engine,
+                llamacpp.LlamaCppVocab),
+        Runtime("mlx", mlx.check_available, _mlx_model, _mlx_engine, mlx.MlxVocab),
+        Runtime("mock", _no_check, _mock_model, _mock_engine, _mock_vocab),
+    )
+}
+
+
+# -- the API ---------------------------------------------------------------------------
+
+
+def runtime_ids() -> tuple[str, ...]:
+    """Every runtime id, the default first."""
+    return tuple(_RUNTIMES)
+
+
+def get_runtime(runtime_id: str) -> Runtime:
+    """The entry for ``runtime_id``; UnknownRuntime names the known ids."""
+    entry = _RUNTIMES.get(runtime_id)
+    if entry is None:
+        *rest, last = runtime_ids()
+        raise UnknownRuntime(f"unknown runtime '{runtime_id}'; use {', '.join(rest)} or {last}")
+    return entry
+
+
+def default_runtime(model: str | None) -> str:
+    """The runtime for a model spec when none is named: llama.cpp, for every spec today."""
+    return DEFAULT_RUNTIME
+
+
+def pick_runtime(named: str | None, model: str | None) -> str:
+    """The runtime named (checked to exist), else the default for ``model``."""
+    return get_runtime(named).id if named else default_runtime(model)
+
+
+def check_runtime(runtime_id: str) -> None:
+    """Raise RuntimeUnavailable (one line) when the runtime cannot run here."""
+    get_runtime(runtime_id).check()
+
+
+def resolve_model(runtime_id: str, spec: str | None, *, home: Path, offline: bool,
+                  progress: Progress | None = None,
+                  cancel: Cancel | None = None) -> ResolvedModel:
+    """What the runtime loads for ``spec`` (pulled into ``home`` if it must) and its name.
+
+    The runtime is checked first, so that one that cannot run here pulls nothing.
+    Raises ModelMissing (engine.models) or RuntimeUnavailable, each with one line.
+    """
+    entry = get_runtime(runtime_id)
+    entry.check()
+    return entry.find_model(spec, home, offline, progress, cancel)
+
+
+def make_engine(runtime_id: str, path: str, *, model_name: str, lanes: int = 8,
+                max_context: int | None = None, mock_speed: float = 0.0) -> Engine:
+    """A node's engine, not started yet (``await engine.start()`` loads the model)."""
+    spec = EngineSpec(path=path, model_name=model_name, lanes=lanes, max_context=max_context,
+                      mock_speed=mock_speed)
+    return get_runtime(runtime_id).make_engine(spec)
+
+
+def load_vocab(runtime_id: str, path: str) -> Tokenizer:
+    """The head's vocabulary of the model at ``path`` (no weights), through the runtime."""
+    return get_runtime(runtime_id).load_vocab(path)

@@ -1,0 +1,122 @@
+"""The registry of runtimes: ids, refusals, and engines and vocabularies made through it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from engine.models import ModelMissing
+from engine.runtimes import registry
+from engine.runtimes.base import GenerationRequest, RuntimeUnavailable, Sampling
+from engine.runtimes.llamacpp import LlamaCppEngine
+from engine.runtimes.mock import EOS, MockEngine
+from engine.runtimes.registry import ResolvedModel, UnknownRuntime
+
+
+def test_ids_default_first() -> None:
+    assert registry.runtime_ids() == ("llamacpp", "mlx", "mock")
+
+
+@pytest.mark.parametrize("call", [
+    lambda: registry.get_runtime("vllm"),
+    lambda: registry.check_runtime("vllm"),
+    lambda: registry.pick_runtime("vllm", "m"),
+    lambda: registry.make_engine("vllm", "m", model_name="m"),
+    lambda: registry.load_vocab("vllm", "m"),
+    lambda: registry.resolve_model("vllm", "m", home=Path("/nowhere"), offline=True),
+])
+def test_unknown_id_is_refused_in_one_line_naming_the_known(call: object) -> None:
+    with pytest.raises(UnknownRuntime) as info:
+        call()  # type: ignore[operator]
+    assert str(info.value) == "unknown runtime 'vllm'; use llamacpp, mlx or mock"
+    assert isinstance(info.value, RuntimeUnavailable)  # callers that refuse those refuse it
+
+
+@pytest.mark.parametrize(("named", "model", "want"), [
+    (None, "org/repo:Q4_K_M", "llamacpp"),
+    (None, None, "llamacpp"),
+    (None, "mock", "llamacpp"),  # mock only when named
+    ("mock", "m", "mock"),
+    ("mlx", "org/repo", "mlx"),
+    ("llamacpp", None, "llamacpp"),
+])
+def test_pick_runtime(named: str | None, model: str | None, want: str) -> None:
+    assert registry.pick_runtime(named, model) == want
+
+
+def test_mock_runs_anywhere_and_its_model_is_only_a_name(tmp_path: Path) -> None:
+    registry.check_runtime("mock")
+    assert registry.resolve_model("mock", None, home=tmp_path, offline=True) == ("mock", "mock")
+    assert registry.resolve_model("mock", "m1", home=tmp_path, offline=True) == \
+        ResolvedModel(path="m1", name="m1")
+    assert not list(tmp_path.iterdir())  # nothing pulled, nothing written
+
+
+async def test_mock_engine_and_vocab_made_through_it() -> None:
+    engine = registry.make_engine("mock", "m1", model_name="m1", lanes=3, max_context=256,
+                                  mock_speed=50.0)
+    assert isinstance(engine, MockEngine) and engine.speed == 50.0
+    assert (engine.info.runtime, engine.info.model, engine.info.lanes,
+            engine.info.context_window) == ("mock", "m1", 3, 256)
+    vocab = registry.load_vocab("mock", "m1")
+    assert vocab.chat_template() and EOS in vocab.eos_ids
+    prompt = vocab.encode("<|im_start|>user\nhi<|im_end|>\n")
+    assert b"".join(vocab.token_bytes(t) for t in prompt) == b"user\nhi\n"
+    await engine.start()
+    try:
+        gen = engine.generate(GenerationRequest(prompt=prompt, max_tokens=4,
+                                                sampling=Sampling(temperature=0.0)))
+        out = [t async for batch in gen for t in batch]
+        assert gen.result.completion_tokens == len(out) > 0
+    finally:
+        await engine.close()
+
+
+def test_mock_window_defaults_when_not_pinned() -> None:
+    engine = registry.make_engine("mock", "m", model_name="m")
+    assert (engine.info.lanes, engine.info.context_window) == (8, 4096)
+
+
+def test_llamacpp_engine_is_made_without_loading() -> None:
+    engine = registry.make_engine("llamacpp", "/nowhere/model.gguf", model_name="x", lanes=2,
+                                  max_context=512)
+    assert isinstance(engine, LlamaCppEngine)
+    assert (engine.info.runtime, engine.info.model, engine.info.path, engine.info.lanes,
+            engine.info.context_window, engine.info.window_pinned) == \
+        ("llamacpp", "x", "/nowhere/model.gguf", 2, 512, True)
+
+
+def test_a_runtime_that_cannot_run_here_finds_no_model(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    looked: list[str | None] = []
+
+    def unavailable() -> None:
+        raise RuntimeUnavailable("runtime mlx needs Apple silicon; use --runtime llamacpp")
+
+    def find(spec: str | None, *_: object) -> ResolvedModel:
+        looked.append(spec)
+        return ResolvedModel("p", "n")
+
+    entry = registry.get_runtime("mlx")
+    monkeypatch.setitem(registry._RUNTIMES, "mlx",
+                        dataclasses.replace(entry, check=unavailable, find_model=find))
+    with pytest.raises(RuntimeUnavailable, match="Apple silicon"):
+        registry.resolve_model("mlx", "org/repo", home=tmp_path, offline=False)
+    assert looked == []
+
+
+def test_mlx_has_no_default_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    entry = registry.get_runtime("mlx")
+    monkeypatch.setitem(registry._RUNTIMES, "mlx",
+                        dataclasses.replace(entry, check=lambda: None))
+    with pytest.raises(ModelMissing) as info:
+        registry.resolve_model("mlx", None, home=tmp_path, offline=True)
+    assert "\n" not in str(info.value) and "--runtime llamacpp" in str(info.value)
+    # the runtime finds the folder or the cached repo itself: the spec goes through as it is
+    assert registry.resolve_model("mlx", "org/some-model-4bit", home=tmp_path, offline=True) == \
+        ("org/some-model-4bit", "org/some-model-4bit")
+    assert registry.resolve_model("mlx", "/models/qwen-4bit", home=tmp_path, offline=True) == \
+        ("/models/qwen-4bit", "qwen-4bit")
+    assert not list(tmp_path.iterdir())
