@@ -318,7 +318,8 @@ def plot(rows: list[tuple[str, dict[str, float]]], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--write", action="store_true", help="write the plot to docs/placement_study.png")
+    parser.add_argument("--write", action="store_true",
+                        help="write the plot to docs/placement_study.png")
     args = parser.parse_args()
     rows = study(args.seeds)
     text = table(rows)
