@@ -30,7 +30,15 @@ from PySide6.QtWidgets import (
 )
 
 from app.bridge import ShoalBridge
-from app.widgets import Card, CopyButton, CopyField, PageHeader, note, page_layout
+from app.widgets import (
+    Card,
+    CopyButton,
+    CopyField,
+    PageHeader,
+    inline_error,
+    note,
+    page_layout,
+)
 from engine.snapshot import FleetSnapshot
 
 DUMMY_KEY = "shoal"  # clients that insist on a key; the API asks for none until keys are issued
@@ -221,10 +229,7 @@ class SnippetView(QWidget):
         self.copy = CopyButton(lambda: self.text.toPlainText(), "Copy")
         top.addWidget(self.where, 1)
         top.addWidget(self.copy, 0, Qt.AlignmentFlag.AlignTop)
-        self.warning = QLabel()
-        self.warning.setObjectName("inlineError")
-        self.warning.setWordWrap(True)
-        self.warning.hide()
+        self.warning = inline_error()
         self.text = QPlainTextEdit()
         self.text.setObjectName("snippet")
         self.text.setReadOnly(True)
@@ -258,10 +263,8 @@ class EditorsPanel(QWidget):
         card = Card()
         self.base = CopyField()
         self.base.setObjectName("baseUrl")
-        self.off = QLabel(API_OFF)
-        self.off.setObjectName("inlineError")
-        self.off.setWordWrap(True)
-        self.off.hide()
+        self.off = inline_error()
+        self.off.setText(API_OFF)
         self.chat = QComboBox()
         self.chat.setObjectName("chatModel")
         self.chat.setMinimumWidth(240)

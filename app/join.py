@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.bridge import ShoalBridge
-from app.widgets import STYLE, choose_file, inline_error, note, run, say
+from app.widgets import choose_file, inline_error, note, ok_line, run, say
 from engine.errors import ShoalError
 from engine.service import JoinResult
 
@@ -129,7 +129,7 @@ class CameraScan(QWidget):
             self.stop()
             self.failed.emit(line)
 
-        run(self._bridge, attempt(), done=done, failed=failed)
+        run(self, self._bridge, attempt(), done=done, failed=failed)
 
     def stop(self) -> None:
         self.timer.stop()
@@ -187,10 +187,7 @@ class JoinPanel(QWidget):
         layout.addWidget(self.progress)
         self.error = inline_error()
         layout.addWidget(self.error)
-        self.ok = QLabel()
-        self.ok.setObjectName("okLine")
-        self.ok.setWordWrap(True)
-        self.ok.hide()
+        self.ok = ok_line()
         layout.addWidget(self.ok)
         can, why = camera_state()
         if not can:
@@ -234,7 +231,7 @@ class JoinPanel(QWidget):
         say(self.error, "")
         say(self.ok, "")
         say(self.progress, "Checking the code with the fleet's head…")
-        run(self._bridge, self._bridge.shoal.join(code), done=self._joined,
+        run(self, self._bridge, self._bridge.shoal.join(code), done=self._joined,
             failed=self._failed)
 
     def _settle(self) -> None:
@@ -264,7 +261,6 @@ class JoinDialog(QDialog):
         super().__init__(parent)
         self.setObjectName("joinDialog")
         self.setWindowTitle("Join a fleet")
-        self.setStyleSheet(STYLE)
         self.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         self.setMinimumWidth(600)
         layout = QVBoxLayout(self)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QRectF, QSize, Qt
+from PySide6.QtGui import QPainter, QPaintEvent, QPalette
 from PySide6.QtWidgets import (
+    QAbstractButton,
     QDialog,
     QHBoxLayout,
     QLabel,
@@ -30,7 +32,7 @@ from app.join import JoinPanel, joined_line
 from app.pages.pairing import PairingView
 from app.pages.serve_model import ServeModel
 from app.prefs import Prefs
-from app.widgets import STYLE, Card, PageHeader, inline_error, note, run, say
+from app.widgets import Card, PageHeader, heading, inline_error, note, run, say
 from engine.service import JoinResult, Pairing
 from engine.snapshot import FleetSnapshot
 
@@ -38,25 +40,36 @@ STEPS = ("choose", "start", "join", "model", "editor")
 SIZE = (860, 680)
 
 
-class Choice(QPushButton):
-    """A large button with a title and a line under it."""
+class Choice(QAbstractButton):
+    """A large button with a title and a line under it, drawn as a rounded panel."""
 
     def __init__(self, title: str, line: str) -> None:
         super().__init__()
         self.setObjectName("choice")
+        self.setText(title)
         self.setMinimumHeight(96)
         self.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.setAttribute(Qt.WidgetAttribute.WA_Hover)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(18, 12, 18, 12)
-        top = QLabel(title)
-        font = top.font()
-        font.setPointSizeF(font.pointSizeF() * 1.25)
-        font.setBold(True)
-        top.setFont(font)
+        top = heading(title, 1.25)
         sub = note(line)
         for label in (top, sub):
             label.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
             layout.addWidget(label)
+
+    def sizeHint(self) -> QSize:
+        return self.layout().sizeHint()
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        pal = self.palette()
+        edge = pal.color(QPalette.ColorRole.Highlight) if self.underMouse() or self.isDown() \
+            else pal.color(QPalette.ColorRole.Mid)
+        painter.setPen(edge)
+        painter.setBrush(pal.color(QPalette.ColorRole.Base))
+        painter.drawRoundedRect(QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5), 10, 10)
 
 
 class Welcome(QDialog):
@@ -69,10 +82,6 @@ class Welcome(QDialog):
         self._path: list[str] = ["choose"]
         self.setObjectName("welcome")
         self.setWindowTitle("Welcome to Shoal")
-        self.setStyleSheet(STYLE + """
-            QPushButton#choice { text-align: left; border: 1px solid palette(mid);
-                border-radius: 10px; background: palette(base); }
-            QPushButton#choice:hover { border-color: palette(highlight); }""")
         self.resize(*SIZE)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -268,7 +277,7 @@ class Welcome(QDialog):
             self.start_button.setEnabled(True)
             say(self.start_error, line)
 
-        run(self._bridge, start(), done=started, failed=failed)
+        run(self, self._bridge, start(), done=started, failed=failed)
 
     def join_selected(self) -> None:
         item = self.found.currentItem() or self.found.item(0)
@@ -277,7 +286,7 @@ class Welcome(QDialog):
         address = item.data(Qt.ItemDataRole.UserRole)
         panel = self.join_panel
         say(panel.error, "")
-        run(self._bridge, self._bridge.shoal.join(None, head=address), done=self._joined,
+        run(self, self._bridge, self._bridge.shoal.join(None, head=address), done=self._joined,
             failed=lambda line: say(panel.error, line))
 
     def _joined(self, result: JoinResult) -> None:

@@ -13,9 +13,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import shiboken6
 from PySide6.QtCore import (
     QAbstractTableModel,
     QModelIndex,
+    QObject,
     QPersistentModelIndex,
     QRectF,
     QSize,
@@ -23,7 +25,7 @@ from PySide6.QtCore import (
     QTimer,
     Signal,
 )
-from PySide6.QtGui import QColor, QFont, QGuiApplication, QPainter, QPalette
+from PySide6.QtGui import QColor, QFont, QGuiApplication, QPainter, QPaintEvent, QPalette
 from PySide6.QtWidgets import (
     QFileDialog,
     QFrame,
@@ -51,31 +53,39 @@ SPACING = 12  # between blocks of a page
 MARGIN = 20  # around a page
 COPIED_MS = 1500  # how long a copy button says "Copied"
 GOOD, WARN, BAD = QColor("#2e9d57"), QColor("#d99a1e"), QColor("#d2453b")
+ERROR_TEXT, OK_TEXT = QColor("#b3261e"), QColor("#1e7b45")
+BANNER_FILL, BANNER_EDGE, BANNER_TEXT = QColor("#fdecea"), QColor("#f1b5b1"), QColor("#8a1c13")
+# No style sheets: a style sheet makes Qt restyle every widget under it, which costs more
+# than a frame of the loop on a slow machine; palettes and a little painting do the same.
 AnyIndex = QModelIndex | QPersistentModelIndex
 
 
 # -- commands ------------------------------------------------------------------------
 
-def run(bridge: ShoalBridge, work: Awaitable[T], *, done: Callable[[T], None] | None = None,
+def run(owner: QObject, bridge: ShoalBridge, work: Awaitable[T], *,
+        done: Callable[[T], None] | None = None,
         failed: Callable[[str], None] | None = None) -> None:
-    """Run an engine command through the bridge. With ``failed``, a ShoalError's line goes
-    there (a dialog shows it beside the field it concerns) instead of the window's banner."""
-    if failed is None:
-        bridge.run(work, done=done)
-        return
+    """Run an engine command through the bridge for the widget ``owner``: its result goes
+    to ``done``; with ``failed``, a ShoalError's line goes there (a form shows it beside
+    the field it concerns), else to the window's banner. Neither is called once ``owner``
+    is gone (a window closed while its command ran)."""
 
     async def guarded() -> tuple[bool, Any]:
         try:
             return True, await work
         except ShoalError as exc:
+            if failed is None:
+                raise
             return False, str(exc)
 
     def finish(outcome: tuple[bool, Any]) -> None:
+        if not shiboken6.isValid(owner):
+            return
         ok, value = outcome
         if ok:
             if done is not None:
                 done(value)
-        else:
+        elif failed is not None:
             failed(value)
 
     bridge.run(guarded(), done=finish)
@@ -131,6 +141,13 @@ def millis(ms: float) -> str:
 
 # -- layout pieces -------------------------------------------------------------------
 
+def tone(widget: QWidget, color: QColor) -> None:
+    pal = widget.palette()
+    pal.setColor(QPalette.ColorRole.WindowText, color)
+    pal.setColor(QPalette.ColorRole.Text, color)
+    widget.setPalette(pal)
+
+
 def muted(label: QLabel) -> QLabel:
     """A secondary line: the text colour halfway to the background."""
     pal = label.palette()
@@ -179,12 +196,21 @@ class Card(QFrame):
     def __init__(self, title: str = "", parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("card")
+        self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, False)
         self.body = QVBoxLayout(self)
         self.body.setContentsMargins(16, 14, 16, 14)
         self.body.setSpacing(8)
         if title:
             self.title = heading(title, 1.1)
             self.body.addWidget(self.title)
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        pal = self.palette()
+        painter.setPen(pal.color(QPalette.ColorRole.Mid).lighter(125))
+        painter.setBrush(pal.color(QPalette.ColorRole.Base))
+        painter.drawRoundedRect(QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5), 8, 8)
 
     def add(self, widget: QWidget, stretch: int = 0) -> QWidget:
         self.body.addWidget(widget, stretch)
@@ -272,6 +298,7 @@ class Banner(QFrame):
         layout.setContentsMargins(12, 6, 6, 6)
         self.label = QLabel()
         self.label.setObjectName("bannerText")
+        tone(self.label, BANNER_TEXT)
         self.label.setWordWrap(True)
         self.label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         close = QToolButton()
@@ -283,6 +310,13 @@ class Banner(QFrame):
         layout.addWidget(self.label, 1)
         layout.addWidget(close)
         self.hide()
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.setPen(BANNER_EDGE)
+        painter.setBrush(BANNER_FILL)
+        painter.drawRoundedRect(QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5), 6, 6)
 
     def show_line(self, line: str) -> None:
         self.label.setText(line)
@@ -301,6 +335,18 @@ def inline_error() -> QLabel:
     """A line under a form that says why it did not work (hidden until then)."""
     label = QLabel()
     label.setObjectName("inlineError")
+    tone(label, ERROR_TEXT)
+    label.setWordWrap(True)
+    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    label.hide()
+    return label
+
+
+def ok_line() -> QLabel:
+    """A line that says a change was made (hidden until then)."""
+    label = QLabel()
+    label.setObjectName("okLine")
+    tone(label, OK_TEXT)
     label.setWordWrap(True)
     label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
     label.hide()
@@ -338,13 +384,13 @@ class RowsModel(QAbstractTableModel):
         self.keys: list[str] = []
         self.rows: list[Row] = []
 
-    def rowCount(self, parent: AnyIndex = QModelIndex()) -> int:  # noqa: B008, N802
+    def rowCount(self, parent: AnyIndex = QModelIndex()) -> int:  # noqa: B008
         return 0 if parent.isValid() else len(self.rows)
 
-    def columnCount(self, parent: AnyIndex = QModelIndex()) -> int:  # noqa: B008, N802
+    def columnCount(self, parent: AnyIndex = QModelIndex()) -> int:  # noqa: B008
         return 0 if parent.isValid() else len(self.headers)
 
-    def headerData(self, section: int, orientation: Qt.Orientation,  # noqa: N802
+    def headerData(self, section: int, orientation: Qt.Orientation,
                    role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
             return self.headers[section]
@@ -458,7 +504,7 @@ class BarDelegate(QStyledItemDelegate):
                                         | Qt.AlignmentFlag.AlignVCenter), f"{share:.0f}%")
         painter.restore()
 
-    def sizeHint(self, option: QStyleOptionViewItem, index: AnyIndex) -> QSize:  # noqa: N802
+    def sizeHint(self, option: QStyleOptionViewItem, index: AnyIndex) -> QSize:
         hint = super().sizeHint(option, index)
         return QSize(max(hint.width(), 120), hint.height())
 
@@ -495,20 +541,3 @@ def table(model: RowsModel, *, stretch: int | None = None) -> QTableView:
     else:
         header.setStretchLastSection(True)
     return view
-
-
-STYLE = """
-QListWidget#sidebar { border: none; padding-top: 8px; font-size: 10.5pt; }
-QListWidget#sidebar { outline: none; }
-QListWidget#sidebar::item { padding: 7px 14px; margin: 1px 8px; border-radius: 6px; }
-QListWidget#sidebar::item:selected { background: palette(highlight);
-    color: palette(highlighted-text); }
-QFrame#card { border: 1px solid palette(midlight); border-radius: 8px;
-    background: palette(base); }
-QFrame#banner { background: #fdecea; border: 1px solid #f1b5b1; border-radius: 6px; }
-QLabel#bannerText { color: #8a1c13; }
-QLabel#inlineError { color: #b3261e; }
-QLabel#okLine { color: #1e7b45; }
-QLabel#stat { font-size: 15pt; font-weight: 600; }
-QTableView { border: 1px solid palette(midlight); border-radius: 6px; }
-"""

@@ -6,9 +6,10 @@ calls commands through it; it holds no fleet logic."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QCloseEvent
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QRectF, QSize, Qt, QTimer
+from PySide6.QtGui import QCloseEvent, QPainter, QPalette
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -18,6 +19,9 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QScrollArea,
     QStackedWidget,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QVBoxLayout,
     QWidget,
 )
@@ -32,7 +36,8 @@ from app.pages.pairing import PairingPage
 from app.pages.settings import SettingsPage
 from app.pages.try_it import TryPage
 from app.prefs import Prefs
-from app.widgets import STYLE, Banner, heading, muted
+from app.widgets import Banner, heading, muted
+from engine.events import ShoalEvent
 from engine.snapshot import FleetSnapshot
 
 PAGES = (("fleet", "Fleet"), ("models", "Models and aliases"), ("pairing", "Pairing"),
@@ -52,6 +57,33 @@ def summary(snap: FleetSnapshot) -> str:
     return f"{fleet} · {nodes} · {lanes}{queued}{api}"
 
 
+class SidebarDelegate(QStyledItemDelegate):
+    """A sidebar entry: roomy, with a rounded highlight when chosen."""
+
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem,
+              index: QModelIndex | QPersistentModelIndex) -> None:
+        rect = QRectF(option.rect).adjusted(8, 1, -8, -1)
+        pal = option.palette
+        chosen = bool(option.state & QStyle.StateFlag.State_Selected)
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        if chosen:
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(pal.color(QPalette.ColorRole.Highlight))
+            painter.drawRoundedRect(rect, 6, 6)
+        painter.setPen(pal.color(QPalette.ColorRole.HighlightedText if chosen
+                                 else QPalette.ColorRole.WindowText))
+        painter.setFont(option.font)
+        painter.drawText(rect.adjusted(12, 0, -6, 0),
+                         int(Qt.AlignmentFlag.AlignVCenter | Qt.AlignmentFlag.AlignLeft),
+                         str(index.data()))
+        painter.restore()
+
+    def sizeHint(self, option: QStyleOptionViewItem,
+                 index: QModelIndex | QPersistentModelIndex) -> QSize:
+        return QSize(SIDEBAR_WIDTH - 8, option.fontMetrics.height() + 16)
+
+
 def scrolled(page: QWidget) -> QScrollArea:
     area = QScrollArea()
     area.setWidget(page)
@@ -67,7 +99,6 @@ class MainWindow(QMainWindow):
         self.bridge = bridge
         self.setObjectName("shoalWindow")
         self.setWindowTitle("Shoal")  # never the token, never the join URL
-        self.setStyleSheet(STYLE)
         self.resize(*SIZE)
 
         central = QWidget()
@@ -88,6 +119,14 @@ class MainWindow(QMainWindow):
         self.sidebar.setObjectName("sidebar")
         self.sidebar.setFrameShape(QFrame.Shape.NoFrame)
         self.sidebar.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.sidebar.setItemDelegate(SidebarDelegate(self.sidebar))
+        side.setAutoFillBackground(True)
+        side_pal = side.palette()
+        side_pal.setColor(QPalette.ColorRole.Window,
+                          side_pal.color(QPalette.ColorRole.Window).darker(104))
+        side_pal.setColor(QPalette.ColorRole.Base, side_pal.color(QPalette.ColorRole.Window))
+        side.setPalette(side_pal)
+        self.sidebar.setPalette(side_pal)
         self.sidebar.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         for key, label in PAGES:
             item = QListWidgetItem(label)
@@ -99,7 +138,6 @@ class MainWindow(QMainWindow):
         line = QFrame()
         line.setFrameShape(QFrame.Shape.VLine)
         line.setObjectName("sideLine")
-        line.setStyleSheet("color: palette(midlight);")
 
         right = QWidget()
         right_layout = QVBoxLayout(right)
@@ -118,23 +156,23 @@ class MainWindow(QMainWindow):
         outer.addWidget(right, 1)
         self.setCentralWidget(central)
 
-        self.fleet = FleetPage(bridge)
-        self.models = ModelsPage(bridge)
-        self.pairing = PairingPage(bridge)
-        self.activity = ActivityPage(bridge)
-        self.try_it = TryPage(bridge)
-        self.editors = EditorsPanel(bridge)
-        self.settings = SettingsPage(bridge, prefs, save_prefs=save_prefs)
-        self.pages: dict[str, QWidget] = {
-            "fleet": self.fleet, "models": self.models, "pairing": self.pairing,
-            "activity": self.activity, "try": self.try_it, "editors": self.editors,
-            "settings": self.settings}
-        for key, _label in PAGES:
-            self.stack.addWidget(scrolled(self.pages[key]))
-        self.sidebar.currentRowChanged.connect(self.stack.setCurrentIndex)
+        # pages are built one per turn of the loop, so opening the window never holds the
+        # loop for long (show_page builds a page that is not there yet); events that come
+        # before the Activity page is built wait for it
+        self._builders: dict[str, Callable[[], QWidget]] = {
+            "fleet": lambda: FleetPage(bridge), "models": lambda: ModelsPage(bridge),
+            "pairing": lambda: PairingPage(bridge), "activity": lambda: ActivityPage(bridge),
+            "try": lambda: TryPage(bridge), "editors": lambda: EditorsPanel(bridge),
+            "settings": lambda: SettingsPage(bridge, prefs, save_prefs=save_prefs)}
+        self.pages: dict[str, QWidget] = {}
+        for _key in PAGES:
+            self.stack.addWidget(QWidget())
+        self._early: list[ShoalEvent] = []
+        bridge.event.connect(self._early_event)
+        self.page("fleet")
+        self.sidebar.currentRowChanged.connect(self._row_chosen)
         self.sidebar.setCurrentRow(0)
-        self.fleet.navigate.connect(self.show_page)
-        self.fleet.join.connect(lambda: open_join_dialog(bridge, self))
+        QTimer.singleShot(0, self, self._build_next)
 
         self.status = QLabel()
         self.status.setObjectName("statusSummary")
@@ -142,9 +180,80 @@ class MainWindow(QMainWindow):
         self.statusBar().addWidget(self.status, 1)
         self.statusBar().addPermanentWidget(self.working)
         bridge.failed.connect(self.banner.show_line)
-        bridge.busy.connect(lambda on: self.working.setText("Working…" if on else ""))
+        bridge.busy.connect(self._busy)
         bridge.snapshot.connect(self.render)
         self.render(bridge.last)
+
+    def page(self, key: str) -> QWidget:
+        """The page ``key``, built now if it was not yet."""
+        if key not in self.pages:
+            built = self._builders[key]()
+            if isinstance(built, FleetPage):
+                built.navigate.connect(self.show_page)
+                built.join.connect(self.open_join)
+            index = [k for k, _ in PAGES].index(key)
+            placeholder = self.stack.widget(index)
+            self.stack.insertWidget(index, scrolled(built))
+            self.stack.removeWidget(placeholder)
+            placeholder.deleteLater()
+            self.pages[key] = built
+            self.stack.setCurrentIndex(self.sidebar.currentRow())
+            if isinstance(built, ActivityPage):
+                self.bridge.event.disconnect(self._early_event)
+                for event in self._early:
+                    built.add(event)
+                self._early.clear()
+        return self.pages[key]
+
+    def _early_event(self, event: ShoalEvent) -> None:
+        self._early.append(event)
+
+    def _build_next(self) -> None:
+        missing = sorted((k for k, _ in PAGES if k not in self.pages),
+                         key=lambda k: k != "activity")
+        if missing:
+            self.page(missing[0])
+            if len(missing) > 1:
+                QTimer.singleShot(0, self, self._build_next)
+
+    def _row_chosen(self, row: int) -> None:
+        if row >= 0:
+            self.page(PAGES[row][0])
+            self.stack.setCurrentIndex(row)
+
+    def open_join(self) -> None:
+        open_join_dialog(self.bridge, self)
+
+    def _busy(self, on: bool) -> None:
+        self.working.setText("Working…" if on else "")
+
+    @property
+    def fleet(self) -> FleetPage:
+        return cast(FleetPage, self.page("fleet"))
+
+    @property
+    def models(self) -> ModelsPage:
+        return cast(ModelsPage, self.page("models"))
+
+    @property
+    def pairing(self) -> PairingPage:
+        return cast(PairingPage, self.page("pairing"))
+
+    @property
+    def activity(self) -> ActivityPage:
+        return cast(ActivityPage, self.page("activity"))
+
+    @property
+    def try_it(self) -> TryPage:
+        return cast(TryPage, self.page("try"))
+
+    @property
+    def editors(self) -> EditorsPanel:
+        return cast(EditorsPanel, self.page("editors"))
+
+    @property
+    def settings(self) -> SettingsPage:
+        return cast(SettingsPage, self.page("settings"))
 
     @property
     def current_page(self) -> str:
@@ -166,7 +275,8 @@ class MainWindow(QMainWindow):
         self.status.setText(summary(snap))
         self.side_fleet.setText(snap.fleet_name or "Not in a fleet")
 
-    def closeEvent(self, event: QCloseEvent) -> None:  # noqa: N802 - Qt's name
+    def closeEvent(self, event: QCloseEvent) -> None:
         # the window hides; an answer streaming into it stops
-        self.try_it.stop()
+        if "try" in self.pages:
+            self.try_it.stop()
         super().closeEvent(event)

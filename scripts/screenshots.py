@@ -69,22 +69,29 @@ class DemoFleet:
         return self.head.api_url
 
 
-async def until(check: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    async with asyncio.timeout(timeout):
-        while not (value := check()):
-            await asyncio.sleep(0.02)
-    if not value:
-        raise RuntimeError(f"timed out waiting for {what}")
+async def until(check: Callable[[], Any], what: str, within: float = WAIT_S) -> Any:
+    """``check()``'s first truthy value, polled (the widgets signal nothing to wait on)."""
+    try:
+        async with asyncio.timeout(within):
+            while not (value := check()):  # noqa: ASYNC110 - polling what the screen shows
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise RuntimeError(f"timed out waiting for {what}") from None
     return value
+
+
+def _token_file(home: Path) -> Path:
+    home.mkdir(parents=True, exist_ok=True)
+    token = home / "token"
+    token.write_text(secrets.token_hex(32) + "\n")
+    token.chmod(0o600)
+    return token
 
 
 @contextlib.asynccontextmanager
 async def demo_fleet(home: Path) -> AsyncIterator[DemoFleet]:
     """A head with its own node and three mock nodes it dials, all on one fleet token."""
-    token = home / "token"
-    home.mkdir(parents=True, exist_ok=True)
-    token.write_text(secrets.token_hex(32) + "\n")
-    token.chmod(0o600)
+    token = await asyncio.to_thread(_token_file, home)
     nodes: list[Shoal] = []
     head: Shoal | None = None
     try:
@@ -150,7 +157,7 @@ async def write_screenshots(out: Path, try_model: Path | None = None) -> list[Pa
     from app.welcome import Welcome
     from app.window import MainWindow
 
-    out.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     written: list[Path] = []
     saved: list[Prefs] = []
     with tempfile.TemporaryDirectory(prefix="shoal-shots-") as tmp:
@@ -195,7 +202,7 @@ async def _ask(window: Any, model: str, question: str) -> None:
     page.model.setCurrentIndex(max(page.model.findData(model), 0))
     page.prompt.setPlainText(question)
     page.send()
-    await until(lambda: not page.streaming, "the answer", timeout=120)
+    await until(lambda: not page.streaming, "the answer", within=120)
 
 
 async def _real_try(fleet: DemoFleet, model: Path, out: Path) -> Path:
@@ -211,7 +218,7 @@ async def _real_try(fleet: DemoFleet, model: Path, out: Path) -> Path:
     window = MainWindow(bridge, Prefs(welcomed=True), save_prefs=lambda _p: None)
     try:
         window.show()
-        await until(lambda: bridge.refresh().ready_nodes == 1, "the real model loaded", 120)
+        await until(lambda: bridge.refresh().ready_nodes == 1, "the real model loaded", within=120)
         await _ask(window, model.stem, QUESTION)
         return await grab(window, out / "window-try.png")
     finally:

@@ -41,7 +41,7 @@ def node_row(n: NodeSnapshot, now: float) -> Row:
     seen = "never" if n.last_seen <= 0 else ago(now - n.last_seen)
     if n.link == "local" and n.state == "ready":
         seen = "now"
-    return (Cell(n.identity, tip=n.error or ""),
+    return (Cell(n.identity or "(connecting)", tip=n.error or ""),
             Cell(n.address),
             Cell(LINKS.get(n.link, n.link)),
             Cell(n.state, tone=STATE_TONE.get(n.state, ""), tip=n.error or ""),
@@ -93,7 +93,7 @@ class FleetPage(QWidget):
         self.api.setObjectName("apiUrl")
         self.api_off = QLabel("The API is off on this machine.")
         self.api_on = QPushButton("Run the API here")
-        self.api_on.clicked.connect(lambda: run(bridge, bridge.shoal.set_head(True)))
+        self.api_on.clicked.connect(lambda: run(self, bridge, bridge.shoal.set_head(True)))
         roles.row(self._label("API"), self.api, self.api_off, self.api_on, None)
         self.serving = QLabel()
         self.serving.setObjectName("serving")
@@ -147,7 +147,7 @@ class FleetPage(QWidget):
     def _toggle_pause(self) -> None:
         node = self._bridge.last.roles.node
         if node is not None:
-            run(self._bridge, self._bridge.shoal.pause_serving(node.state != "paused"))
+            run(self, self._bridge, self._bridge.shoal.pause_serving(node.state != "paused"))
 
     def render(self, snap: FleetSnapshot) -> None:
         roles = snap.roles
@@ -180,7 +180,8 @@ class FleetPage(QWidget):
         self.stat_lanes.value.setText(f"{snap.lanes_busy}/{snap.lanes}")
         self.stat_queued.value.setText(str(snap.queued))
         self.stat_moves.value.setText(str(snap.moves))
-        order = sorted(snap.nodes, key=lambda n: (n.link != "local", n.identity, n.key))
+        # this machine first, then by key: a row never moves while the fleet changes
+        order = sorted(snap.nodes, key=lambda n: (n.link != "local", n.key))
         self.nodes.set_rows([(n.key, node_row(n, snap.at)) for n in order])
         self.empty.setVisible(not snap.nodes)
         heads = sorted(snap.heads, key=lambda h: (not h.this_machine, h.head_id))

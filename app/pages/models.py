@@ -28,6 +28,7 @@ from app.widgets import (
     fit_rows,
     inline_error,
     note,
+    ok_line,
     page_layout,
     run,
     say,
@@ -144,9 +145,7 @@ class ModelsPage(QWidget):
         aliases.row(self.set_button, self.remove_button, self.revert_button,
                     self.history_button, None)
         self.alias_error = inline_error()
-        self.alias_ok = QLabel()
-        self.alias_ok.setObjectName("okLine")
-        self.alias_ok.hide()
+        self.alias_ok = ok_line()
         aliases.add(self.alias_error)
         aliases.add(self.alias_ok)
         self.alias_card = aliases
@@ -219,7 +218,7 @@ class ModelsPage(QWidget):
         async def go() -> str:
             return (await shoal.aliases.set(name, target, fallbacks)).line
 
-        run(self._bridge, go(), done=self._said, failed=self._failed)
+        run(self, self._bridge, go(), done=self._said, failed=self._failed)
 
     def _change(self, what: str) -> None:
         name = self.name.text().strip()
@@ -233,7 +232,7 @@ class ModelsPage(QWidget):
             change = await (commands.remove(name) if what == "remove" else commands.revert(name))
             return change.line
 
-        run(self._bridge, go(), done=self._said, failed=self._failed)
+        run(self, self._bridge, go(), done=self._said, failed=self._failed)
 
     def show_history(self) -> None:
         name = self.name.text().strip()
@@ -249,4 +248,4 @@ class ModelsPage(QWidget):
             self.history = HistoryDialog(name, entries, self)
             self.history.show()
 
-        run(self._bridge, go(), done=show, failed=self._failed)
+        run(self, self._bridge, go(), done=show, failed=self._failed)

@@ -174,7 +174,7 @@ class PairingPage(QWidget):
             self.refresh()
         self._had_token = has
 
-    def showEvent(self, event: object) -> None:  # noqa: N802 - Qt's name
+    def showEvent(self, event: object) -> None:
         super().showEvent(event)  # type: ignore[arg-type]
         if self._bridge.last.has_token and not self._asked:
             self.refresh()
@@ -182,7 +182,7 @@ class PairingPage(QWidget):
     def refresh(self) -> None:
         """Ask the engine for the current join code (its addresses may have changed)."""
         self._asked = True
-        run(self._bridge, self._bridge.shoal.pairing(), done=self._show, failed=self._failed)
+        run(self, self._bridge, self._bridge.shoal.pairing(), done=self._show, failed=self._failed)
 
     def _show(self, pairing: Pairing) -> None:
         self._asked = False
@@ -197,7 +197,7 @@ class PairingPage(QWidget):
     def start_fleet(self) -> None:
         name = self.name.text().strip() or None
         self._asked = True
-        run(self._bridge, self._bridge.shoal.create_fleet(name), done=self._show,
+        run(self, self._bridge, self._bridge.shoal.create_fleet(name), done=self._show,
             failed=self._failed)
 
     def ask_rotate(self) -> None:
@@ -219,5 +219,5 @@ class PairingPage(QWidget):
 
     def rotate_token(self) -> None:
         self._asked = True
-        run(self._bridge, self._bridge.shoal.rotate_token(), done=self._show,
+        run(self, self._bridge, self._bridge.shoal.rotate_token(), done=self._show,
             failed=self._failed)

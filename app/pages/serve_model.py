@@ -11,7 +11,6 @@ from PySide6.QtWidgets import (
     QButtonGroup,
     QGridLayout,
     QHBoxLayout,
-    QLabel,
     QLineEdit,
     QProgressBar,
     QPushButton,
@@ -22,7 +21,7 @@ from PySide6.QtWidgets import (
 
 from app.bridge import ShoalBridge
 from app.pages.stored import update_stored
-from app.widgets import choose_file, inline_error, note, run, say
+from app.widgets import choose_file, inline_error, note, ok_line, run, say
 from engine.events import PullProgress, ShoalEvent
 from engine.settings import NodeSettings, Settings
 
@@ -105,9 +104,7 @@ class ServeModel(QWidget):
         self.progress_text.hide()
         self.error = inline_error()
         layout.addWidget(self.error)
-        self.ok = QLabel()
-        self.ok.setObjectName("okLine")
-        self.ok.hide()
+        self.ok = ok_line()
         layout.addWidget(self.ok)
         bridge.event.connect(self._event)
 
@@ -151,7 +148,7 @@ class ServeModel(QWidget):
         self.progress_row.show()
         self.cancel.setEnabled(True)
         say(self.progress_text, f"Getting {spec or 'the embedded model'} ready…")
-        run(self._bridge, self._bridge.shoal.set_model(spec), done=self._done,
+        run(self, self._bridge, self._bridge.shoal.set_model(spec), done=self._done,
             failed=self._failed)
 
     def cancel_pull(self) -> None:
@@ -191,7 +188,7 @@ class ServeModel(QWidget):
             return s.with_node(replace(s.node or NodeSettings(), model=spec, runtime=None))
 
         # serve it again at the next start
-        run(self._bridge, update_stored(self._bridge.shoal.settings.home, keep))
+        run(self, self._bridge, update_stored(self._bridge.shoal.settings.home, keep))
         self.served.emit(name)
 
     def _failed(self, line: str) -> None:

@@ -32,6 +32,7 @@ from app.widgets import (
     PageHeader,
     inline_error,
     note,
+    ok_line,
     page_layout,
     run,
     say,
@@ -108,9 +109,7 @@ class SettingsPage(QWidget):
         self.save = QPushButton("Save")
         self.save.setObjectName("saveSettings")
         self.save.clicked.connect(self.save_machine)
-        self.saved = QLabel()
-        self.saved.setObjectName("okLine")
-        self.saved.hide()
+        self.saved = ok_line()
         machine.row(self.save, self.saved, None)
         self.error = inline_error()
         machine.add(self.error)
@@ -136,9 +135,7 @@ class SettingsPage(QWidget):
         self.key_note = note(KEY_NOTE)
         self.key_note.hide()
         keys.add(self.key_note)
-        self.key_done = QLabel()
-        self.key_done.setObjectName("okLine")
-        self.key_done.hide()
+        self.key_done = ok_line()
         keys.add(self.key_done)
         self.key_error = inline_error()
         keys.add(self.key_error)
@@ -165,7 +162,7 @@ class SettingsPage(QWidget):
 
         self.show_settings(bridge.shoal.settings)
         # the file may hold changes made for the next start: show those
-        run(bridge, app_prefs.load(home), done=lambda got: self.show_settings(got[0]))
+        run(self, bridge, app_prefs.load(home), done=lambda got: self.show_settings(got[0]))
 
     def show_settings(self, s: Settings) -> None:
         head = s.head or HeadSettings()
@@ -193,7 +190,7 @@ class SettingsPage(QWidget):
     def save_machine(self) -> None:
         say(self.saved, "")
         say(self.error, "")
-        run(self._bridge, update_stored(self._bridge.shoal.settings.home, self.change),
+        run(self, self._bridge, update_stored(self._bridge.shoal.settings.home, self.change),
             done=lambda _s: say(self.saved, RESTART_NOTE),
             failed=lambda line: say(self.error, line))
 
@@ -210,7 +207,7 @@ class SettingsPage(QWidget):
             self.key.show()
             self.key_note.show()
 
-        run(self._bridge, self._bridge.shoal.keys.issue(name), done=issued,
+        run(self, self._bridge, self._bridge.shoal.keys.issue(name), done=issued,
             failed=lambda line: say(self.key_error, line))
 
     def revoke_key(self) -> None:
@@ -227,7 +224,7 @@ class SettingsPage(QWidget):
             say(self.key_done, f"{name}'s key is revoked." if now else
                 f"{name}'s key was already revoked.")
 
-        run(self._bridge, self._bridge.shoal.keys.revoke(name), done=revoked,
+        run(self, self._bridge, self._bridge.shoal.keys.revoke(name), done=revoked,
             failed=lambda line: say(self.key_error, line))
 
     def open_models_dir(self) -> None:

@@ -29,7 +29,7 @@ from engine.errors import ShoalError
 from engine.snapshot import FleetSnapshot
 
 log = logging.getLogger("shoal.app")
-APP_KEY = "shoal-app"  # the key this page asks for when the API wants keys
+APP_KEY = "shoal_app"  # the key this page asks for when the API wants keys
 CONNECT_S = 5.0
 MAX_TOKENS = 512
 API_OFF = "The API is off on this machine, so there is nothing to ask here."
@@ -46,7 +46,7 @@ class Prompt(QPlainTextEdit):
         super().__init__()
         self._send = send
 
-    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 - Qt's name
+    def keyPressEvent(self, event: QKeyEvent) -> None:
         enter = event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
         if enter and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
             self._send()
@@ -70,6 +70,7 @@ class TryPage(QWidget):
         self._messages: list[dict[str, str]] = []
         self._answer: list[str] = []
         self._key: str | None = None
+        self.max_tokens = MAX_TOKENS  # an answer's bound
         layout = page_layout(self)
         layout.addWidget(PageHeader("Try it", "Ask the fleet something, as an editor would."))
 
@@ -85,10 +86,11 @@ class TryPage(QWidget):
         top.addStretch(1)
         top.addWidget(self.clear_button)
         card.body.addLayout(top)
-        self.off = QLabel(API_OFF)
-        self.off.setObjectName("inlineError")
+        self.off = inline_error()
+        self.off.setText(API_OFF)
+        self.off.show()
         self.api_on = QPushButton("Run the API here")
-        self.api_on.clicked.connect(lambda: run(bridge, bridge.shoal.set_head(True)))
+        self.api_on.clicked.connect(lambda: run(self, bridge, bridge.shoal.set_head(True)))
         self.off_row = QWidget()
         off = QHBoxLayout(self.off_row)
         off.setContentsMargins(0, 0, 0, 0)
@@ -211,7 +213,7 @@ class TryPage(QWidget):
 
     async def _ask(self, base: str, model: str) -> None:
         body = {"model": model, "messages": list(self._messages), "stream": True,
-                "max_tokens": MAX_TOKENS, "stream_options": {"include_usage": True}}
+                "max_tokens": self.max_tokens, "stream_options": {"include_usage": True}}
         started = time.monotonic()
         first: float | None = None
         pieces = 0
