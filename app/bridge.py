@@ -81,15 +81,21 @@ class ShoalBridge(QObject):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def close(self) -> None:
-        """Stop listening and wait for the commands under way (the caller stops Shoal)."""
+    async def close(self, *, wait_s: float = 10.0) -> None:
+        """Stop listening and wait up to ``wait_s`` for the commands under way, cancelling
+        those still running then (the caller stops Shoal)."""
         self._timer.stop()
         self._events.close()
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
-        for task in list(self._tasks):
-            with contextlib.suppress(Exception):
+        if not self._tasks:
+            return
+        _, late = await asyncio.wait(list(self._tasks), timeout=wait_s)
+        for task in late:
+            task.cancel()
+        for task in late:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
 
@@ -98,7 +104,8 @@ def describe(event: ShoalEvent) -> str:
     from engine import events as ev
 
     if isinstance(event, ev.NodeLinked):
-        return f"{event.identity} joined: {event.model}, {event.lanes} lanes"
+        lanes = "1 lane" if event.lanes == 1 else f"{event.lanes} lanes"
+        return f"{event.identity} joined: {event.model}, {lanes}"
     if isinstance(event, ev.NodeLeft):
         return f"{event.identity} left the fleet"
     if isinstance(event, ev.NodeUnreachable):

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import cast
 
 from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QRectF, QSize, Qt, QTimer
-from PySide6.QtGui import QCloseEvent, QPainter, QPalette
+from PySide6.QtGui import QCloseEvent, QPainter, QPalette, QShowEvent
 from PySide6.QtWidgets import (
     QFrame,
     QHBoxLayout,
@@ -172,7 +172,6 @@ class MainWindow(QMainWindow):
         self.page("fleet")
         self.sidebar.currentRowChanged.connect(self._row_chosen)
         self.sidebar.setCurrentRow(0)
-        QTimer.singleShot(0, self, self._build_next)
 
         self.status = QLabel()
         self.status.setObjectName("statusSummary")
@@ -209,6 +208,8 @@ class MainWindow(QMainWindow):
         self._early.append(event)
 
     def _build_next(self) -> None:
+        if not self.isVisible():  # a hidden window builds pages when shown (or asked for)
+            return
         missing = sorted((k for k, _ in PAGES if k not in self.pages),
                          key=lambda k: k != "activity")
         if missing:
@@ -274,6 +275,10 @@ class MainWindow(QMainWindow):
     def render(self, snap: FleetSnapshot) -> None:
         self.status.setText(summary(snap))
         self.side_fleet.setText(snap.fleet_name or "Not in a fleet")
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        QTimer.singleShot(0, self, self._build_next)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         # the window hides; an answer streaming into it stops

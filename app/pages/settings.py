@@ -168,6 +168,11 @@ class SettingsPage(QWidget):
         head = s.head or HeadSettings()
         self.http_port.setValue(port_of(head.http, 8453))
         self.fleet_port.setValue(port_of(head.fleet_listen, FLEET_PORT))
+        # the head takes joins once this machine starts or joins a fleet (on the default
+        # port); a stored port would open it to joins at the next start, so only then
+        self.fleet_port.setEnabled(head.fleet_listen is not None)
+        self.fleet_port.setToolTip("" if head.fleet_listen is not None else
+                                   "Start or join a fleet first: its port can change then.")
         index = self.discovery.findData(s.discovery.mode)
         self.discovery.setCurrentIndex(max(index, 0))
         self.queue.setValue(head.queue_timeout_s)
@@ -177,8 +182,7 @@ class SettingsPage(QWidget):
         head = s.head or HeadSettings()
         http = with_port(head.http, self.http_port.value(), HTTP_DEFAULT)
         fleet_listen = head.fleet_listen
-        if fleet_listen is not None or self.fleet_port.value() != FLEET_PORT:
-            # a machine outside a fleet keeps taking no joins at its next start
+        if fleet_listen is not None:  # outside a fleet it keeps taking no joins
             fleet_listen = with_port(fleet_listen, self.fleet_port.value(), "0.0.0.0:0")
         new_head = replace(head, http=http, fleet_listen=fleet_listen,
                            queue_timeout_s=float(self.queue.value()))

@@ -371,7 +371,7 @@ async def test_settings_save_for_the_next_start_keys_and_notifications(tmp_path:
         page = window.settings
         await until(lambda: page.http_port.value() == 8453, "the stored settings read")
         page.http_port.setValue(18453)
-        page.fleet_port.setValue(18454)
+        assert not page.fleet_port.isEnabled()  # no joins taken outside a fleet
         page.discovery.setCurrentIndex(page.discovery.findData("lan"))
         page.queue.setValue(30)
         click(qtbot, page.save)
@@ -379,7 +379,7 @@ async def test_settings_save_for_the_next_start_keys_and_notifications(tmp_path:
         assert "next starts" in page.saved.text()
         stored = tomllib.loads((tmp_path / "config.toml").read_text())
         assert stored["head"]["http"] == "127.0.0.1:18453"
-        assert stored["head"]["fleet_listen"] == "0.0.0.0:18454"
+        assert "listen" not in stored["fleet"] and stored["fleet"]["member"] is False
         assert stored["head"]["queue_timeout_s"] == 30.0
         assert stored["discovery"]["mode"] == "lan"
         # the running head keeps its port until the next start
