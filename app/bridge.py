@@ -65,7 +65,7 @@ class ShoalBridge(QObject):
             try:
                 result = await work
             except ShoalError as exc:
-                self.failed.emit(str(exc))
+                self.failed.emit(sentence(str(exc)))
             except Exception as exc:  # a bug: say so in one line, keep the app alive
                 log.exception("a command failed")
                 self.failed.emit(f"something went wrong ({type(exc).__name__}); the log "
@@ -97,6 +97,12 @@ class ShoalBridge(QObject):
         for task in late:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+def sentence(line: str) -> str:
+    """An engine's one line as the window shows it: it starts in lower case, since a
+    terminal prints it after "shoal: "."""
+    return line[:1].upper() + line[1:]
 
 
 def describe(event: ShoalEvent) -> str:

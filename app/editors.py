@@ -38,6 +38,7 @@ from app.widgets import (
     inline_error,
     note,
     page_layout,
+    warning_line,
 )
 from engine.snapshot import FleetSnapshot
 
@@ -229,7 +230,7 @@ class SnippetView(QWidget):
         self.copy = CopyButton(lambda: self.text.toPlainText(), "Copy")
         top.addWidget(self.where, 1)
         top.addWidget(self.copy, 0, Qt.AlignmentFlag.AlignTop)
-        self.warning = inline_error()
+        self.warning = warning_line()
         self.text = QPlainTextEdit()
         self.text.setObjectName("snippet")
         self.text.setReadOnly(True)

@@ -29,6 +29,7 @@ from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox, QSystemTra
 
 from app import autostart
 from app.bridge import ShoalBridge, describe
+from app.collector import MainThreadCollector
 from app.icons import app_icon
 from app.instance import SingleInstance
 from app.notify import Notifier, say
@@ -405,8 +406,11 @@ def run(argv: list[str]) -> int:
     except RuntimeError as exc:
         print(f"shoal: {exc}", file=sys.stderr)
         return 1
+    collector = MainThreadCollector(qapp)
+    collector.start()
     try:
         with asyncio.Runner(loop_factory=lambda: make_loop(qapp)) as runner:
             return runner.run(main(home, guard))
     finally:
+        collector.stop()
         guard.release()

@@ -43,7 +43,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.bridge import ShoalBridge
+from app.bridge import ShoalBridge, sentence
 from engine.errors import ShoalError
 
 log = logging.getLogger("shoal.app")
@@ -53,7 +53,7 @@ SPACING = 12  # between blocks of a page
 MARGIN = 20  # around a page
 COPIED_MS = 1500  # how long a copy button says "Copied"
 GOOD, WARN, BAD = QColor("#2e9d57"), QColor("#d99a1e"), QColor("#d2453b")
-ERROR_TEXT, OK_TEXT = QColor("#b3261e"), QColor("#1e7b45")
+ERROR_TEXT, OK_TEXT, WARN_TEXT = QColor("#b3261e"), QColor("#1e7b45"), QColor("#8a5a00")
 BANNER_FILL, BANNER_EDGE, BANNER_TEXT = QColor("#fdecea"), QColor("#f1b5b1"), QColor("#8a1c13")
 # No style sheets: a style sheet makes Qt restyle every widget under it, which costs more
 # than a frame of the loop on a slow machine; palettes and a little painting do the same.
@@ -76,7 +76,7 @@ def run(owner: QObject, bridge: ShoalBridge, work: Awaitable[T], *,
         except ShoalError as exc:
             if failed is None:
                 raise
-            return False, str(exc)
+            return False, sentence(str(exc))
 
     def finish(outcome: tuple[bool, Any]) -> None:
         if not shiboken6.isValid(owner):
@@ -349,6 +349,16 @@ def ok_line() -> QLabel:
     tone(label, OK_TEXT)
     label.setWordWrap(True)
     label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    label.hide()
+    return label
+
+
+def warning_line() -> QLabel:
+    """A limit worth knowing, not a failure (hidden until there is one)."""
+    label = QLabel()
+    label.setObjectName("warningLine")
+    tone(label, WARN_TEXT)
+    label.setWordWrap(True)
     label.hide()
     return label
 

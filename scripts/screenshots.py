@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Write PNG screenshots of every page of the Shoal window, the first-run welcome's steps,
-the Join dialog and the editor panel to docs/screenshots/ (or --out DIR).
+"""Write PNG screenshots of the tray menu and the tray icon's looks, every page of the Shoal
+window, the first-run welcome's steps, the Join dialog and the editor panel to
+docs/screenshots/ (or --out DIR).
 
 It starts Shoal in this process on the mock runtime: a head with its own node and three
 more mock nodes in the same process, linked with one fleet token, with some traffic so the
@@ -165,6 +166,7 @@ async def write_screenshots(out: Path, try_model: Path | None = None) -> list[Pa
             bridge = ShoalBridge(fleet.head)
             window = MainWindow(bridge, Prefs(welcomed=True), save_prefs=saved.append)
             try:
+                written += await _tray_shots(bridge, out)
                 written += await _window_shots(fleet, bridge, window, out,
                                                real=try_model is None)
                 if try_model is not None:
@@ -270,6 +272,44 @@ async def _window_shots(fleet: DemoFleet, bridge: ShoalBridge, window: Any,
     return shots
 
 
+async def _tray_shots(bridge: ShoalBridge, out: Path) -> list[Path]:
+    """The tray menu as it opens on the demo fleet, and the icon in each of its looks."""
+    from PySide6.QtCore import QPoint, QRect, Qt
+    from PySide6.QtGui import QColor, QPainter, QPixmap
+
+    from app.icons import tray_icon
+    from app.tray import Tray, TrayView
+
+    await until(lambda: bridge.refresh().ready_nodes >= len(NODES) + 1, "every node ready")
+    tray = Tray(TrayView(snapshot=bridge.last, prefs=Prefs(welcomed=True,
+                                                           start_at_login=True)),
+                system_tray=False)
+    try:
+        tray.menu.popup(QPoint(0, 0))  # rebuilt from the view as it opens
+        await until(tray.menu.isVisible, "the tray menu")
+        shots = [await grab(tray.menu, out / "tray-menu.png")]
+    finally:
+        tray.close()
+    looks = (("serving", "Serving"), ("busy", "Busy"), ("paused", "Paused"),
+             ("error", "Needs you"), ("lonely", "Not in a fleet"))
+    cell, icon = 132, 48
+    strip = QPixmap(cell * len(looks), 96)
+    strip.fill(QColor("#ffffff"))
+    painter = QPainter(strip)
+    painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+    for i, (look, label) in enumerate(looks):
+        painter.drawPixmap((cell - icon) // 2 + i * cell, 10,
+                           tray_icon(look).pixmap(icon))  # type: ignore[arg-type]
+        painter.setPen(QColor("#333333"))
+        painter.drawText(QRect(i * cell, 64, cell, 24), int(Qt.AlignmentFlag.AlignCenter),
+                         label)
+    painter.end()
+    path = out / "tray-icons.png"
+    if not strip.save(str(path), "PNG"):
+        raise RuntimeError(f"could not write {path}")
+    return [*shots, path]
+
+
 async def _welcome_shots(welcome: Any, out: Path) -> list[Path]:
     welcome.show()
     shots = [await grab(welcome, out / "welcome-1-choose.png")]
@@ -299,6 +339,10 @@ def main(argv: list[str] | None = None) -> int:
 
     app = QApplication.instance() or QApplication([])
     app.setQuitOnLastWindowClosed(False)  # as the tray app runs: closing a window is not quitting
+    from app.collector import MainThreadCollector
+
+    collector = MainThreadCollector(app)  # Qt objects are freed on Qt's thread only
+    collector.start()
     loop = qasync.QEventLoop(app)
     asyncio.set_event_loop(loop)
     started = time.monotonic()

@@ -71,7 +71,7 @@ class Stat(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 24, 0)
         layout.setSpacing(0)
-        self.value = QLabel("—")
+        self.value = heading("—", 1.6)
         self.value.setObjectName("stat")
         self.label = muted(QLabel(label))
         layout.addWidget(self.value)

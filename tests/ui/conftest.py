@@ -16,6 +16,7 @@ tests/ui/running.py has the window tests' helpers (Shoal in process, a bridge, a
 
 from __future__ import annotations
 
+import gc
 import os
 
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
@@ -107,6 +108,24 @@ def _qt_warm() -> None:
     box.deleteLater()
     menu.deleteLater()
     QApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _collect_on_the_qt_thread() -> Iterator[None]:
+    """As the app does (app/collector.py): Python's garbage collector runs on the Qt
+    thread only, never in llama.cpp's thread, where freeing a Qt object crashes Qt."""
+    from app.collector import MainThreadCollector
+
+    collector = MainThreadCollector()
+    collector.start()
+    yield
+    collector.stop()
+
+
+@pytest.fixture(autouse=True)
+def _collect_after_each_test() -> Iterator[None]:
+    yield
+    gc.collect()
 
 
 def visible_windows() -> list[QWidget]:

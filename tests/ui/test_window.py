@@ -222,7 +222,7 @@ async def test_a_pull_shows_its_progress_and_can_be_cancelled(tmp_path: Path, qt
         assert serve.progress_text.text().startswith("Cancelling")
         release.set()
         await until(lambda: serve.error.isVisible(), "the cancellation reported")
-        assert serve.error.text() == "the pull was cancelled; start it again to resume"
+        assert serve.error.text() == "The pull was cancelled; start it again to resume"
         assert not serve.progress_row.isVisible()
 
 
@@ -443,7 +443,7 @@ async def test_every_page_opens_and_a_failed_command_shows_one_line(tmp_path: Pa
         # a command that fails: the engine's line in the banner, until dismissed
         ui.bridge.run(shoal.pairing())
         await until(lambda: window.banner.isVisible(), "the banner")
-        assert window.banner.text().startswith("this machine has no fleet token yet")
+        assert window.banner.text().startswith("This machine has no fleet token yet")
         qtbot.mouseClick(window.banner.findChild(QToolButton, "bannerClose"),
                          Qt.MouseButton.LeftButton)
         assert not window.banner.isVisible()
