@@ -11,14 +11,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine.errors import ShoalError
 from engine.events import ShoalEvent
-from engine.service import Shoal
 from engine.snapshot import FleetSnapshot
+
+if TYPE_CHECKING:  # the service (and all the engine behind it) is imported once the tray shows
+    from engine.service import Shoal
 
 log = logging.getLogger("shoal.app")
 T = TypeVar("T")

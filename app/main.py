@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QEvent, QObject
 from PySide6.QtGui import QGuiApplication
@@ -30,7 +30,7 @@ from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox, QSystemTra
 from app import autostart
 from app.bridge import ShoalBridge, describe
 from app.collector import MainThreadCollector
-from app.icons import app_icon
+from app.icons import app_icon, tray_icon
 from app.instance import SingleInstance
 from app.notify import Notifier, say
 from app.prefs import ConfigWriter, Prefs, load, with_
@@ -38,8 +38,10 @@ from app.tray import Phase, Tray, TrayView
 from engine import events as ev
 from engine.config import ConfigError
 from engine.errors import JoinError, ShoalError
-from engine.service import Shoal
 from engine.settings import JoinSettings, Settings, default_home
+
+if TYPE_CHECKING:
+    from engine.service import Shoal
 
 log = logging.getLogger("shoal.app")
 
@@ -68,19 +70,21 @@ class _CloseQuits(QObject):
 
 class Shell(QObject):
     def __init__(self, settings: Settings, prefs: Prefs, *,
-                 system_tray: bool | None = None) -> None:
+                 system_tray: bool | None = None, icon: QSystemTrayIcon | None = None) -> None:
+        from engine.service import Shoal  # the whole engine: after the early icon shows
+
         super().__init__()
         self.prefs = prefs
         # the fleet to come back to is joined once the rest runs: its heads may be away
         self.rejoin: JoinSettings | None = settings.join if settings.node else None
-        self.shoal = Shoal(replace(settings, join=None))
+        self.shoal: Shoal = Shoal(replace(settings, join=None))
         self.bridge = ShoalBridge(self.shoal)  # subscribes now: the start's progress shows
         self.phase: Phase = "starting"
         self.problem: str | None = None
         self.progress: str | None = None
         self.system_tray = (QSystemTrayIcon.isSystemTrayAvailable() if system_tray is None
                             else system_tray)
-        self.tray = Tray(self._view(), system_tray=self.system_tray)
+        self.tray = Tray(self._view(), system_tray=self.system_tray, icon=icon)
         self.tray.chosen.connect(self._chosen)
         self.notifier = Notifier(self.tray.notify)
         self.writer = ConfigWriter(on_error=self.tell)
@@ -337,16 +341,29 @@ async def _wait_closed(box: QMessageBox) -> None:
     await done
 
 
+def early_icon() -> QSystemTrayIcon | None:
+    """The tray icon, in its starting look, shown before the engine is even imported (a
+    second or so): the app is there at once. `Tray` takes it over."""
+    if not QSystemTrayIcon.isSystemTrayAvailable():
+        return None
+    icon = QSystemTrayIcon(tray_icon("busy"))
+    icon.setToolTip("Shoal\nStarting…")
+    icon.show()
+    return icon
+
+
 async def main(home: Path, guard: SingleInstance | None = None, *,
-               system_tray: bool | None = None) -> int:
+               system_tray: bool | None = None, icon: QSystemTrayIcon | None = None) -> int:
     """The app's life on the running qasync loop; returns the exit code."""
     try:
-        settings, prefs = await load(home)
+        settings, prefs = await load(home)  # a few turns of the loop: the early icon docks
     except ConfigError as exc:
+        if icon is not None:
+            icon.hide()
         await _wait_closed(say(str(exc), title="Shoal cannot read its settings",
                                icon=QMessageBox.Icon.Critical))
         return 1
-    shell = Shell(settings, prefs, system_tray=system_tray)
+    shell = Shell(settings, prefs, system_tray=system_tray, icon=icon)
     if guard is not None:
         guard.activated.connect(shell.open_window)
     _on_signals(shell.quitting.set)
@@ -408,9 +425,10 @@ def run(argv: list[str]) -> int:
         return 1
     collector = MainThreadCollector(qapp)
     collector.start()
+    icon = early_icon()
     try:
         with asyncio.Runner(loop_factory=lambda: make_loop(qapp)) as runner:
-            return runner.run(main(home, guard))
+            return runner.run(main(home, guard, icon=icon))
     finally:
         collector.stop()
         guard.release()

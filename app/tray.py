@@ -153,7 +153,8 @@ class Tray(QObject):
 
     chosen = Signal(str, bool)  # an Entry key, and the new check state of a checkable one
 
-    def __init__(self, view: TrayView, *, system_tray: bool) -> None:
+    def __init__(self, view: TrayView, *, system_tray: bool,
+                 icon: QSystemTrayIcon | None = None) -> None:
         super().__init__()
         self.view = view
         self.menu = QMenu("&Shoal")
@@ -163,8 +164,10 @@ class Tray(QObject):
         self._look: TrayLook = look(view)
         self._tip = tooltip(view)
         self.icon: QSystemTrayIcon | None = None
-        if system_tray:
-            self.icon = QSystemTrayIcon(tray_icon(self._look), self)
+        if system_tray:  # the icon shown early (app.main.early_icon), or a new one
+            self.icon = icon if icon is not None else QSystemTrayIcon(self)
+            self.icon.setParent(self)
+            self.icon.setIcon(tray_icon(self._look))
             self.icon.setToolTip(self._tip)
             self.icon.setContextMenu(self.menu)
             self.icon.activated.connect(self._activated)
