@@ -274,6 +274,7 @@ class JoinDialog(QDialog):
         layout.addWidget(title)
         self.panel = JoinPanel(bridge)
         layout.addWidget(self.panel)
+        layout.addStretch(1)  # room the dialog gains goes above the buttons, not between lines
         self.close_button = QPushButton("Close")
         self.close_button.setObjectName("closeJoin")
         self.close_button.clicked.connect(self.close)

@@ -174,6 +174,7 @@ class MainWindow(QMainWindow):
         self.sidebar.setCurrentRow(0)
 
         self.status = QLabel()
+        self.status.setContentsMargins(14, 2, 0, 2)  # in line with the sidebar's text
         self.status.setObjectName("statusSummary")
         self.working = muted(QLabel())
         self.statusBar().addWidget(self.status, 1)

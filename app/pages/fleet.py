@@ -100,7 +100,7 @@ class FleetPage(QWidget):
         self.pause = QPushButton()
         self.pause.setObjectName("pause")
         self.pause.clicked.connect(self._toggle_pause)
-        roles.row(self._label("Serving"), self.serving, None, self.pause)
+        roles.row(self._label("Node"), self.serving, None, self.pause)
         self.fleet = QLabel()
         self.fleet.setObjectName("fleetName")
         self.start = QPushButton("Start a fleet…")
