@@ -329,7 +329,8 @@ async def test_try_it_streams_stops_and_says_when_the_api_is_off(tmp_path: Path,
         assert page.streaming and page.stop_button.isEnabled()
         await until(lambda: not page.streaming, "the answer")
         text = page.transcript.toPlainText()
-        assert text.startswith("You\nhello there\n\nmock-m\n") and len(text) > 30
+        answer = "".join(page._answer)  # the mock's bytes: any length, seed not fixed
+        assert answer and text == "You\nhello there\n\nmock-m\n" + answer
         assert page.status.text().startswith("8 tokens in")
 
         page.max_tokens = 400
