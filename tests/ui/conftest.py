@@ -110,22 +110,19 @@ def _qt_warm() -> None:
     QApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(autouse=True)
 def _collect_on_the_qt_thread() -> Iterator[None]:
     """As the app does (app/collector.py): Python's garbage collector runs on the Qt
-    thread only, never in llama.cpp's thread, where freeing a Qt object crashes Qt."""
+    thread only, never in llama.cpp's thread, where freeing a Qt object crashes Qt; what a
+    test left is collected here, after it, and the tests after these collect as usual."""
     from app.collector import MainThreadCollector
 
     collector = MainThreadCollector()
     collector.start()
     yield
     collector.stop()
-
-
-@pytest.fixture(autouse=True)
-def _collect_after_each_test() -> Iterator[None]:
-    yield
     gc.collect()
+    collector.deleteLater()
 
 
 def visible_windows() -> list[QWidget]:
