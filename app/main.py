@@ -84,7 +84,8 @@ class Shell(QObject):
         self.progress: str | None = None
         self.system_tray = (QSystemTrayIcon.isSystemTrayAvailable() if system_tray is None
                             else system_tray)
-        self.tray = Tray(self._view(), system_tray=self.system_tray, icon=icon)
+        self.tray = Tray(self._view(), system_tray=self.system_tray, icon=icon,
+                         fresh=self._fresh_view)
         self.tray.chosen.connect(self._chosen)
         self.notifier = Notifier(self.tray.notify)
         self.writer = ConfigWriter(on_error=self.tell)
@@ -181,6 +182,11 @@ class Shell(QObject):
         return TrayView(snapshot=self.bridge.last, prefs=self.prefs, phase=self.phase,
                         problem=self.problem, progress=self.progress,
                         autostart=autostart.supported(), rejoining=self.rejoin is not None)
+
+    def _fresh_view(self) -> TrayView:
+        """The menu opens on the fleet as it is now, not as of the last second's snapshot."""
+        self.bridge.refresh()
+        return self._view()
 
     def _render(self) -> None:
         view = self._view()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -154,9 +155,11 @@ class Tray(QObject):
     chosen = Signal(str, bool)  # an Entry key, and the new check state of a checkable one
 
     def __init__(self, view: TrayView, *, system_tray: bool,
-                 icon: QSystemTrayIcon | None = None) -> None:
+                 icon: QSystemTrayIcon | None = None,
+                 fresh: Callable[[], TrayView] | None = None) -> None:
         super().__init__()
         self.view = view
+        self._fresh = fresh  # the view as of now, asked for each time the menu opens
         self.menu = QMenu("&Shoal")
         self.menu.setObjectName("shoal-tray-menu")
         self.menu.aboutToShow.connect(self._rebuild)
@@ -196,6 +199,8 @@ class Tray(QObject):
                 self.icon.setToolTip(new_tip)
 
     def _rebuild(self) -> None:
+        if self._fresh is not None:
+            self.view = self._fresh()
         self.menu.clear()
         for entry in menu_entries(self.view):
             if entry.separator_before:

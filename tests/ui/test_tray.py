@@ -113,6 +113,18 @@ async def test_pause_serving_shows_in_the_icon_and_the_menu(shell: Shell):
     assert (await read_menu(shell.tray.menu))["pause"][2] is False
 
 
+async def test_the_menu_opens_on_the_fleet_as_it_is_this_moment(shell: Shell):
+    # changed elsewhere (the window, the CLI) just now: no snapshot or event has come yet
+    await shell.shoal.pause_serving(True)
+    assert shell.bridge.last.roles.node.state != "paused"  # type: ignore[union-attr]
+    menu = await read_menu(shell.tray.menu)
+    assert menu["pause"][2] is True and menu["status"][0].endswith(" · paused")
+    await shell.shoal.set_head(False)
+    menu = await read_menu(shell.tray.menu)
+    assert menu["api"][2] is False
+    assert menu["copy_api_url"] == ("Copy API URL (the API is off here)", False, False)
+
+
 async def test_busy_lanes_show_in_the_icon_and_the_status_line(ui_home: Path):
     shell = await started(settings_for(ui_home, mock_speed=50.0))
     try:
