@@ -50,6 +50,26 @@ def camera_state() -> tuple[bool, str]:
     return True, ""
 
 
+# the engine's join refusals end on a fix for the terminal; the app names its own way there
+IN_THE_APP = (
+    ("pair again: `shoal fleet pair` on the head, then `shoal node join --code URL` here",
+     "pair again: open Shoal's Pairing page on that machine and use its code here"),
+    ("make the token on the head (`shoal fleet token`) and pair again",
+     "start a fleet on that machine (Shoal's Pairing page) and use its code here"),
+    ("pair with `shoal node join --code URL` (from `shoal fleet pair` on the head)",
+     "use the code from Shoal's Pairing page on that machine"),
+    ("start the head with --fleet-listen, or check the address",
+     "check that Shoal runs there in a fleet, and the address"),
+)
+
+
+def in_the_app(line: str) -> str:
+    """An engine line with its terminal commands put as the app's own steps."""
+    for terminal, app in IN_THE_APP:
+        line = line.replace(terminal, app)
+    return line
+
+
 def joined_line(result: JoinResult) -> str:
     heads = len(result.heads)
     fleet = f"“{result.fleet}”" if result.fleet else "the fleet"
@@ -249,7 +269,7 @@ class JoinPanel(QWidget):
 
     def _failed(self, line: str) -> None:
         self._settle()
-        say(self.error, line)
+        say(self.error, in_the_app(line))
 
     def close_camera(self) -> None:
         if self.scanner is not None:

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 from app import prefs as app_prefs
 from app.bridge import ShoalBridge
 from app.editors import EditorsPanel
-from app.join import JoinPanel, joined_line
+from app.join import JoinPanel, in_the_app, joined_line
 from app.pages.pairing import PairingView
 from app.pages.serve_model import ServeModel
 from app.prefs import Prefs
@@ -287,7 +287,7 @@ class Welcome(QDialog):
         panel = self.join_panel
         say(panel.error, "")
         run(self, self._bridge, self._bridge.shoal.join(None, head=address), done=self._joined,
-            failed=lambda line: say(panel.error, line))
+            failed=lambda line: say(panel.error, in_the_app(line)))
 
     def _joined(self, result: JoinResult) -> None:
         say(self.join_panel.ok, joined_line(result))

@@ -105,6 +105,10 @@ async def test_a_wrong_or_stale_code_shows_the_engines_one_line(tmp_path: Path, 
         qtbot.mouseClick(panel.join_button, Qt.MouseButton.LeftButton)
         await until(lambda: not panel.busy, "the refusal of the stale code", timeout=30)
         assert panel.error.isVisible() and "token" in panel.error.text()
+        # the fix is the app's own, not a terminal command
+        assert panel.error.text().endswith("pair again: open Shoal's Pairing page on that "
+                                           "machine and use its code here"), panel.error.text()
+        assert "`shoal" not in panel.error.text()
         assert not m.joiner.snapshot().roles.member
         dialog.close()
 
