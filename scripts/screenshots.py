@@ -167,10 +167,10 @@ async def write_screenshots(out: Path, try_model: Path | None = None) -> list[Pa
             window = MainWindow(bridge, Prefs(welcomed=True), save_prefs=saved.append)
             try:
                 written += await _tray_shots(bridge, out)
+                if try_model is not None:  # first: the demo's traffic would slow it down
+                    written.append(await _real_try(fleet, try_model, out))
                 written += await _window_shots(fleet, bridge, window, out,
                                                real=try_model is None)
-                if try_model is not None:
-                    written.append(await _real_try(fleet, try_model, out))
                 welcome = Welcome(bridge, Prefs(), save_prefs=saved.append)
                 try:
                     written += await _welcome_shots(welcome, out)
