@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -37,9 +38,15 @@ class ShoalBridge(QObject):
     failed = Signal(str)
     busy = Signal(bool)
 
-    def __init__(self, shoal: Shoal, parent: QObject | None = None) -> None:
+    def __init__(self, shoal: Shoal, parent: QObject | None = None, *,
+                 started: bool = True) -> None:
         super().__init__(parent)
         self.shoal = shoal
+        # commands wait for Shoal's start (the welcome shows while the model loads)
+        self._started = asyncio.Event()
+        self._start_error: str | None = None
+        if started:
+            self._started.set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._events = shoal.events()
         self._reader = asyncio.get_running_loop().create_task(self._read(), name="app-events")
@@ -59,12 +66,23 @@ class ShoalBridge(QObject):
             self.event.emit(event)
             self.refresh()
 
+    def start_ended(self, error: str | None = None) -> None:
+        """Shoal's start is over (``error``: the line saying why it failed): the commands
+        asked for meanwhile run now, or fail with that line."""
+        self._start_error = error
+        self._started.set()
+
     def run(self, work: Awaitable[T], *, done: Callable[[T], None] | None = None) -> None:
-        """Run a command (a coroutine from `Shoal`) without blocking the UI; its result
-        goes to ``done``, a ShoalError's line to ``failed``."""
+        """Run a command (a coroutine from `Shoal`) without blocking the UI, once Shoal
+        has started; its result goes to ``done``, a ShoalError's line to ``failed``."""
         async def go() -> None:
             self.busy.emit(True)
             try:
+                await self._started.wait()
+                if self._start_error is not None:
+                    if inspect.iscoroutine(work):
+                        work.close()  # never to run
+                    raise ShoalError(self._start_error)
                 result = await work
             except ShoalError as exc:
                 self.failed.emit(sentence(str(exc)))

@@ -78,7 +78,8 @@ class Shell(QObject):
         # the fleet to come back to is joined once the rest runs: its heads may be away
         self.rejoin: JoinSettings | None = settings.join if settings.node else None
         self.shoal: Shoal = Shoal(replace(settings, join=None))
-        self.bridge = ShoalBridge(self.shoal)  # subscribes now: the start's progress shows
+        # subscribes now: the start's progress shows; commands wait for the start
+        self.bridge = ShoalBridge(self.shoal, started=False)
         self.phase: Phase = "starting"
         self.problem: str | None = None
         self.progress: str | None = None
@@ -120,6 +121,7 @@ class Shell(QObject):
             self._failed(f"Shoal could not start ({type(exc).__name__}); the log has the "
                          "details")
             return
+        self.bridge.start_ended()
         self.phase, self.progress = "running", None
         log.info("Shoal runs: the API is %s", f"at {self.shoal.api_url}" if self.shoal.api_url
                  else "off on this machine")
@@ -128,6 +130,7 @@ class Shell(QObject):
             self._spawn(self._rejoin(self.rejoin), "app-rejoin")
 
     def _failed(self, line: str) -> None:
+        self.bridge.start_ended(error=f"Shoal is not running: {line}")
         self.phase, self.problem = "failed", line
         self._render()
         say(line, parent=self.window if self.window is not None and self.window.isVisible()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytestqt.plugin
 from PySide6.QtCore import QEvent, QPoint, Qt
 from PySide6.QtGui import QAction
 from PySide6.QtTest import QTest
@@ -52,6 +53,15 @@ def loop_watch(loop_watch: Any) -> Any:
     """tests/conftest.py's probe and leak check, with room for Qt's own painting."""
     loop_watch.bound_s = UI_LOOP_BOUND_S
     return loop_watch
+
+
+def _no_events_between_phases() -> None:
+    """pytest-qt processes Qt's events between a test's phases, where no asyncio loop
+    runs: a qasync loop's pending callbacks (a task's next step, the settings being saved)
+    would run there with no running loop and fail. They run in the loop instead."""
+
+
+pytestqt.plugin._process_events = _no_events_between_phases
 
 
 def qapp_instance() -> QApplication:

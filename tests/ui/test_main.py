@@ -264,3 +264,37 @@ async def test_main_says_what_is_wrong_with_the_config_and_exits(ui_home: Path):
     assert not run.done()  # it waits for the user to read it
     box.accept()
     assert await asyncio.wait_for(run, 10) == 1
+
+
+async def test_the_welcome_works_while_shoal_is_still_starting(
+        ui_home: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
+    hold = asyncio.Event()
+    real_open = Shoal.open
+
+    async def slow_open(self: Shoal) -> None:  # the model still loading
+        await hold.wait()
+        await real_open(self)
+
+    monkeypatch.setattr(Shoal, "open", slow_open)
+    shell = Shell(settings_for(ui_home), Prefs(welcomed=False), system_tray=True)
+    shell.start()
+    try:
+        welcome = await until(lambda: shell.welcome, "the welcome")
+        welcome.start_choice.click()
+        welcome.fleet_name.setText("desk")
+        welcome.start_button.click()
+        await until(lambda: shell.bridge._tasks, "the command asked for")
+        # the command waits for the start instead of racing it: no code while it is held
+        with pytest.raises(AssertionError, match="timed out"):
+            await until(lambda: welcome.pairing_view.pairing is not None
+                        or welcome.start_error.isVisible(), "no code yet", timeout=1.0)
+        assert not shell.bridge.refresh().has_token and shell.phase == "starting"
+        hold.set()
+        await until(lambda: welcome.pairing_view.pairing is not None, "the fleet's code")
+        assert shell.phase == "running" and shell.bridge.refresh().fleet_name == "desk"
+        assert not welcome.start_error.isVisible()
+        welcome.close()
+    finally:
+        hold.set()
+        await shell.stop(drain=1)
