@@ -153,9 +153,9 @@ def test_the_tray_icon_docks_and_its_menu_works(display: X, tmp_path: Path):
         x = int(icon["x"]) + int(icon["w"]) // 2
         y = int(icon["y"]) + int(icon["h"]) // 2
 
-        def open_menu() -> None:
+        def open_menu() -> dict[str, str]:
             display.run("xdotool", "mousemove", str(x), str(y), "click", "1")
-            wait_for(display.menu, "the tray menu to open")
+            return wait_for(display.menu, "the tray menu to open")
 
         # before the start is done the menu offers only Open, Start at login and Quit
         wait_for(lambda: b"Shoal runs" in (tmp_path / "app.log").read_bytes(),
@@ -173,9 +173,16 @@ def test_the_tray_icon_docks_and_its_menu_works(display: X, tmp_path: Path):
         with urllib.request.urlopen(f"{url}/models", timeout=10) as r:
             assert r.status == 200 and b"mock-m" in r.read()
 
-        open_menu()
-        display.run("xdotool", "key", "Up", "Return")  # the last item: Quit Shoal
-        assert app.wait(30) == 0, (tmp_path / "app.log").read_text()
+        menu = open_menu()
+        # a click on the last item, Quit Shoal (a key press can come before the menu
+        # has the keyboard)
+        display.run("xdotool", "mousemove", str(int(menu["x"]) + int(menu["w"]) // 2),
+                    str(int(menu["y"]) + int(menu["h"]) - 14), "click", "1")
+        try:
+            code = app.wait(30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("Quit did not end the app: " + (tmp_path / "app.log").read_text())
+        assert code == 0, (tmp_path / "app.log").read_text()
         assert display.tray_icon() is None
     finally:
         end(app)
