@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine.errors import ShoalError
 from engine.events import ShoalEvent
-from engine.service import Shoal
 from engine.snapshot import FleetSnapshot
+
+if TYPE_CHECKING:  # the service (and all the engine behind it) is imported once the tray shows
+    from engine.service import Shoal
 
 log = logging.getLogger("shoal.app")
 T = TypeVar("T")
@@ -35,9 +38,15 @@ class ShoalBridge(QObject):
     failed = Signal(str)
     busy = Signal(bool)
 
-    def __init__(self, shoal: Shoal, parent: QObject | None = None) -> None:
+    def __init__(self, shoal: Shoal, parent: QObject | None = None, *,
+                 started: bool = True) -> None:
         super().__init__(parent)
         self.shoal = shoal
+        # commands wait for Shoal's start (the welcome shows while the model loads)
+        self._started = asyncio.Event()
+        self._start_error: str | None = None
+        if started:
+            self._started.set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._events = shoal.events()
         self._reader = asyncio.get_running_loop().create_task(self._read(), name="app-events")
@@ -57,15 +66,26 @@ class ShoalBridge(QObject):
             self.event.emit(event)
             self.refresh()
 
+    def start_ended(self, error: str | None = None) -> None:
+        """Shoal's start is over (``error``: the line saying why it failed): the commands
+        asked for meanwhile run now, or fail with that line."""
+        self._start_error = error
+        self._started.set()
+
     def run(self, work: Awaitable[T], *, done: Callable[[T], None] | None = None) -> None:
-        """Run a command (a coroutine from `Shoal`) without blocking the UI; its result
-        goes to ``done``, a ShoalError's line to ``failed``."""
+        """Run a command (a coroutine from `Shoal`) without blocking the UI, once Shoal
+        has started; its result goes to ``done``, a ShoalError's line to ``failed``."""
         async def go() -> None:
             self.busy.emit(True)
             try:
+                await self._started.wait()
+                if self._start_error is not None:
+                    if inspect.iscoroutine(work):
+                        work.close()  # never to run
+                    raise ShoalError(self._start_error)
                 result = await work
             except ShoalError as exc:
-                self.failed.emit(str(exc))
+                self.failed.emit(sentence(str(exc)))
             except Exception as exc:  # a bug: say so in one line, keep the app alive
                 log.exception("a command failed")
                 self.failed.emit(f"something went wrong ({type(exc).__name__}); the log "
@@ -81,16 +101,28 @@ class ShoalBridge(QObject):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def close(self) -> None:
-        """Stop listening and wait for the commands under way (the caller stops Shoal)."""
+    async def close(self, *, wait_s: float = 10.0) -> None:
+        """Stop listening and wait up to ``wait_s`` for the commands under way, cancelling
+        those still running then (the caller stops Shoal)."""
         self._timer.stop()
         self._events.close()
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
-        for task in list(self._tasks):
-            with contextlib.suppress(Exception):
+        if not self._tasks:
+            return
+        _, late = await asyncio.wait(list(self._tasks), timeout=wait_s)
+        for task in late:
+            task.cancel()
+        for task in late:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+def sentence(line: str) -> str:
+    """An engine's one line as the window shows it: it starts in lower case, since a
+    terminal prints it after "shoal: "."""
+    return line[:1].upper() + line[1:]
 
 
 def describe(event: ShoalEvent) -> str:
@@ -98,7 +130,8 @@ def describe(event: ShoalEvent) -> str:
     from engine import events as ev
 
     if isinstance(event, ev.NodeLinked):
-        return f"{event.identity} joined: {event.model}, {event.lanes} lanes"
+        lanes = "1 lane" if event.lanes == 1 else f"{event.lanes} lanes"
+        return f"{event.identity} joined: {event.model}, {lanes}"
     if isinstance(event, ev.NodeLeft):
         return f"{event.identity} left the fleet"
     if isinstance(event, ev.NodeUnreachable):

@@ -19,6 +19,7 @@ from engine.settings import (
     DiscoveryMode,
     DiscoverySettings,
     HeadSettings,
+    JoinSettings,
     NodeSettings,
     Settings,
 )
@@ -75,12 +76,14 @@ def load_config(home: Path) -> Config:
 # -- the settings of this machine, as the desktop app keeps them --------------------------
 #
 # ```toml
-# [fleet]
+# [fleet]                      # this machine's place in a fleet, kept across restarts
 # name = "desk"
+# member = true                # its node joins the fleet's heads at start
+# head = "10.0.0.5:8454"       # the head it joined (absent: found on the network)
+# listen = "0.0.0.0:8454"      # its head takes other machines' nodes here, announced
 # [head]                       # the API on this machine
 # enabled = true
 # http = "127.0.0.1:8453"
-# fleet_listen = "0.0.0.0:8454"   # other machines' nodes join here (in a fleet)
 # queue_timeout_s = 20.0
 # keys = "auto"
 # cors_allow = []
@@ -103,6 +106,7 @@ HEAD_KEYS: _Kinds = {"http": str, "fleet_listen": str, "queue_timeout_s": (int, 
                      "keys": str, "cors_allow": list, "allow_hosts": list, "policy": str}
 NODE_KEYS: _Kinds = {"model": str, "runtime": str, "lanes": int, "max_context": int,
                      "paused": bool, "identity": str}
+FLEET_KEYS: _Kinds = {"name": str, "member": bool, "head": str, "listen": str}
 
 
 def _table(data: dict[str, Any], name: str, source: str) -> dict[str, Any]:
@@ -152,11 +156,18 @@ def machine_settings(home: Path, base: Settings | None = None
         node = None
     elif node is not None or node_t.get("enabled") is True:
         node = replace(node or NodeSettings(), **_typed(node_t, NODE_KEYS, "node", source))
-    name = _table(data, "fleet", source).get("name")
-    settings = replace(base, head=head, node=node,
+    fleet = _typed(_table(data, "fleet", source), FLEET_KEYS, "fleet", source)
+    if head is not None and "listen" in fleet:
+        head = replace(head, fleet_listen=fleet["listen"])
+    join = base.join
+    if fleet.get("member") is True:  # rejoin the fleet's heads with the token kept here
+        join = JoinSettings(head=fleet.get("head"))
+    elif fleet.get("member") is False:
+        join = None
+    settings = replace(base, head=head, node=node, join=join,
                        discovery=DiscoverySettings(mode=cfg.discovery, seeds=tuple(cfg.seeds),
                                                    tailscale_socket=cfg.tailscale_socket),
-                       fleet_name=name if isinstance(name, str) else base.fleet_name)
+                       fleet_name=fleet.get("name", base.fleet_name))
     return settings, dict(_table(data, "app", source))
 
 
@@ -168,16 +179,21 @@ def save_machine_settings(settings: Settings, app: dict[str, Any]) -> None:
     from engine.files import write_private
 
     doc: dict[str, Any] = {}
-    if settings.fleet_name:
-        doc["fleet"] = {"name": settings.fleet_name}
     head = settings.head
+    # the join code holds the token: only where the head is, never the code itself
+    fleet_t: dict[str, Any] = {"member": settings.join is not None}
+    if settings.fleet_name:
+        fleet_t["name"] = settings.fleet_name
+    if settings.join is not None and settings.join.head:
+        fleet_t["head"] = settings.join.head
+    if head is not None and head.fleet_listen:
+        fleet_t["listen"] = head.fleet_listen
+    doc["fleet"] = fleet_t
     head_t: dict[str, Any] = {"enabled": head is not None}
     if head is not None:
         head_t.update(http=head.http, queue_timeout_s=head.queue_timeout_s, keys=head.keys,
                       policy=head.policy, cors_allow=list(head.cors_allow),
                       allow_hosts=list(head.allow_hosts))
-        if head.fleet_listen:
-            head_t["fleet_listen"] = head.fleet_listen
     doc["head"] = head_t
     node = settings.node
     node_t: dict[str, Any] = {"enabled": node is not None}

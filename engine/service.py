@@ -117,6 +117,7 @@ class Shoal:
         self._node: LocalNode | None = None
         self._member: Membership | None = None
         self._lock = asyncio.Lock()  # one role change at a time
+        self._parked_head: HeadSettings | None = None  # the API's settings while it is off
         self._stopped = False
         self.keys = KeyCommands(settings.home)
 
@@ -325,7 +326,7 @@ class Shoal:
         """Run the API (and placement) on this machine, or stop it here."""
         async with self._lock:
             if on and self._head is None:
-                hs = self.settings.head or HeadSettings()
+                hs = self.settings.head or self._parked_head or HeadSettings()
                 await self._start_head(hs, None)
                 self.settings = self.settings.with_head(hs)
                 if self._member is not None or hs.fleet_listen:
@@ -334,6 +335,7 @@ class Shoal:
                 head, self._head = self._head, None
                 await head.drain(self._drain_s)
                 await head.close()
+                self._parked_head = self.settings.head
                 self.settings = self.settings.with_head(None)
             self._roles_changed()
 
@@ -496,6 +498,7 @@ class Shoal:
                 done.append(f"closed the links to {heads}")
             if self._head is not None and self._head.fleet_side is not None:
                 await self._head.close_fleet()
+                self._record_fleet_listen(None)
                 fleet = self._head.head.fleet
                 for key, pool in list(fleet.pools.items()):
                     if key != "local" and (not pool.dialed or pool.discovered):
@@ -553,6 +556,7 @@ class Shoal:
 
     async def _set_fleet_name(self, name: str) -> None:
         self._fleet_name = name
+        self.settings = replace(self.settings, fleet_name=name)
         await asyncio.to_thread(_save_fleet_name, self.settings.home, name)
 
     def _apply_psk(self, psk: bytes | None) -> None:
@@ -567,8 +571,17 @@ class Shoal:
     async def _open_fleet(self) -> None:
         assert self._head is not None
         hs = self._head.settings
-        sock = HeadRole.bind_fleet(hs.fleet_listen or DEFAULT_FLEET_LISTEN)
+        listen = hs.fleet_listen or DEFAULT_FLEET_LISTEN
+        sock = HeadRole.bind_fleet(listen)
         await self._head.open_fleet(sock, discovery=self.settings.discovery)
+        self._record_fleet_listen(listen)
+
+    def _record_fleet_listen(self, listen: str | None) -> None:
+        """Keep where the head takes joins in the settings, so that a caller saving them
+        (the app) comes back to the fleet after a restart, and not after `leave`."""
+        if self.settings.head is not None:
+            self.settings = self.settings.with_head(replace(self.settings.head,
+                                                            fleet_listen=listen))
 
     def _emit(self, event: ShoalEvent) -> None:
         self._bus.publish(event)

@@ -1,12 +1,24 @@
-# Sourced by scripts/test: the Debian packages the suite needs on a fresh machine.
+# Sourced by scripts/test and scripts/run: the Debian packages Shoal needs on a fresh machine.
 #   cmake, build-essential  build llama.cpp (llama-cpp-python from source)
 #   iproute2                network namespaces for the multi-host tests
 #   dbus, gnome-keyring, libsecret-tools   a real Secret Service for the keychain tests
-SHOAL_APT_PACKAGES="cmake build-essential iproute2 dbus gnome-keyring libsecret-tools"
+# The desktop app (Qt's xcb platform plugin; PySide6's wheels bring Qt, not these):
+#   libxcb-* libx11-xcb1 libxkbcommon-x11-0 libegl1 libgl1 libfontconfig1 libdbus-1-3
+#   libglib2.0-0
+# Its tests:
+#   xvfb, trayer            an X server and a real tray host for the tray test
+#   xdotool, xclip, x11-utils   a real click on the icon, the X clipboard, xwininfo
+#   desktop-file-utils      desktop-file-validate checks the autostart entry
+SHOAL_APT_QT="libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0
+  libxcb-render-util0 libxcb-shape0 libxcb-xkb1 libxcb-xfixes0 libxcb-sync1 libxcb-shm0
+  libx11-xcb1 libxkbcommon-x11-0 libegl1 libgl1 libfontconfig1 libdbus-1-3 libglib2.0-0"
+SHOAL_APT_PACKAGES="cmake build-essential iproute2 dbus gnome-keyring libsecret-tools
+  $SHOAL_APT_QT xvfb trayer xdotool xclip x11-utils desktop-file-utils"
 
+# ensure_apt [PACKAGES]  (default: everything the suite needs)
 ensure_apt() {
     local missing=() pkg
-    for pkg in $SHOAL_APT_PACKAGES; do
+    for pkg in ${1:-$SHOAL_APT_PACKAGES}; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
             missing+=("$pkg")
     done

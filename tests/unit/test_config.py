@@ -69,3 +69,38 @@ def test_machine_settings_refuse_wrong_types_in_one_line(tmp_path):
     (tmp_path / "config.toml").write_text('[node]\nlanes = true\n')
     with pytest.raises(ConfigError):
         machine_settings(tmp_path)
+
+
+def test_the_fleet_table_brings_a_restart_back_into_its_fleet(tmp_path):
+    from dataclasses import replace
+
+    from engine.config import machine_settings, save_machine_settings
+    from engine.settings import HeadSettings, JoinSettings, NodeSettings, Settings
+
+    member = Settings(home=tmp_path, fleet_name="desk", head=HeadSettings(
+        fleet_listen="0.0.0.0:8454"), node=NodeSettings(),
+        join=JoinSettings(head="10.0.0.5:8454", code="shoal://join?token=secret"))
+    save_machine_settings(member, {})
+    text = (tmp_path / "config.toml").read_text()
+    assert "secret" not in text and "fleet_listen" not in text
+    again, _ = machine_settings(tmp_path)
+    assert again.join == JoinSettings(head="10.0.0.5:8454")  # no code: the token stays put
+    assert again.head is not None and again.head.fleet_listen == "0.0.0.0:8454"
+    assert again.fleet_name == "desk"
+    # joined by the network (no head given), and without taking joins here
+    save_machine_settings(replace(member, join=JoinSettings(), head=HeadSettings()), {})
+    again, _ = machine_settings(tmp_path)
+    assert again.join == JoinSettings() and again.head.fleet_listen is None  # type: ignore[union-attr]
+    # after leaving: neither
+    save_machine_settings(replace(member, join=None, head=HeadSettings()), {})
+    again, _ = machine_settings(tmp_path)
+    assert again.join is None and again.head.fleet_listen is None  # type: ignore[union-attr]
+
+
+def test_a_wrong_fleet_table_is_one_line(tmp_path):
+    from engine.config import machine_settings
+
+    (tmp_path / "config.toml").write_text('[fleet]\nmember = "yes"\n')
+    with pytest.raises(ConfigError) as err:
+        machine_settings(tmp_path)
+    assert "fleet.member has the wrong type" in str(err.value)

@@ -1,0 +1,314 @@
+"""Connect your editor: ready-to-paste settings for the clients people use with local
+models, generated from the fleet's live model and alias list, and the panel that shows them.
+
+The builders are pure (text in, text out) so a test can parse each snippet in its own
+format: Continue's ``config.yaml`` (YAML), Zed's ``settings.json`` (JSON), the fields of
+JetBrains AI Assistant and Cline (``Field: value`` lines), and shell lines for Aider and for
+any OpenAI or Ollama client. Formats as documented by each client: Continue's config.yaml
+reference (``provider: openai`` with ``apiBase``, ``roles``), Zed's
+``language_models.openai_compatible`` with ``available_models``, Aider's
+``OPENAI_API_BASE`` with ``--model openai/NAME``, Ollama's ``OLLAMA_HOST``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QFontDatabase
+from PySide6.QtWidgets import (
+    QComboBox,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.bridge import ShoalBridge
+from app.widgets import (
+    Card,
+    CopyButton,
+    CopyField,
+    PageHeader,
+    inline_error,
+    note,
+    page_layout,
+    warning_line,
+)
+from engine.snapshot import FleetSnapshot
+
+DUMMY_KEY = "shoal"  # clients that insist on a key; the API asks for none until keys are issued
+DEFAULT_WINDOW = 4096  # a context window to write when the fleet reports none
+PROVIDER = "Shoal"
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A name an editor can ask the API for: a served model, or an alias of one."""
+
+    name: str
+    context_window: int
+    tools: bool
+    fim: bool
+    alias_of: str | None = None
+
+    @property
+    def window(self) -> int:
+        return self.context_window or DEFAULT_WINDOW
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} → {self.alias_of}" if self.alias_of else self.name
+
+
+@dataclass(frozen=True, slots=True)
+class Snippet:
+    client: str
+    kind: str  # "yaml" | "json" | "fields" | "shell"
+    where: str  # where it goes, one line
+    text: str
+    warning: str = ""  # a limit to say plainly (no FIM model for autocomplete)
+
+
+def offers(snapshot: FleetSnapshot) -> list[Offer]:
+    """The head's main model first, the other served models, then the aliases that resolve
+    to a served model now."""
+    served = [m for m in snapshot.models if m.served]
+    served.sort(key=lambda m: (m.name != snapshot.model, m.name))
+    by_name = {m.name: m for m in snapshot.models}
+    out = [Offer(m.name, m.context_window, m.tools, m.fill_in_middle) for m in served]
+    for alias in sorted(snapshot.aliases, key=lambda a: a.name):
+        target = by_name.get(alias.resolves_to or "")
+        if target is None or not target.served or alias.state == "unavailable":
+            continue
+        out.append(Offer(alias.name, target.context_window, target.tools,
+                         target.fill_in_middle, alias_of=target.name))
+    return out
+
+
+def root_url(base_url: str) -> str:
+    """``http://127.0.0.1:8453`` for ``http://127.0.0.1:8453/v1`` (Ollama's routes live there)."""
+    return base_url.rstrip("/").removesuffix("/v1")
+
+
+def _q(text: str) -> str:
+    """A YAML scalar: a JSON string is a valid double-quoted YAML scalar."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _pick(models: Sequence[Offer], chat: str | None) -> Offer | None:
+    for m in models:
+        if m.name == chat:
+            return m
+    return models[0] if models else None
+
+
+NO_FIM = ("No model the fleet serves has fill-in-the-middle tokens, so there is no "
+          "autocomplete; serve a code model (Qwen2.5-Coder, StarCoder2, CodeLlama) for it.")
+
+
+def continue_yaml(base_url: str, models: Sequence[Offer], chat: str | None = None) -> Snippet:
+    first = _pick(models, chat)
+    ordered = ([first] if first else []) + [m for m in models if m is not first]
+    fim = next((m for m in ordered if m.fim), None)
+    lines = ["name: Shoal", "version: 0.0.1", "schema: v1"]
+    if not ordered:
+        lines += ["# the fleet serves no model right now: come back when one is served",
+                  "models: []"]
+    else:
+        lines.append("models:")
+    for m in ordered:
+        lines += [f"  - name: {_q('Shoal: ' + m.name)}",
+                  "    provider: openai",
+                  f"    model: {_q(m.name)}",
+                  f"    apiBase: {_q(base_url)}",
+                  "    roles:", "      - chat", "      - edit", "      - apply",
+                  "    defaultCompletionOptions:",
+                  f"      contextLength: {m.window}"]
+        if m.tools:
+            lines += ["    capabilities:", "      - tool_use"]
+    if fim is not None:
+        lines += [f"  - name: {_q('Shoal autocomplete: ' + fim.name)}",
+                  "    provider: openai",
+                  f"    model: {_q(fim.name)}",
+                  f"    apiBase: {_q(base_url)}",
+                  "    roles:", "      - autocomplete"]
+    elif ordered:
+        lines.append("# " + NO_FIM)
+    return Snippet("Continue", "yaml", "~/.continue/config.yaml (replace its models, or add "
+                   "these to them)", "\n".join(lines) + "\n",
+                   warning="" if fim is not None or not ordered else NO_FIM)
+
+
+def zed_json(base_url: str, models: Sequence[Offer]) -> Snippet:
+    available = [{"name": m.name,
+                  "display_name": f"{m.label} (Shoal)",
+                  "max_tokens": m.window,
+                  "capabilities": {"tools": m.tools, "images": False,
+                                   "parallel_tool_calls": False, "prompt_cache_key": False}}
+                 for m in models]
+    doc = {"language_models": {"openai_compatible": {PROVIDER: {
+        "api_url": base_url, "available_models": available}}}}
+    return Snippet("Zed", "json", "Zed's settings.json (merge into language_models); if Zed "
+                   f"asks for a key, any text works, or set {PROVIDER.upper()}_API_KEY",
+                   json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+
+
+def _fields(pairs: Sequence[tuple[str, str]]) -> str:
+    return "".join(f"{k}: {v}\n" for k, v in pairs)
+
+
+def jetbrains_fields(base_url: str, models: Sequence[Offer], chat: str | None = None
+                     ) -> Snippet:
+    first = _pick(models, chat)
+    pairs = [("Provider", "OpenAI-compatible"), ("URL", base_url), ("API Key", DUMMY_KEY),
+             ("Tool calling", "on" if first is not None and first.tools else "off")]
+    if first is not None:
+        pairs.append(("Model", first.name))
+    return Snippet("JetBrains AI Assistant", "fields",
+                   "Settings | Tools | AI Assistant | Providers & API keys → Third-party AI "
+                   "providers; then pick the model in AI Chat", _fields(pairs))
+
+
+def cline_fields(base_url: str, models: Sequence[Offer], chat: str | None = None) -> Snippet:
+    first = _pick(models, chat)
+    pairs = [("API Provider", "OpenAI Compatible"), ("Base URL", base_url),
+             ("API Key", DUMMY_KEY)]
+    if first is not None:
+        pairs += [("Model ID", first.name), ("Context Window Size", str(first.window))]
+    return Snippet("Cline", "fields", "Cline's settings (the gear in its panel) → API Provider",
+                   _fields(pairs))
+
+
+def aider_shell(base_url: str, models: Sequence[Offer], chat: str | None = None) -> Snippet:
+    first = _pick(models, chat)
+    lines = [f"export OPENAI_API_BASE={shlex.quote(base_url)}",
+             f"export OPENAI_API_KEY={DUMMY_KEY}"]
+    if first is not None:
+        lines.append(f"aider --model {shlex.quote('openai/' + first.name)}")
+    return Snippet("Aider", "shell", "a terminal, in your project's folder",
+                   "\n".join(lines) + "\n")
+
+
+def clients_shell(base_url: str) -> Snippet:
+    lines = ["# OpenAI SDKs and tools",
+             f"export OPENAI_BASE_URL={shlex.quote(base_url)}",
+             f"export OPENAI_API_KEY={DUMMY_KEY}",
+             "# Ollama clients (the ollama command, ollama-python, Open WebUI)",
+             f"export OLLAMA_HOST={shlex.quote(root_url(base_url))}"]
+    return Snippet("OpenAI or Ollama client", "shell", "your shell profile, or the "
+                   "environment of the program", "\n".join(lines) + "\n")
+
+
+def snippets(base_url: str, models: Sequence[Offer], chat: str | None = None) -> list[Snippet]:
+    return [continue_yaml(base_url, models, chat), zed_json(base_url, models),
+            jetbrains_fields(base_url, models, chat), cline_fields(base_url, models, chat),
+            aider_shell(base_url, models, chat), clients_shell(base_url)]
+
+
+# -- the panel -----------------------------------------------------------------------
+
+API_OFF = ("The API is off on this machine, so an editor here has nothing to talk to: turn "
+           "on Run the API on this machine (in the tray menu) first.")
+
+
+class SnippetView(QWidget):
+    """One client's settings: where they go, a limit if any, the text and a Copy button."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(12, 12, 12, 12)
+        layout.setSpacing(8)
+        top = QHBoxLayout()
+        self.where = note("")
+        self.copy = CopyButton(lambda: self.text.toPlainText(), "Copy")
+        top.addWidget(self.where, 1)
+        top.addWidget(self.copy, 0, Qt.AlignmentFlag.AlignTop)
+        self.warning = warning_line()
+        self.text = QPlainTextEdit()
+        self.text.setObjectName("snippet")
+        self.text.setReadOnly(True)
+        self.text.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        self.text.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        layout.addLayout(top)
+        layout.addWidget(self.warning)
+        layout.addWidget(self.text, 1)
+
+    def show_snippet(self, snippet: Snippet) -> None:
+        self.where.setText(f"Paste into {snippet.where}.")
+        self.warning.setText(snippet.warning)
+        self.warning.setVisible(bool(snippet.warning))
+        if self.text.toPlainText() != snippet.text:
+            self.text.setPlainText(snippet.text)
+
+
+class EditorsPanel(QWidget):
+    """The base URL and, per client, settings to paste, kept up to date with the fleet."""
+
+    def __init__(self, bridge: ShoalBridge, parent: QWidget | None = None, *,
+                 header: bool = True) -> None:
+        super().__init__(parent)
+        self._bridge = bridge
+        self._shown: tuple[str | None, tuple[Offer, ...], str | None] | None = None
+        layout = page_layout(self)
+        if header:
+            layout.addWidget(PageHeader(
+                "Connect your editor",
+                "Point any editor or script at this machine's API; the fleet answers."))
+        card = Card()
+        self.base = CopyField()
+        self.base.setObjectName("baseUrl")
+        self.off = inline_error()
+        self.off.setText(API_OFF)
+        self.chat = QComboBox()
+        self.chat.setObjectName("chatModel")
+        self.chat.setMinimumWidth(240)
+        self.chat.currentIndexChanged.connect(lambda _i: self.refresh(self._bridge.last))
+        card.row(QLabel("Base URL"), self.base)
+        card.add(self.off)
+        card.row(QLabel("Model for chat"), self.chat, None)
+        layout.addWidget(card)
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("clients")
+        self.views: dict[str, SnippetView] = {}
+        for s in snippets("http://127.0.0.1:8453/v1", []):
+            view = SnippetView()
+            self.views[s.client] = view
+            self.tabs.addTab(view, s.client)
+        layout.addWidget(self.tabs, 1)
+        bridge.snapshot.connect(self.refresh)
+        self.refresh(bridge.last)
+
+    def snippet_text(self, client: str) -> str:
+        return self.views[client].text.toPlainText()
+
+    def refresh(self, snapshot: FleetSnapshot) -> None:
+        url = snapshot.roles.api_url
+        models = tuple(offers(snapshot))
+        names = [m.name for m in models]
+        current = self.chat.currentData()
+        if [self.chat.itemData(i) for i in range(self.chat.count())] != names:
+            self.chat.blockSignals(True)
+            self.chat.clear()
+            for m in models:
+                self.chat.addItem(m.label, m.name)
+            if current in names:
+                self.chat.setCurrentIndex(names.index(current))
+            self.chat.blockSignals(False)
+        chat = self.chat.currentData()
+        state = (url, models, chat)
+        if state == self._shown:
+            return
+        self._shown = state
+        self.off.setVisible(url is None)
+        self.tabs.setEnabled(url is not None)
+        base = url or "http://127.0.0.1:8453/v1"
+        self.base.set_text(base if url else "", shown=base if url else "(the API is off)")
+        for s in snippets(base, models, chat):
+            self.views[s.client].show_snippet(s)

@@ -1,0 +1,189 @@
+"""Fleet: this machine's roles at the top, then every node of the fleet as it is now (a row
+per node, updated in place once a second), then the heads."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+
+from app.bridge import ShoalBridge
+from app.widgets import (
+    BarDelegate,
+    Card,
+    Cell,
+    CopyField,
+    PageHeader,
+    Row,
+    RowsModel,
+    ago,
+    fit_rows,
+    heading,
+    millis,
+    muted,
+    note,
+    page_layout,
+    run,
+    table,
+    tokens,
+)
+from engine.snapshot import FleetSnapshot, HeadSnapshot, NodeSnapshot
+
+NODE_COLUMNS = ("Node", "Address", "Link", "State", "Model", "Runtime", "Context", "Lanes",
+                "KV cache", "Tokens/s", "TTFT", "Last seen")
+HEAD_COLUMNS = ("Head", "Address", "Link")
+LINKS = {"local": "this machine", "joined": "joined", "dialed": "dialed"}
+STATE_TONE = {"ready": "good", "connecting": "warn", "unreachable": "bad", "left": "muted"}
+SERVING = {"off": "Not serving", "loading": "Loading the model…", "serving": "Serving",
+           "paused": "Paused", "failed": "Failed"}
+
+
+def node_row(n: NodeSnapshot, now: float) -> Row:
+    seen = "never" if n.last_seen <= 0 else ago(now - n.last_seen)
+    if n.link == "local" and n.state == "ready":
+        seen = "now"
+    return (Cell(n.identity or "(connecting)", tip=n.error or ""),
+            Cell(n.address),
+            Cell(LINKS.get(n.link, n.link)),
+            Cell(n.state, tone=STATE_TONE.get(n.state, ""), tip=n.error or ""),
+            Cell(n.model),
+            Cell(n.runtime),
+            Cell(tokens(n.context_window) if n.context_window else "—", right=True),
+            Cell(f"{min(n.lanes_busy, n.lanes)}/{n.lanes}", right=True),
+            Cell("", bar=n.kv_percent, tip=f"{n.kv_used:,} of {n.kv_total:,} cells"),
+            Cell(f"{n.decode_tps:.0f}" if n.decode_tps > 0 else "—", right=True,
+                 tip=f"prefill {n.prefill_tps:.0f} tokens/s" if n.prefill_tps > 0 else ""),
+            Cell(millis(n.ttft_ms), right=True),
+            Cell(seen))
+
+
+def head_row(h: HeadSnapshot) -> Row:
+    name = f"{h.head_id} (this machine)" if h.this_machine else h.head_id
+    link = "this machine" if h.this_machine else "linked" if h.linked else "not linked"
+    return (Cell(name), Cell(h.address or "—"),
+            Cell(link, tone="" if h.linked or h.this_machine else "warn"))
+
+
+class Stat(QWidget):
+    """A number and what it counts (the summary line above the table)."""
+
+    def __init__(self, label: str) -> None:
+        super().__init__()
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 24, 0)
+        layout.setSpacing(0)
+        self.value = heading("—", 1.6)
+        self.value.setObjectName("stat")
+        self.label = muted(QLabel(label))
+        layout.addWidget(self.value)
+        layout.addWidget(self.label)
+
+
+class FleetPage(QWidget):
+    navigate = Signal(str)  # a page to show
+    join = Signal()  # the user asked to join a fleet
+
+    def __init__(self, bridge: ShoalBridge, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._bridge = bridge
+        layout = page_layout(self)
+        layout.addWidget(PageHeader("Fleet", "Every machine serving in your fleet, live."))
+
+        roles = Card("This machine")
+        self.api = CopyField()
+        self.api.setObjectName("apiUrl")
+        self.api_off = QLabel("The API is off on this machine.")
+        self.api_on = QPushButton("Run the API here")
+        self.api_on.clicked.connect(lambda: run(self, bridge, bridge.shoal.set_head(True)))
+        roles.row(self._label("API"), self.api, self.api_off, self.api_on, None)
+        self.serving = QLabel()
+        self.serving.setObjectName("serving")
+        self.pause = QPushButton()
+        self.pause.setObjectName("pause")
+        self.pause.clicked.connect(self._toggle_pause)
+        roles.row(self._label("Node"), self.serving, None, self.pause)
+        self.fleet = QLabel()
+        self.fleet.setObjectName("fleetName")
+        self.start = QPushButton("Start a fleet…")
+        self.start.clicked.connect(lambda: self.navigate.emit("pairing"))
+        self.join_button = QPushButton("Join a fleet…")
+        self.join_button.clicked.connect(self.join.emit)
+        roles.row(self._label("Fleet"), self.fleet, None, self.start, self.join_button)
+        layout.addWidget(roles)
+
+        stats = QWidget()
+        line = QHBoxLayout(stats)
+        line.setContentsMargins(4, 0, 0, 0)
+        self.stat_nodes, self.stat_lanes = Stat("nodes ready"), Stat("lanes busy")
+        self.stat_queued, self.stat_moves = Stat("queued"), Stat("moved mid-answer")
+        for s in (self.stat_nodes, self.stat_lanes, self.stat_queued, self.stat_moves):
+            line.addWidget(s)
+        line.addStretch(1)
+        layout.addWidget(stats)
+
+        self.nodes = RowsModel(NODE_COLUMNS, self)
+        self.node_view = table(self.nodes, stretch=NODE_COLUMNS.index("Model"))
+        self.node_view.setObjectName("nodes")
+        self.node_view.setItemDelegateForColumn(NODE_COLUMNS.index("KV cache"),
+                                                BarDelegate(self.node_view))
+        layout.addWidget(self.node_view, 3)
+        self.empty = note("No node is linked yet: this machine's own node appears here once "
+                          "its model has loaded; other machines appear when they join.")
+        layout.addWidget(self.empty)
+
+        layout.addWidget(heading("Heads", 1.1))
+        self.heads = RowsModel(HEAD_COLUMNS, self)
+        self.head_view = table(self.heads, stretch=0)
+        self.head_view.setObjectName("heads")
+        layout.addWidget(self.head_view)
+        bridge.snapshot.connect(self.render)
+        self.render(bridge.last)
+
+    @staticmethod
+    def _label(text: str) -> QLabel:
+        label = muted(QLabel(text))
+        label.setFixedWidth(64)
+        return label
+
+    def _toggle_pause(self) -> None:
+        node = self._bridge.last.roles.node
+        if node is not None:
+            run(self, self._bridge, self._bridge.shoal.pause_serving(node.state != "paused"))
+
+    def render(self, snap: FleetSnapshot) -> None:
+        roles = snap.roles
+        self.api.setVisible(roles.api_url is not None)
+        self.api_off.setVisible(roles.api_url is None)
+        self.api_on.setVisible(roles.api_url is None)
+        if roles.api_url is not None:
+            self.api.set_text(roles.api_url)
+        node = roles.node
+        if node is None:
+            self.serving.setText("No model on this machine")
+            self.pause.hide()
+        else:
+            state = SERVING.get(node.state, node.state)
+            detail = f" {node.model} · {node.lanes} lanes" if node.state != "off" else ""
+            if node.error:
+                detail += f" — {node.error}"
+            self.serving.setText(state + detail)
+            self.pause.setVisible(node.state in ("serving", "paused"))
+            self.pause.setText("Resume serving" if node.state == "paused" else "Pause serving")
+        if snap.fleet_name:
+            member = " (joined)" if roles.member else ""
+            self.fleet.setText(f"{snap.fleet_name}{member}")
+        else:
+            self.fleet.setText("Not in a fleet")
+        self.start.setVisible(not snap.has_token)
+        self.join_button.setVisible(not roles.member)
+
+        self.stat_nodes.value.setText(f"{snap.ready_nodes}/{len(snap.nodes)}")
+        self.stat_lanes.value.setText(f"{snap.lanes_busy}/{snap.lanes}")
+        self.stat_queued.value.setText(str(snap.queued))
+        self.stat_moves.value.setText(str(snap.moves))
+        # this machine first, then by key: a row never moves while the fleet changes
+        order = sorted(snap.nodes, key=lambda n: (n.link != "local", n.key))
+        self.nodes.set_rows([(n.key, node_row(n, snap.at)) for n in order])
+        self.empty.setVisible(not snap.nodes)
+        heads = sorted(snap.heads, key=lambda h: (not h.this_machine, h.head_id))
+        self.heads.set_rows([(h.head_id, head_row(h)) for h in heads])
+        fit_rows(self.head_view, len(heads), least=1, most=4)

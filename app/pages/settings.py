@@ -1,0 +1,239 @@
+"""Settings: the ports, discovery and queue limit this machine starts with, API keys, where
+models live, and the app's own choices. Machine settings are written to ``config.toml`` and
+apply at the next start; keys apply at once (the running head watches their files)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import cast
+
+from PySide6.QtCore import Qt, QUrl
+from PySide6.QtGui import QDesktopServices
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QWidget,
+)
+
+from app import prefs as app_prefs
+from app.bridge import ShoalBridge
+from app.pages.stored import update_stored
+from app.prefs import Prefs
+from app.widgets import (
+    Card,
+    CopyField,
+    PageHeader,
+    inline_error,
+    note,
+    ok_line,
+    page_layout,
+    run,
+    say,
+)
+from engine.settings import (
+    FLEET_PORT,
+    HTTP_DEFAULT,
+    DiscoveryMode,
+    DiscoverySettings,
+    HeadSettings,
+    Settings,
+    split_hostport,
+)
+
+DISCOVERY = (("both", "LAN and tailnet"), ("lan", "LAN only (mDNS)"),
+             ("tailnet", "Tailnet only (Tailscale)"), ("none", "Off: join by code or address"))
+RESTART_NOTE = "Saved. Ports, discovery and the queue limit apply when Shoal next starts."
+KEY_NOTE = ("Shown once: copy it now. Once a key exists, every client must send one "
+            "(Authorization: Bearer KEY); revoke a key to shut its holder out.")
+
+
+def port_of(address: str | None, default: int) -> int:
+    if not address:
+        return default
+    try:
+        return split_hostport(address, default)[1]
+    except ValueError:
+        return default
+
+
+def with_port(address: str | None, port: int, default: str) -> str:
+    host = split_hostport(address or default, port)[0]
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{port}"
+
+
+class SettingsPage(QWidget):
+    def __init__(self, bridge: ShoalBridge, prefs: Prefs, *,
+                 save_prefs: Callable[[Prefs], None], parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self._bridge = bridge
+        self._prefs = prefs
+        self._save_prefs = save_prefs
+        home = bridge.shoal.settings.home
+        layout = page_layout(self)
+        layout.addWidget(PageHeader("Settings", "How this machine runs Shoal."))
+
+        machine = Card("This machine")
+        form = QFormLayout()
+        form.setHorizontalSpacing(16)
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.FieldsStayAtSizeHint)
+        self.http_port = QSpinBox()
+        self.http_port.setObjectName("httpPort")
+        self.http_port.setRange(1, 65535)
+        self.fleet_port = QSpinBox()
+        self.fleet_port.setObjectName("fleetPort")
+        self.fleet_port.setRange(1, 65535)
+        self.discovery = QComboBox()
+        self.discovery.setObjectName("discovery")
+        for mode, label in DISCOVERY:
+            self.discovery.addItem(label, mode)
+        self.queue = QDoubleSpinBox()
+        self.queue.setObjectName("queueTimeout")
+        self.queue.setRange(1, 600)
+        self.queue.setDecimals(0)
+        self.queue.setSuffix(" s")
+        for w in (self.http_port, self.fleet_port, self.queue):
+            w.setMinimumWidth(120)
+        form.addRow("API port (on 127.0.0.1)", self.http_port)
+        form.addRow("Fleet port (machines join here)", self.fleet_port)
+        form.addRow("Find other machines on", self.discovery)
+        form.addRow("Wait for a free lane up to", self.queue)
+        machine.body.addLayout(form)
+        self.save = QPushButton("Save")
+        self.save.setObjectName("saveSettings")
+        self.save.clicked.connect(self.save_machine)
+        self.saved = ok_line()
+        machine.row(self.save, self.saved, None)
+        self.error = inline_error()
+        machine.add(self.error)
+        layout.addWidget(machine)
+
+        keys = Card("API keys")
+        keys.add(note("Without keys, only programs on this machine reach the API (it listens "
+                      "on 127.0.0.1). Issue a key per person or program to control access."))
+        self.key_name = QLineEdit()
+        self.key_name.setObjectName("keyName")
+        self.key_name.setPlaceholderText("a name: alice, ci, laptop")
+        self.issue = QPushButton("Issue key")
+        self.issue.setObjectName("issueKey")
+        self.issue.clicked.connect(self.issue_key)
+        self.revoke = QPushButton("Revoke")
+        self.revoke.setObjectName("revokeKey")
+        self.revoke.clicked.connect(self.revoke_key)
+        keys.row(self.key_name, self.issue, self.revoke)
+        self.key = CopyField()
+        self.key.setObjectName("issuedKey")
+        self.key.hide()
+        keys.add(self.key)
+        self.key_note = note(KEY_NOTE)
+        self.key_note.hide()
+        keys.add(self.key_note)
+        self.key_done = ok_line()
+        keys.add(self.key_done)
+        self.key_error = inline_error()
+        keys.add(self.key_error)
+        layout.addWidget(keys)
+
+        models = Card("Models")
+        self.models_dir = str(bridge.shoal.settings.models_dir)
+        where = QLabel(f"Downloaded models live in {self.models_dir}")
+        where.setObjectName("modelsDir")
+        where.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        open_dir = QPushButton("Open folder")
+        open_dir.clicked.connect(self.open_models_dir)
+        models.row(where, None, open_dir)
+        layout.addWidget(models)
+
+        app = Card("App")
+        self.notify = QCheckBox("Notify me when a machine joins or leaves, or a request fails")
+        self.notify.setObjectName("notify")
+        self.notify.setChecked(prefs.notify)
+        self.notify.toggled.connect(self.notify_changed)
+        app.add(self.notify)
+        layout.addWidget(app)
+        layout.addStretch(1)
+
+        self.show_settings(bridge.shoal.settings)
+        # the file may hold changes made for the next start: show those
+        run(self, bridge, app_prefs.load(home), done=lambda got: self.show_settings(got[0]))
+
+    def show_settings(self, s: Settings) -> None:
+        head = s.head or HeadSettings()
+        self.http_port.setValue(port_of(head.http, 8453))
+        self.fleet_port.setValue(port_of(head.fleet_listen, FLEET_PORT))
+        # the head takes joins once this machine starts or joins a fleet (on the default
+        # port); a stored port would open it to joins at the next start, so only then
+        self.fleet_port.setEnabled(head.fleet_listen is not None)
+        self.fleet_port.setToolTip("" if head.fleet_listen is not None else
+                                   "Start or join a fleet first: its port can change then.")
+        index = self.discovery.findData(s.discovery.mode)
+        self.discovery.setCurrentIndex(max(index, 0))
+        self.queue.setValue(head.queue_timeout_s)
+
+    def change(self, s: Settings) -> Settings:
+        """``s`` with what the form says."""
+        head = s.head or HeadSettings()
+        http = with_port(head.http, self.http_port.value(), HTTP_DEFAULT)
+        fleet_listen = head.fleet_listen
+        if fleet_listen is not None:  # outside a fleet it keeps taking no joins
+            fleet_listen = with_port(fleet_listen, self.fleet_port.value(), "0.0.0.0:0")
+        new_head = replace(head, http=http, fleet_listen=fleet_listen,
+                           queue_timeout_s=float(self.queue.value()))
+        mode = cast(DiscoveryMode, self.discovery.currentData())
+        return replace(s, head=new_head if s.head is not None else None,
+                       discovery=DiscoverySettings(mode=mode, seeds=s.discovery.seeds,
+                                                   tailscale_socket=s.discovery.tailscale_socket))
+
+    def save_machine(self) -> None:
+        say(self.saved, "")
+        say(self.error, "")
+        run(self, self._bridge, update_stored(self._bridge.shoal.settings.home, self.change),
+            done=lambda _s: say(self.saved, RESTART_NOTE),
+            failed=lambda line: say(self.error, line))
+
+    def issue_key(self) -> None:
+        name = self.key_name.text().strip()
+        say(self.key_done, "")
+        say(self.key_error, "")
+        if not name:
+            say(self.key_error, "Give the key a name first (who or what will use it).")
+            return
+
+        def issued(key: str) -> None:
+            self.key.set_text(key)
+            self.key.show()
+            self.key_note.show()
+
+        run(self, self._bridge, self._bridge.shoal.keys.issue(name), done=issued,
+            failed=lambda line: say(self.key_error, line))
+
+    def revoke_key(self) -> None:
+        name = self.key_name.text().strip()
+        say(self.key_done, "")
+        say(self.key_error, "")
+        if not name:
+            say(self.key_error, "Write the name of the key to revoke.")
+            return
+
+        def revoked(now: bool) -> None:
+            self.key.hide()
+            self.key_note.hide()
+            say(self.key_done, f"{name}'s key is revoked." if now else
+                f"{name}'s key was already revoked.")
+
+        run(self, self._bridge, self._bridge.shoal.keys.revoke(name), done=revoked,
+            failed=lambda line: say(self.key_error, line))
+
+    def open_models_dir(self) -> None:
+        QDesktopServices.openUrl(QUrl.fromLocalFile(self.models_dir))
+
+    def notify_changed(self, on: bool) -> None:
+        self._prefs = app_prefs.with_(self._prefs, notify=on)
+        self._save_prefs(self._prefs)

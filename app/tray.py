@@ -1,0 +1,246 @@
+"""The tray icon and its menu.
+
+What the tray shows is a pure function of a `TrayView` (the latest snapshot, the app's
+prefs, and how the start went): `look` picks the icon, `status_line` the first line of
+the menu and the tooltip, `menu_entries` the items with their texts and check states.
+`Tray` renders that with Qt: the icon follows every view, the menu is rebuilt from the
+latest view each time it is about to show, and a chosen item comes out as ``chosen(key,
+checked)`` for the app to carry out. Where there is no system tray the same menu goes
+into the window's menu bar.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from PySide6.QtCore import QObject, Signal
+from PySide6.QtGui import QAction, QCursor
+from PySide6.QtWidgets import QMenu, QSystemTrayIcon
+
+from app.icons import TrayLook, tray_icon
+from app.prefs import Prefs
+from engine.snapshot import FleetSnapshot
+
+Phase = Literal["starting", "running", "failed", "stopping"]
+Key = Literal["status", "problem", "open", "copy_api_url", "join", "pair", "leave", "api",
+              "pause", "login", "quit"]
+MAX_LINE = 90  # characters of a menu line; a longer one is cut with an ellipsis
+
+
+@dataclass(frozen=True, slots=True)
+class TrayView:
+    snapshot: FleetSnapshot
+    prefs: Prefs
+    phase: Phase = "running"
+    problem: str | None = None  # a one-line error the user should see until it clears
+    progress: str | None = None  # what the start is doing (preparing the model: 40 %)
+    autostart: bool = True  # start at login is offered on this system
+    rejoining: bool = False  # in a fleet whose heads are not reachable yet
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    key: Key
+    text: str
+    enabled: bool = True
+    checkable: bool = False
+    checked: bool = False
+    separator_before: bool = False
+
+
+def in_fleet(view: TrayView) -> bool:
+    roles = view.snapshot.roles
+    return roles.member or roles.fleet_listen is not None or view.rejoining
+
+
+def look(view: TrayView) -> TrayLook:
+    """The icon: error, then paused, then busy, then not in a fleet, else serving."""
+    snap = view.snapshot
+    node = snap.roles.node
+    if view.phase == "failed" or view.problem or (node is not None and node.state == "failed"):
+        return "error"
+    if node is not None and node.state == "paused":
+        return "paused"
+    working = view.phase in ("starting", "stopping") or bool(snap.pulls)
+    if working or snap.lanes_busy or snap.queued or (node is not None and node.lanes_busy):
+        return "busy"
+    if not in_fleet(view):
+        return "lonely"
+    return "serving"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def status_line(view: TrayView) -> str:
+    """The fleet, its nodes and lanes at a glance, or what the start is doing."""
+    if view.phase == "starting":
+        return f"Starting: {view.progress or 'loading the model'}…"
+    if view.phase == "stopping":
+        return "Quitting: finishing the requests under way…"
+    if view.phase == "failed":
+        return "Shoal is not running"
+    snap = view.snapshot
+    fleet = snap.fleet_name if (in_fleet(view) and snap.fleet_name) else (
+        "In a fleet" if in_fleet(view) else "Not in a fleet")
+    parts = [fleet]
+    node = snap.roles.node
+    if snap.roles.head:
+        parts.append(f"{_plural(snap.ready_nodes, 'node')} ready")
+        parts.append(f"{snap.lanes_busy}/{snap.lanes} lanes busy")
+    elif node is not None:
+        parts.append("API off here")
+        parts.append(f"{node.lanes_busy}/{node.lanes} lanes busy")
+    else:
+        parts.append("API off here")
+    if node is not None and node.state == "paused":
+        parts.append("paused")
+    return " · ".join(parts)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_LINE else text[:MAX_LINE - 1].rstrip() + "…"
+
+
+def tooltip(view: TrayView) -> str:
+    lines = ["Shoal", status_line(view)]
+    if view.problem:
+        lines.append(view.problem)
+    return "\n".join(lines)
+
+
+def menu_entries(view: TrayView) -> list[Entry]:
+    snap = view.snapshot
+    roles = snap.roles
+    node = roles.node
+    running = view.phase == "running"
+    api = roles.api_url
+    entries = [Entry("status", _cut(status_line(view)), enabled=False)]
+    if view.problem:
+        entries.append(Entry("problem", _cut(view.problem), enabled=False))
+    entries += [
+        Entry("open", "Open Shoal", separator_before=True),
+        Entry("copy_api_url", f"Copy API URL ({_host_port(api)})" if api
+              else "Copy API URL (the API is off here)", enabled=running and api is not None),
+        Entry("join", "Join a fleet…", enabled=running and node is not None,
+              separator_before=True),
+        Entry("pair", "Pair a new machine…", enabled=running),
+        Entry("leave", "Leave fleet", enabled=running and in_fleet(view)),
+        Entry("api", "Run the API on this machine", enabled=running, checkable=True,
+              checked=roles.head, separator_before=True),
+        Entry("pause", "Pause serving",
+              enabled=running and node is not None and node.state in ("serving", "paused"),
+              checkable=True, checked=node is not None and node.state == "paused"),
+        Entry("login", "Start at login", enabled=view.autostart, checkable=True,
+              checked=view.prefs.start_at_login),
+        Entry("quit", "Quit Shoal", enabled=view.phase != "stopping", separator_before=True),
+    ]
+    return entries
+
+
+def _host_port(url: str | None) -> str:
+    if not url:
+        return ""
+    return url.split("://", 1)[-1].removesuffix("/v1")
+
+
+class Tray(QObject):
+    """The icon (None where there is no system tray) and the menu."""
+
+    chosen = Signal(str, bool)  # an Entry key, and the new check state of a checkable one
+
+    def __init__(self, view: TrayView, *, system_tray: bool,
+                 icon: QSystemTrayIcon | None = None,
+                 fresh: Callable[[], TrayView] | None = None) -> None:
+        super().__init__()
+        self.view = view
+        self._fresh = fresh  # the view as of now, asked for each time the menu opens
+        self.menu = QMenu("&Shoal")
+        self.menu.setObjectName("shoal-tray-menu")
+        self.menu.aboutToShow.connect(self._rebuild)
+        self.sent: deque[str] = deque(maxlen=20)  # the notifications shown, newest last
+        self._look: TrayLook = look(view)
+        self._tip = tooltip(view)
+        self.icon: QSystemTrayIcon | None = None
+        if system_tray:  # the icon shown early (app.main.early_icon), or a new one
+            self.icon = icon if icon is not None else QSystemTrayIcon(self)
+            self.icon.setParent(self)
+            self.icon.setIcon(tray_icon(self._look))
+            self.icon.setToolTip(self._tip)
+            self.icon.setContextMenu(self.menu)
+            self.icon.activated.connect(self._activated)
+        self._rebuild()
+
+    def show(self) -> None:
+        if self.icon is not None:
+            self.icon.show()
+
+    @property
+    def look(self) -> TrayLook:
+        return self._look
+
+    def render(self, view: TrayView) -> None:
+        """Follow a new view; the icon and tooltip change only when what they show does
+        (a snapshot arrives every second, and an idle app should stay idle)."""
+        self.view = view
+        new_look, new_tip = look(view), tooltip(view)
+        if new_look != self._look:
+            self._look = new_look
+            if self.icon is not None:
+                self.icon.setIcon(tray_icon(new_look))
+        if new_tip != self._tip:
+            self._tip = new_tip
+            if self.icon is not None:
+                self.icon.setToolTip(new_tip)
+
+    def _rebuild(self) -> None:
+        if self._fresh is not None:
+            self.view = self._fresh()
+        self.menu.clear()
+        for entry in menu_entries(self.view):
+            if entry.separator_before:
+                self.menu.addSeparator()
+            action = QAction(entry.text, self.menu)
+            action.setObjectName(entry.key)
+            action.setEnabled(entry.enabled)
+            if entry.checkable:
+                action.setCheckable(True)
+                action.setChecked(entry.checked)
+            action.triggered.connect(lambda checked=False, key=entry.key:
+                                     self.chosen.emit(key, bool(checked)))
+            self.menu.addAction(action)
+
+    def action(self, key: Key) -> QAction:
+        """The menu's item for ``key`` as last built."""
+        for action in self.menu.actions():
+            if action.objectName() == key:
+                return action
+        raise KeyError(key)
+
+    def _activated(self, reason: QSystemTrayIcon.ActivationReason) -> None:
+        if reason == QSystemTrayIcon.ActivationReason.DoubleClick:
+            self.chosen.emit("open", False)
+        elif reason == QSystemTrayIcon.ActivationReason.Trigger and sys.platform != "darwin":
+            # a left click opens the menu too: the menu is the app's front door
+            self.menu.popup(QCursor.pos())
+
+    def notify(self, text: str, *, critical: bool = False) -> None:
+        self.sent.append(text)
+        if self.icon is not None and self.icon.isVisible():
+            kind = (QSystemTrayIcon.MessageIcon.Critical if critical
+                    else QSystemTrayIcon.MessageIcon.Information)
+            self.icon.showMessage("Shoal", text, kind, 8000)
+
+    def close(self) -> None:
+        if self.icon is not None:
+            self.icon.hide()
+            self.icon.setContextMenu(None)  # type: ignore[arg-type]
+            self.icon.deleteLater()
+            self.icon = None
+        self.menu.close()
+        self.menu.deleteLater()

@@ -1,0 +1,313 @@
+"""The first run: start a fleet here or join one, choose the model this machine serves, and
+end on connecting an editor. Finishing sets ``prefs.welcomed`` and saves it.
+
+Steps: choose → (start: name the fleet, show its code | join: a head found, or the code)
+→ model → editor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import QRectF, QSize, Qt
+from PySide6.QtGui import QPainter, QPaintEvent, QPalette
+from PySide6.QtWidgets import (
+    QAbstractButton,
+    QDialog,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QPushButton,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app import prefs as app_prefs
+from app.bridge import ShoalBridge
+from app.editors import EditorsPanel
+from app.join import JoinPanel, in_the_app, joined_line
+from app.pages.pairing import PairingView
+from app.pages.serve_model import ServeModel
+from app.prefs import Prefs
+from app.widgets import Card, PageHeader, heading, inline_error, note, run, say
+from engine.service import JoinResult, Pairing
+from engine.snapshot import FleetSnapshot
+
+STEPS = ("choose", "start", "join", "model", "editor")
+SIZE = (860, 680)
+
+
+class Choice(QAbstractButton):
+    """A large button with a title and a line under it, drawn as a rounded panel."""
+
+    def __init__(self, title: str, line: str) -> None:
+        super().__init__()
+        self.setObjectName("choice")
+        self.setText(title)
+        self.setMinimumHeight(96)
+        self.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.setAttribute(Qt.WidgetAttribute.WA_Hover)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(18, 12, 18, 12)
+        top = heading(title, 1.25)
+        sub = note(line)
+        for label in (top, sub):
+            label.setAttribute(Qt.WidgetAttribute.WA_TransparentForMouseEvents)
+            layout.addWidget(label)
+
+    def sizeHint(self) -> QSize:
+        return self.layout().sizeHint()
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        painter = QPainter(self)
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        pal = self.palette()
+        edge = pal.color(QPalette.ColorRole.Highlight) if self.underMouse() or self.isDown() \
+            else pal.color(QPalette.ColorRole.Mid)
+        painter.setPen(edge)
+        painter.setBrush(pal.color(QPalette.ColorRole.Base))
+        painter.drawRoundedRect(QRectF(self.rect()).adjusted(0.5, 0.5, -0.5, -0.5), 10, 10)
+
+
+class Welcome(QDialog):
+    def __init__(self, bridge: ShoalBridge, prefs: Prefs, *,
+                 save_prefs: Callable[[Prefs], None]) -> None:
+        super().__init__()
+        self._bridge = bridge
+        self._prefs = prefs
+        self._save_prefs = save_prefs
+        self._path: list[str] = ["choose"]
+        self.setObjectName("welcome")
+        self.setWindowTitle("Welcome to Shoal")
+        self.resize(*SIZE)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.stack = QStackedWidget()
+        layout.addWidget(self.stack, 1)
+        self.pages: dict[str, QWidget] = {}
+        for name, page in (("choose", self._choose_page()), ("start", self._start_page()),
+                           ("join", self._join_page()), ("model", self._model_page()),
+                           ("editor", self._editor_page())):
+            self.pages[name] = page
+            self.stack.addWidget(page)
+
+        bar = QWidget()
+        bar.setObjectName("welcomeBar")
+        row = QHBoxLayout(bar)
+        row.setContentsMargins(24, 10, 24, 16)
+        self.back = QPushButton("Back")
+        self.back.setObjectName("back")
+        self.back.clicked.connect(self.go_back)
+        self.where = note("", wrap=False)
+        self.next = QPushButton("Next")
+        self.next.setObjectName("next")
+        self.next.setDefault(True)
+        self.next.clicked.connect(self.go_next)
+        row.addWidget(self.back)
+        row.addStretch(1)
+        row.addWidget(self.where)
+        row.addSpacing(12)
+        row.addWidget(self.next)
+        layout.addWidget(bar)
+        bridge.snapshot.connect(self._snapshot)
+        self._snapshot(bridge.last)
+        self._show("choose")
+
+    # -- pages -----------------------------------------------------------------------
+
+    def _page(self, title: str, line: str) -> tuple[QWidget, QVBoxLayout]:
+        page = QWidget()
+        layout = QVBoxLayout(page)
+        layout.setContentsMargins(28, 26, 28, 8)
+        layout.setSpacing(14)
+        layout.addWidget(PageHeader(title, line))
+        return page, layout
+
+    def _choose_page(self) -> QWidget:
+        page, layout = self._page("Welcome to Shoal", "Shoal pools your computers into one "
+                                  "private AI endpoint for your editor. No accounts, no cloud.")
+        self.start_choice = Choice("Start a fleet here", "This is your first machine: it keeps "
+                                   "the fleet's key, runs the API, and shows a code for the "
+                                   "next machine to scan.")
+        self.join_choice = Choice("Join a fleet", "Another machine already runs Shoal: scan, "
+                                  "open or paste its join code, and serve the fleet from here.")
+        self.start_choice.clicked.connect(lambda: self._forward("start"))
+        self.join_choice.clicked.connect(lambda: self._forward("join"))
+        layout.addWidget(self.start_choice)
+        layout.addWidget(self.join_choice)
+        layout.addWidget(note("You can change either later, from the tray menu or the window."))
+        layout.addStretch(1)
+        return page
+
+    def _start_page(self) -> QWidget:
+        page, layout = self._page("Start a fleet here", "Name the fleet; Shoal makes its key "
+                                  "and shows the code your other machines scan.")
+        card = Card()
+        self.fleet_name = QLineEdit()
+        self.fleet_name.setObjectName("welcomeFleetName")
+        self.fleet_name.setPlaceholderText("desk")
+        self.start_button = QPushButton("Start the fleet")
+        self.start_button.setObjectName("startFleet")
+        self.start_button.clicked.connect(self.start_fleet)
+        card.row(QLabel("Fleet name"), self.fleet_name, self.start_button)
+        self.start_error = inline_error()
+        card.add(self.start_error)
+        layout.addWidget(card)
+        self.pairing_view = PairingView()
+        self.pairing_view.hide()
+        layout.addWidget(self.pairing_view)
+        layout.addStretch(1)
+        return page
+
+    def _join_page(self) -> QWidget:
+        page, layout = self._page("Join a fleet", "Link this machine with the fleet's heads.")
+        self.found_card = Card("Heads found")
+        self.found = QListWidget()
+        self.found.setObjectName("foundHeads")
+        self.found.setMaximumHeight(110)
+        self.found_card.add(self.found)
+        self.join_found = QPushButton("Join this head")
+        self.join_found.setObjectName("joinFound")
+        self.join_found.clicked.connect(self.join_selected)
+        self.found_card.row(self.join_found, None)
+        layout.addWidget(self.found_card)
+        card = Card("Join with a code")
+        self.join_panel = JoinPanel(self._bridge)
+        self.join_panel.joined.connect(self._joined)
+        card.add(self.join_panel)
+        layout.addWidget(card)
+        layout.addStretch(1)
+        return page
+
+    def _model_page(self) -> QWidget:
+        page, layout = self._page("Which model does this machine serve?",
+                                  "Every machine serves a model to the fleet. Start small; "
+                                  "you can change it any time on the Models page.")
+        card = Card()
+        self.current = note("")
+        self.current.setObjectName("welcomeCurrent")
+        card.add(self.current)
+        self.serve = ServeModel(self._bridge)
+        card.add(self.serve)
+        layout.addWidget(card)
+        layout.addStretch(1)
+        return page
+
+    def _editor_page(self) -> QWidget:
+        page, layout = self._page("Connect your editor", "Paste these settings into your "
+                                  "editor; it answers from the fleet through this machine.")
+        layout.setContentsMargins(8, 26, 8, 0)
+        layout.itemAt(0).widget().setContentsMargins(20, 0, 20, 0)  # the header
+        self.editors = EditorsPanel(self._bridge, header=False)
+        layout.addWidget(self.editors, 1)
+        return page
+
+    # -- moving between pages --------------------------------------------------------
+
+    @property
+    def step(self) -> str:
+        return self._path[-1]
+
+    def _show(self, name: str) -> None:
+        self.stack.setCurrentWidget(self.pages[name])
+        self.back.setVisible(len(self._path) > 1)
+        self.next.setVisible(name != "choose")
+        self.next.setText("Finish" if name == "editor" else "Next")
+        total = 4
+        number = {"choose": 1, "start": 2, "join": 2, "model": 3, "editor": 4}[name]
+        self.where.setText(f"Step {number} of {total}")
+        self._update_next()
+
+    def _forward(self, name: str) -> None:
+        self._path.append(name)
+        self._show(name)
+
+    def go_back(self) -> None:
+        if len(self._path) > 1:
+            self._path.pop()
+            self._show(self.step)
+
+    def go_next(self) -> None:
+        step = self.step
+        if step in ("start", "join"):
+            self._forward("model")
+        elif step == "model":
+            self._forward("editor")
+        elif step == "editor":
+            self.finish()
+
+    def _update_next(self) -> None:
+        snap = self._bridge.last
+        if self.step == "start":
+            self.next.setEnabled(self.pairing_view.pairing is not None)
+        elif self.step == "join":
+            self.next.setEnabled(snap.roles.member)
+            self.next.setText("Next" if snap.roles.member else "Next (join first)")
+        else:
+            self.next.setEnabled(True)
+
+    def finish(self) -> None:
+        self._prefs = app_prefs.with_(self._prefs, welcomed=True)
+        self._save_prefs(self._prefs)
+        self.accept()
+
+    # -- actions ---------------------------------------------------------------------
+
+    def start_fleet(self) -> None:
+        name = self.fleet_name.text().strip() or None
+        shoal = self._bridge.shoal
+        self.start_button.setEnabled(False)
+        say(self.start_error, "")
+
+        async def start() -> Pairing:
+            if shoal.api_url is None:  # the first machine runs the API
+                await shoal.set_head(True)
+            return await shoal.create_fleet(name)
+
+        def started(pairing: Pairing) -> None:
+            self.start_button.setEnabled(True)
+            self.pairing_view.show_pairing(pairing)
+            self.pairing_view.show()
+            self._update_next()
+
+        def failed(line: str) -> None:
+            self.start_button.setEnabled(True)
+            say(self.start_error, line)
+
+        run(self, self._bridge, start(), done=started, failed=failed)
+
+    def join_selected(self) -> None:
+        item = self.found.currentItem() or self.found.item(0)
+        if item is None:
+            return
+        address = item.data(Qt.ItemDataRole.UserRole)
+        panel = self.join_panel
+        say(panel.error, "")
+        run(self, self._bridge, self._bridge.shoal.join(None, head=address), done=self._joined,
+            failed=lambda line: say(panel.error, in_the_app(line)))
+
+    def _joined(self, result: JoinResult) -> None:
+        say(self.join_panel.ok, joined_line(result))
+        self._bridge.refresh()
+        self._update_next()
+
+    def _snapshot(self, snap: FleetSnapshot) -> None:
+        others = [h for h in snap.heads if not h.this_machine]
+        have = [self.found.item(i).data(Qt.ItemDataRole.UserRole)
+                for i in range(self.found.count())]
+        if have != [h.address for h in others]:
+            self.found.clear()
+            for h in others:
+                item = QListWidgetItem(f"{h.head_id} at {h.address}")
+                item.setData(Qt.ItemDataRole.UserRole, h.address)
+                self.found.addItem(item)
+        # the engine reports heads it has met; with none, joining is by code
+        self.found_card.setVisible(bool(others) and snap.has_token)
+        node = snap.roles.node
+        self.current.setText(f"Now serving {node.model} ({node.state})." if node else
+                             "This machine serves no model yet.")
+        if self.stack.currentWidget() is self.pages.get(self.step):
+            self._update_next()

@@ -1,0 +1,128 @@
+"""Connect your editor: each snippet parses in its own format (YAML, JSON, ``Field: value``
+lines, shell lines) and names the base URL and the fleet's models as the client needs."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+import yaml
+
+from app import editors
+from app.editors import NO_FIM, Offer, offers, root_url, snippets
+from engine.snapshot import AliasSnapshot, FleetSnapshot, ModelSnapshot, Roles
+
+pytestmark = pytest.mark.ui
+BASE = "http://127.0.0.1:8453/v1"
+CHAT = Offer("qwen2.5-coder-7b", 32768, tools=True, fim=True)
+PLAIN = Offer("llama-3.2-3b", 8192, tools=False, fim=False)
+ODD = Offer('org/repo:Q4_K_M "x" #1', 0, tools=False, fim=False)  # quotes, colon, hash
+
+
+def shell_env(text: str) -> tuple[dict[str, str], list[list[str]]]:
+    """``export NAME=value`` lines as a dict, and the other commands, split as sh would."""
+    env: dict[str, str] = {}
+    commands: list[list[str]] = []
+    for line in text.splitlines():
+        words = shlex.split(line, comments=True)
+        if not words:
+            continue
+        if words[0] == "export":
+            name, _, value = words[1].partition("=")
+            env[name] = value
+        else:
+            commands.append(words)
+    return env, commands
+
+
+def fields(text: str) -> dict[str, str]:
+    """``Field: value`` lines, one per field, as a settings form shows them."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(": ")
+        assert sep and name and value and name not in out, f"not a field line: {line!r}"
+        out[name] = value
+    return out
+
+
+def test_continue_yaml_has_a_chat_model_per_name_and_fim_autocomplete():
+    s = editors.continue_yaml(BASE, [PLAIN, CHAT, ODD], chat=CHAT.name)
+    doc = yaml.safe_load(s.text)
+    assert doc["name"] == "Shoal" and doc["schema"] == "v1"
+    models = doc["models"]
+    chat = [m for m in models if "chat" in m["roles"]]
+    assert [m["model"] for m in chat] == [CHAT.name, PLAIN.name, ODD.name]
+    assert all(m["provider"] == "openai" and m["apiBase"] == BASE for m in models)
+    assert chat[0]["defaultCompletionOptions"]["contextLength"] == 32768
+    assert chat[0]["capabilities"] == ["tool_use"] and "capabilities" not in chat[1]
+    assert chat[2]["defaultCompletionOptions"]["contextLength"] == editors.DEFAULT_WINDOW
+    [auto] = [m for m in models if m["roles"] == ["autocomplete"]]
+    assert auto["model"] == CHAT.name and s.warning == ""
+
+
+def test_continue_says_plainly_when_no_model_has_fim():
+    s = editors.continue_yaml(BASE, [PLAIN])
+    doc = yaml.safe_load(s.text)
+    assert all("autocomplete" not in m["roles"] for m in doc["models"])
+    assert s.warning == NO_FIM and "# " + NO_FIM in s.text
+    empty = editors.continue_yaml(BASE, [])
+    assert yaml.safe_load(empty.text)["models"] == [] and empty.warning == ""
+
+
+def test_zed_json_lists_every_model_under_openai_compatible():
+    s = editors.zed_json(BASE, [CHAT, PLAIN, Offer("coder", 32768, True, True, alias_of=CHAT.name)])
+    doc = json.loads(s.text)
+    provider = doc["language_models"]["openai_compatible"]["Shoal"]
+    assert provider["api_url"] == BASE
+    models = provider["available_models"]
+    assert [m["name"] for m in models] == [CHAT.name, PLAIN.name, "coder"]
+    assert models[0]["max_tokens"] == 32768 and models[0]["capabilities"]["tools"] is True
+    assert models[1]["capabilities"]["tools"] is False
+    assert models[2]["display_name"] == f"coder → {CHAT.name} (Shoal)"
+
+
+def test_jetbrains_and_cline_fields_parse_as_field_value_lines():
+    jet = fields(editors.jetbrains_fields(BASE, [PLAIN, CHAT], chat=CHAT.name).text)
+    assert jet == {"Provider": "OpenAI-compatible", "URL": BASE, "API Key": "shoal",
+                   "Tool calling": "on", "Model": CHAT.name}
+    cline = fields(editors.cline_fields(BASE, [PLAIN]).text)
+    assert cline["API Provider"] == "OpenAI Compatible" and cline["Base URL"] == BASE
+    assert cline["Model ID"] == PLAIN.name and cline["Context Window Size"] == "8192"
+
+
+def test_aider_and_clients_are_shell_lines_sh_can_read():
+    env, commands = shell_env(editors.aider_shell(BASE, [ODD]).text)
+    assert env == {"OPENAI_API_BASE": BASE, "OPENAI_API_KEY": "shoal"}
+    assert commands == [["aider", "--model", f"openai/{ODD.name}"]]
+    env, commands = shell_env(editors.clients_shell(BASE).text)
+    assert env == {"OPENAI_BASE_URL": BASE, "OPENAI_API_KEY": "shoal",
+                   "OLLAMA_HOST": "http://127.0.0.1:8453"} and commands == []
+    assert root_url("http://[::1]:9000/v1/") == "http://[::1]:9000"
+
+
+def test_every_client_has_a_snippet_naming_the_url():
+    got = snippets(BASE, [CHAT])
+    assert [s.client for s in got] == ["Continue", "Zed", "JetBrains AI Assistant", "Cline",
+                                      "Aider", "OpenAI or Ollama client"]
+    for s in got:
+        assert BASE.removesuffix("/v1") in s.text and s.where
+
+
+def _snapshot(*, aliases: tuple[AliasSnapshot, ...] = ()) -> FleetSnapshot:
+    models = (ModelSnapshot("b-model", True, 4096, False, False),
+              ModelSnapshot("a-model", True, 8192, True, True),
+              ModelSnapshot("gone", False, 2048, False, False))
+    return FleetSnapshot(at=0.0, fleet_name=None, fleet_id="open", has_token=False,
+                         roles=Roles(head=True, api_url=BASE, fleet_listen=None, node=None,
+                                     member=False),
+                         model="b-model", models=models, nodes=(), heads=(), aliases=aliases,
+                         queued=0, moves=0, pulls=())
+
+
+def test_offers_put_the_main_model_first_then_served_models_then_live_aliases():
+    aliases = (AliasSnapshot("coder", "a-model", (), 1, 0.0, "a-model", "ok"),
+               AliasSnapshot("old", "gone", (), 1, 0.0, None, "unavailable"))
+    got = offers(_snapshot(aliases=aliases))
+    assert [o.name for o in got] == ["b-model", "a-model", "coder"]
+    assert got[2] == Offer("coder", 8192, True, True, alias_of="a-model")
