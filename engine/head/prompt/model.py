@@ -44,9 +44,11 @@ class HeadModel:
     stop_ids: frozenset[int]
 
     def render(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None,
-               **kwargs: Any) -> list[int]:
+               prefill: str = "", **kwargs: Any) -> list[int]:
+        """Prompt ids: the template with its generation prompt, then ``prefill`` (text the
+        answer is to begin with, which the model continues)."""
         text = self.template.render(messages, tools=tools, add_generation_prompt=True, **kwargs)
-        return self.vocab.encode(text, special=True)
+        return self.vocab.encode(text + prefill, special=True)
 
 
 def load_head_model(runtime: str, model: str, *, name: str,
