@@ -34,7 +34,7 @@ from engine.api.schemas import (
     decode_as,
     unsupported_ollama,
 )
-from engine.api.turns import chat_request_turn, sampling_of
+from engine.api.turns import chat_request_turn, sampling_of, to_template_messages
 from engine.errors import RequestError, ShoalError
 from engine.head.head import Head
 from engine.head.prompt.model import HeadModel
@@ -209,9 +209,11 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if not req.messages:
         return _loaded(req.model, "message", names)
     chat_req = _to_chat(req, req.stream)
+    messages = to_template_messages(chat_req)
     try:
         turn = await chat_request_turn(head.models[model_name], head.runner, chat_req,
-                                       routing_of(request), tool_parser=head.tool_parser)
+                                       routing_of(request, messages), messages=messages,
+                                       tool_parser=head.tool_parser)
     except RequestError as exc:
         return refusal(request, exc, names)
     return await answer(request, head, turn,

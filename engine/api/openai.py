@@ -12,7 +12,7 @@ from engine.api.answer import CollectedJSON, SSEWire, Wire, answer, sse, usage
 from engine.api.context import HEAD, model_headers, resolve_model, routing_of, runnable
 from engine.api.errors import error_for, refusal
 from engine.api.schemas import BadRequest, ChatRequest, decode_chat, unsupported
-from engine.api.turns import chat_request_turn
+from engine.api.turns import Refused, chat_request_turn, openai_tool_choice, to_template_messages
 from engine.errors import RequestError
 from engine.head.head import Head
 from engine.head.prompt.tools import TextDelta, ToolCallDelta
@@ -91,13 +91,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     problem = unsupported(req)
     if problem:
         return error_for(request, 400, problem, code="unsupported_parameter")
+    try:
+        choice = openai_tool_choice(req.tool_choice, req.tools)
+    except Refused as exc:
+        return error_for(request, 400, str(exc), code="invalid_request", param=exc.param)
     resolved = runnable(request, head, req.model)
     if isinstance(resolved, web.Response):
         return resolved
     model_name, names = resolved
+    messages = to_template_messages(req)
     try:
         turn = await chat_request_turn(head.models[model_name], head.runner, req,
-                                       routing_of(request), tool_parser=head.tool_parser)
+                                       routing_of(request, messages), messages=messages,
+                                       tool_choice=choice, tool_parser=head.tool_parser)
     except RequestError as exc:
         return refusal(request, exc, names)
     cid = "chatcmpl-" + turn.session[2:]

@@ -26,6 +26,7 @@ from engine.link import messages as m
 @dataclass(frozen=True, slots=True)
 class Routing:
     affinity: str | None = None
+    first_turn: bool = False  # the affinity key is remembered, not followed (see Job)
     pin_host: str | None = None
     prefer: tuple[str, ...] = ()
 
@@ -102,7 +103,7 @@ class Turn:
         job = Job(session=self.session, model=self.model.name, prompt=self.prompt,
                   max_tokens=self.max_tokens, sampling=self.sampling,
                   stop_ids=sorted(self.model.stop_ids), affinity=r.affinity,
-                  pin_host=r.pin_host, prefer=r.prefer)
+                  first_turn=r.first_turn, pin_host=r.pin_host, prefer=r.prefer)
         calls: list[dict[str, Any]] = []
 
         def emit(text: str) -> list[TextDelta | ToolCallDelta]:
