@@ -111,6 +111,7 @@ def build_app(head: Head, *, snapshot: Callable[[], FleetSnapshot] | None = None
     r.add_post("/api/generate", ollama.generate)
     r.add_get("/api/tags", ollama.tags)
     r.add_post("/api/show", ollama.show)
+    r.add_get("/api/ps", ollama.ps)
     r.add_get("/api/version", ollama.version)
     r.add_get("/v1/fleet", ops.fleet)
     r.add_get("/health", ops.health)

@@ -15,6 +15,8 @@ from engine.api.schemas import BadRequest, ChatRequest, decode_chat, unsupported
 from engine.api.turns import Refused, chat_request_turn, openai_tool_choice, to_template_messages
 from engine.errors import RequestError
 from engine.head.head import Head
+from engine.head.naming.names import match_name
+from engine.head.prompt.model import capabilities
 from engine.head.prompt.tools import TextDelta, ToolCallDelta
 from engine.head.prompt.turn import ChatEvent
 
@@ -115,17 +117,32 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 # -- /v1/models ----------------------------------------------------------------------
 
 
+def _described(head: Head, name: str | None) -> dict[str, Any]:
+    """What a model can do and how much it holds (zeros and no capabilities when the
+    head has no tokenizer for it, as for an alias pointing at another head's model)."""
+    model = head.models.get(name) if name is not None else None
+    if model is None:
+        return {"context_window": 0, "context_length": 0, "capabilities": None}
+    window = head.fleet.context_window(model.name)
+    return {"context_window": window, "context_length": window,
+            "capabilities": capabilities(model).flags()}
+
+
 def _model_entries(head: Head) -> list[dict[str, Any]]:
+    """``GET /v1/models``: the models some node serves now, then every alias; an alias
+    that nothing serves now says so (``available: false``)."""
     served = head.served()
     data: list[dict[str, Any]] = [
         {"id": name, "object": "model", "created": head.started_wall, "owned_by": "shoal",
-         "context_window": head.fleet.context_window(name)}
+         "available": True, **_described(head, name)}
         for name in head.models if name in served]
     for entry in head.aliases.entries():
         found = head.resolve(entry.name)
+        target = found.model or match_name(entry.target or "", head.models)
         data.append({"id": entry.name, "object": "model", "created": int(entry.updated_at),
                      "owned_by": "shoal-alias", "alias_for": entry.target,
-                     "fallbacks": list(entry.fallbacks), "resolves_to": found.model})
+                     "fallbacks": list(entry.fallbacks), "resolves_to": found.model,
+                     "available": found.model is not None, **_described(head, target)})
     return data
 
 
@@ -145,7 +162,9 @@ async def get_model(request: web.Request) -> web.Response:
         # known to the head but no node serves it now
         return web.json_response({"id": found.model, "object": "model",
                                   "created": head.started_wall, "owned_by": "shoal",
-                                  "context_window": 0}, headers=model_headers(found))
+                                  "available": False, **_described(head, found.model),
+                                  "context_window": 0, "context_length": 0},
+                                 headers=model_headers(found))
     return error_for(request, 404, f"model {wanted!r} is neither served by a node nor an "
                      "alias; GET /v1/models lists the models and aliases",
                      code="model_not_found", param="model")

@@ -68,6 +68,8 @@ ROUTES: tuple[Route, ...] = (
     ("get", "/api/tags", "ollamaTags", "Ollama: models served by the fleet", None, "ollama"),
     ("post", "/api/show", "ollamaShow", "Ollama: one model's details", "OllamaShowRequest",
      "ollama"),
+    ("get", "/api/ps", "ollamaPs", "Ollama: what is loaded on which node, with its KV use",
+     None, "ollama"),
     ("get", "/api/version", "ollamaVersion", "Ollama API version", None, "ollama"),
     ("get", "/health", "health", "Liveness and ready nodes", None, "plain"),
     ("get", "/metrics", "metrics", "Prometheus metrics", None, "text"),
