@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -240,11 +243,18 @@ async def through_route(port: int, route: str, concurrency: int,
             # the stream is read in whatever pieces arrive, and only its end is parsed:
             # the client costs the same on every route, whatever its events look like
             t0 = time.perf_counter()
-            tail = b""
+            # the last pieces only, joined once at the end: no copy per piece, so that the
+            # client's cost does not grow with the size of each route's events
+            pieces: collections.deque[bytes] = collections.deque()
+            held = 0
             async with http.post(url, json=route_body(route, tokens)) as r:
                 assert r.status == 200, await r.text()
                 async for chunk in r.content.iter_any():
-                    tail = (tail + chunk)[-TAIL:]
+                    pieces.append(chunk)
+                    held += len(chunk)
+                    while held - len(pieces[0]) >= TAIL:
+                        held -= len(pieces.popleft())
+            tail = b"".join(pieces)
             n = next(got for line in reversed(tail.split(b"\n"))
                      if (got := usage_of(route, line)) is not None)
             return n, time.perf_counter() - t0
@@ -280,25 +290,53 @@ async def paced_route(port: int, route: str, concurrency: int, tokens: int,
     return sum(n for n, _ in results) / wall, [x for _, late in results for x in late]
 
 
-def compare_routes(port: int, levels: tuple[int, ...], rounds: int,
+@dataclasses.dataclass
+class RouteFigures:
+    """One route at one level over the rounds: tokens/s relayed per round, every
+    per-token figure of every round, and the head's CPU time per token per round."""
+
+    rates: list[float] = dataclasses.field(default_factory=list)
+    per: list[float] = dataclasses.field(default_factory=list)
+    cpu_us: list[float] = dataclasses.field(default_factory=list)
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds a process's threads have run, in nanoseconds' resolution (Linux
+    /proc/PID/task/*/schedstat; /proc/PID/stat counts 10 ms ticks, too coarse for one
+    stream's round)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
+
+
+def compare_routes(head_pid: int, levels: tuple[int, ...], rounds: int, tokens: int,
                    run: Callable[[str, int], tuple[float, list[float]]]
-                   ) -> dict[tuple[int, str], tuple[float, list[float]]]:
-    """Each route at each level, ``rounds`` times, the order rotating every round: the
-    median tokens/s of the rounds and every per-token figure of every round."""
-    out: dict[tuple[int, str], tuple[float, list[float]]] = {}
+                   ) -> dict[tuple[int, str], RouteFigures]:
+    """Each route at each level, ``rounds`` times, the order rotating every round."""
+    out: dict[tuple[int, str], RouteFigures] = {}
     for c in levels:
-        rates: dict[str, list[float]] = {r: [] for r in ROUTES}
-        figures: dict[str, list[float]] = {r: [] for r in ROUTES}
+        figs = {r: RouteFigures() for r in ROUTES}
         for k in range(rounds):
             for route in ROUTES[k % len(ROUTES):] + ROUTES[:k % len(ROUTES)]:
+                before = cpu_s(head_pid)
                 tps, per = run(route, c)
-                rates[route].append(tps)
-                figures[route] += per
+                figs[route].cpu_us.append((cpu_s(head_pid) - before) * 1e6 / (c * tokens))
+                figs[route].rates.append(tps)
+                figs[route].per += per
         for route in ROUTES:
-            out[(c, route)] = (statistics.median(rates[route]), figures[route])
-            print(f"{c:>3} streams {route:>9}: {statistics.median(rates[route]):,.0f} tok/s",
+            out[(c, route)] = figs[route]
+            print(f"{c:>3} streams {route:>9}: {statistics.median(figs[route].rates):,.0f} "
+                  f"tok/s, head CPU {statistics.median(figs[route].cpu_us):.1f} us/token",
                   flush=True)
     return out
+
+
+def per_round_ratio(route: list[float], chat: list[float]) -> float:
+    """The median over rounds of the route's figure over chat's in the same round (the
+    machine's load drifts between rounds, much less within one)."""
+    return statistics.median(r / c for r, c in zip(route, chat, strict=True))
 
 
 def start_fleet(env: dict[str, str], tokens: int, speed: float,
@@ -351,8 +389,8 @@ def main() -> None:
     procs: list[subprocess.Popen[str]] = []
     rows = []
     paced = []
-    unpaced_routes: dict[tuple[int, str], tuple[float, list[float]]] = {}
-    paced_routes: dict[tuple[int, str], tuple[float, list[float]]] = {}
+    unpaced_routes: dict[tuple[int, str], RouteFigures] = {}
+    paced_routes: dict[tuple[int, str], RouteFigures] = {}
     paced_ref: dict[int, float] = {}
     if args.routes_only:
         compare_only(env, args)
@@ -373,7 +411,7 @@ def main() -> None:
         for route in ROUTES:  # warm every route's code path
             asyncio.run(through_route(hport, route, 4, 50))
         unpaced_routes = compare_routes(
-            hport, LEVELS, args.rounds,
+            procs[-1].pid, LEVELS, args.rounds, args.tokens,
             lambda route, c: asyncio.run(through_route(hport, route, c, args.tokens)))
         stop_all(procs)
         hport = start_fleet(env, args.paced_tokens, args.paced_speed, procs)
@@ -394,7 +432,7 @@ def main() -> None:
         for route in ROUTES:
             asyncio.run(paced_route(hport, route, 4, 20, args.paced_speed))
         paced_routes = compare_routes(
-            hport, LEVELS, args.rounds,
+            procs[-1].pid, LEVELS, args.rounds, args.paced_tokens,
             lambda route, c: asyncio.run(paced_route(hport, route, c, args.paced_tokens,
                                                      args.paced_speed)))
     finally:
@@ -405,12 +443,13 @@ def main() -> None:
 def compare_only(env: dict[str, str], args: argparse.Namespace) -> None:
     """The route comparison alone (both fleets), written as its own subsection."""
     procs: list[subprocess.Popen[str]] = []
+    args.load_start = os.getloadavg()[0]
     try:
         hport = start_fleet(env, args.tokens, 0.0, procs)
         for route in ROUTES:  # warm every route's code path
             asyncio.run(through_route(hport, route, 4, 50))
         unpaced = compare_routes(
-            hport, LEVELS, args.rounds,
+            procs[-1].pid, LEVELS, args.rounds, args.tokens,
             lambda route, c: asyncio.run(through_route(hport, route, c, args.tokens)))
         stop_all(procs)
         hport = start_fleet(env, args.paced_tokens, args.paced_speed, procs)
@@ -419,11 +458,12 @@ def compare_only(env: dict[str, str], args: argparse.Namespace) -> None:
         paced_ref = {c: statistics.median(asyncio.run(paced_in_process(
             c, args.paced_tokens, args.paced_speed))[1]) for c in LEVELS}
         paced = compare_routes(
-            hport, LEVELS, args.rounds,
+            procs[-1].pid, LEVELS, args.rounds, args.paced_tokens,
             lambda route, c: asyncio.run(paced_route(hport, route, c, args.paced_tokens,
                                                      args.paced_speed)))
     finally:
         stop_all(procs)
+    args.load_end = os.getloadavg()[0]
     lines = route_table(unpaced, paced, paced_ref, args)
     text = args.out.read_text()
     heading = "### Agent routes against Chat Completions"
@@ -440,8 +480,8 @@ def compare_only(env: dict[str, str], args: argparse.Namespace) -> None:
     print(f"wrote {args.out}")
 
 
-def route_table(unpaced: dict[tuple[int, str], tuple[float, list[float]]],
-                paced: dict[tuple[int, str], tuple[float, list[float]]],
+def route_table(unpaced: dict[tuple[int, str], RouteFigures],
+                paced: dict[tuple[int, str], RouteFigures],
                 paced_ref: dict[int, float], args: argparse.Namespace) -> list[str]:
     """The agents' routes against Chat Completions, as markdown lines."""
     lines = [
@@ -452,26 +492,38 @@ def route_table(unpaced: dict[tuple[int, str], tuple[float, list[float]]],
         "round. Relayed tok/s is the median of the rounds (unpaced: all tokens of all "
         "streams over the round's wall time; the client reads each stream in the pieces "
         "that arrive and parses only its last event, so it costs the same on every "
-        "route); ms/token is the median over every stream of "
-        "every round; the added latency is the median lateness of every paced token minus "
-        "the in-process median, as above. \"vs chat\" divides by the Chat Completions "
-        "figure of the same level (target: tok/s within 10 %, that is at least 0.90).", "",
-        "| streams | route | relayed tok/s | vs chat | ms/token through head | "
-        "paced tok/s | added ms/token (paced) | vs chat (paced, ms) |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+        "route). \"vs chat\" is the median over rounds of the route's figure divided by "
+        "Chat Completions' in the same round (target: tok/s within 10 %, that is at least "
+        "0.90). Head CPU is the time the head process's threads ran over the round (Linux "
+        "schedstat) per relayed token, the cost that does not depend on what "
+        "else the machine runs. ms/token is the median over every stream of every round; "
+        "the added latency is the median lateness of every paced token minus the "
+        "in-process median, as above."
+        + (f" {os.cpu_count()} cores shared with other work; 1-minute load average "
+           f"{args.load_start:.2f} at the start, {args.load_end:.2f} at the end: single "
+           "rounds are noisy, the medians and ratios are what to read."
+           if hasattr(args, "load_end") else ""), "",
+        "| streams | route | relayed tok/s | vs chat | head CPU us/token | vs chat | "
+        "ms/token through head | paced tok/s | added ms/token (paced) | "
+        "vs chat (paced, ms) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     names = {"chat": "`/v1/chat/completions`", "messages": "`/v1/messages`",
              "responses": "`/v1/responses`"}
     for c in LEVELS:
-        chat_tps = unpaced[(c, "chat")][0]
-        chat_added = statistics.median(paced[(c, "chat")][1]) - paced_ref[c]
+        chat = unpaced[(c, "chat")]
+        chat_added = statistics.median(paced[(c, "chat")].per) - paced_ref[c]
         for route in ROUTES:
-            tps, per = unpaced[(c, route)]
-            ptps, late = paced[(c, route)]
-            added = statistics.median(late) - paced_ref[c]
+            fig = unpaced[(c, route)]
+            pfig = paced[(c, route)]
+            added = statistics.median(pfig.per) - paced_ref[c]
             lines.append(
-                f"| {c} | {names[route]} | {tps:,.0f} | {tps / chat_tps:.2f} | "
-                f"{statistics.median(per) * 1000:.3f} | {ptps:,.0f} | {added:.3f} | "
+                f"| {c} | {names[route]} | {statistics.median(fig.rates):,.0f} | "
+                f"{per_round_ratio(fig.rates, chat.rates):.2f} | "
+                f"{statistics.median(fig.cpu_us):.1f} | "
+                f"{per_round_ratio(fig.cpu_us, chat.cpu_us):.2f} | "
+                f"{statistics.median(fig.per) * 1000:.3f} | "
+                f"{statistics.median(pfig.rates):,.0f} | {added:.3f} | "
                 f"{added - chat_added:+.3f} |")
     only = " --routes-only" if args.routes_only else ""
     lines += ["", f"Command: `.venv/bin/python scripts/bench/head_overhead.py{only} --tokens "
