@@ -100,6 +100,10 @@ class Wire:
         """Written once before the first event's bytes of a stream."""
         return b""
 
+    def ping(self) -> bytes:
+        """A keepalive, the first of which commits the answer to 200."""
+        return self.keepalive
+
     def event(self, ev: ChatEvent) -> bytes:
         raise NotImplementedError
 
@@ -193,7 +197,7 @@ async def answer(request: web.Request, head: Head, turn: Turn, wire: Wire,
                     continue
                 if resp is None:
                     resp = await commit()
-                await resp.write(wire.keepalive)
+                await resp.write(wire.ping())
                 metrics.keepalives += 1
                 last_write = now
                 continue

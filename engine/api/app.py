@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from engine.api import admin, completions, context, ollama, openai, ops
+from engine.api import admin, anthropic, completions, context, ollama, openai, ops, responses
 from engine.api.auth import Gate, add_cors_headers, gate_middleware
 from engine.api.errors import error_for
 from engine.api.metrics import METRICS, ApiMetrics, metrics_route
@@ -102,12 +102,16 @@ def build_app(head: Head, *, snapshot: Callable[[], FleetSnapshot] | None = None
     r = app.router
     r.add_post("/v1/chat/completions", openai.chat_completions)
     r.add_post("/v1/completions", completions.completions)
+    r.add_post("/v1/responses", responses.responses)
+    r.add_post("/v1/messages", anthropic.messages)
+    r.add_post("/v1/messages/count_tokens", anthropic.count_tokens)
     r.add_get("/v1/models", openai.list_models)
     r.add_get("/v1/models/{model:.+}", openai.get_model)
     r.add_post("/api/chat", ollama.chat)
     r.add_post("/api/generate", ollama.generate)
     r.add_get("/api/tags", ollama.tags)
     r.add_post("/api/show", ollama.show)
+    r.add_get("/api/ps", ollama.ps)
     r.add_get("/api/version", ollama.version)
     r.add_get("/v1/fleet", ops.fleet)
     r.add_get("/health", ops.health)

@@ -37,7 +37,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from engine.api.context import request_key
+from engine.api.context import KEY_NAME, request_key
 from engine.api.errors import error_for
 from engine.head.access import keys
 from engine.head.access.hosts import host_allowed, host_of, machine_names
@@ -48,13 +48,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 OPEN_PATHS = frozenset({"/health"})
 ALLOW_HEADERS = ("Authorization, Content-Type, X-Session-Id, X-Session-Affinity, "
-                 "X-Shoal-Prefer, OpenAI-Organization, OpenAI-Project")
+                 "X-Shoal-Prefer, OpenAI-Organization, OpenAI-Project, X-Api-Key, "
+                 "Anthropic-Version, Anthropic-Beta")
 EXPOSE_HEADERS = "X-Shoal-Model, X-Shoal-Alias, X-Shoal-Node, Retry-After"
 ALLOW_METHODS = "GET, POST, PUT, DELETE, OPTIONS"
 PREFLIGHT_MAX_AGE_S = 600
 NAMES_REFRESH_S = 30.0  # a missed Host looks up this machine's addresses again this often
 CORS_ORIGIN = request_key("cors_origin", str)  # the allowed Origin to echo back
-KEY_NAME = request_key("key_name", str)  # the name of the issued key used
 
 
 # -- the gate ----------------------------------------------------------------------
@@ -183,7 +183,7 @@ class Gate:
         (None, why) when the token opens nothing."""
         if token is None:
             return None, ("this head needs an API key; send it as "
-                          "'Authorization: Bearer <key>'")
+                          "'Authorization: Bearer <key>' or 'x-api-key: <key>'")
         static = self.api_key
         if static is not None and keys.static_key_ok(static, token):
             return "", ""
@@ -197,6 +197,16 @@ class Gate:
                 return None, (f"key {claimed!r} has been revoked; ask the fleet's owner "
                               "for a new one")
         return None, "the API key is not valid for this head; check it or ask for a new one"
+
+
+def presented_key(request: web.Request) -> str | None:
+    """The key a request carries: ``Authorization: Bearer`` (OpenAI's clients), else
+    ``x-api-key`` (Anthropic's)."""
+    bearer = keys.bearer_token(request.headers.get("Authorization"))
+    if bearer is not None:
+        return bearer
+    other = request.headers.get("x-api-key", "").strip()
+    return other or None
 
 
 def _refuse(request: web.Request, status: int, message: str, code: str, *,
@@ -246,7 +256,7 @@ def gate_middleware(gate: Gate,
             return await handler(request)
         if path.startswith("/v1/aliases") and is_loopback(request.remote or ""):
             return await handler(request)  # admin.py decides, as before keys
-        name, why = gate.identify(keys.bearer_token(request.headers.get("Authorization")))
+        name, why = gate.identify(presented_key(request))
         if name is None:
             refused("key")
             return _refuse(request, 401, why, "invalid_api_key",

@@ -3,6 +3,8 @@ and the model a request's name runs (or the refusal when it names nothing runnab
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -22,16 +24,49 @@ def request_key(name: str, kind: type[Any]) -> Any:
 
 
 ARRIVED = request_key("arrived", float)  # the head's clock when the request came in
+KEY_NAME = request_key("key_name", str)  # the name of the issued key used (auth.py sets it)
 
 
-def routing_of(request: web.Request) -> Routing:
-    """The request's placement hints: affinity (X-Session-Id), ?host= and ?prefer=."""
+def conversation_key(messages: Sequence[Mapping[str, Any]], key_name: str = "") -> str | None:
+    """A stable session key for a conversation whose client sends no X-Session-Id: a
+    hash of what every turn of it repeats unchanged, the system prompt and the first
+    user turn, and of the API key's name (two people's conversations never share a
+    key). None when there is no user turn to go by."""
+    system = next((m.get("content") for m in messages if m.get("role") == "system"), "")
+    user = next((m.get("content") for m in messages if m.get("role") == "user"), None)
+    if user is None:
+        return None
+    h = hashlib.sha256()
+    for part in (key_name, str(system or ""), str(user)):
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part.encode("utf-8", "surrogatepass"))
+    return "conv-" + h.hexdigest()[:32]
+
+
+def routing_of(request: web.Request, messages: Sequence[Mapping[str, Any]] | None = None, *,
+               cache_key: str | None = None) -> Routing:
+    """The request's placement hints: affinity, ?host= and ?prefer=.
+
+    Affinity: ``X-Session-Id`` (or ``X-Session-Affinity``) when sent; else a key the
+    body names (``cache_key``: the Responses API's ``prompt_cache_key``); else, for a
+    chat, the conversation's own key (:func:`conversation_key`), so an agent's turns
+    reach the node holding their prompt cache without a header. A derived key steers
+    only the later turns: a first turn (no assistant turn yet), which any number of
+    conversations may open with the same words, is placed by the policy, and where it
+    went is remembered for the turn that follows it."""
     affinity = (request.headers.get("X-Session-Id")
                 or request.headers.get("X-Session-Affinity") or None)
+    key_name = str(request.get(KEY_NAME) or "")
+    first_turn = False
+    if affinity is None and cache_key:
+        affinity = f"key-{key_name}-{cache_key}"
+    if affinity is None and messages:
+        affinity = conversation_key(messages, key_name)
+        first_turn = not any(m.get("role") in ("assistant", "tool") for m in messages)
     pin = request.query.get("host") or None
     prefer_raw = request.query.get("prefer") or request.headers.get("X-Shoal-Prefer") or ""
     prefer = tuple(p.strip() for p in prefer_raw.split(",") if p.strip())[:16]
-    return Routing(affinity=affinity[:256] if affinity else None,
+    return Routing(affinity=affinity[:256] if affinity else None, first_turn=first_turn,
                    pin_host=pin[:256] if pin else None, prefer=prefer)
 
 

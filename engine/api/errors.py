@@ -1,8 +1,9 @@
 """Errors in the OpenAI shape: {"error": {"message", "type", "param", "code"}}.
 
 Ollama's routes (``/api/...``) answer in Ollama's own shape, ``{"error": "message"}``,
-which its clients read. The engine's errors carry a code and no status: ``STATUS``
-is the one place that says how each code is answered over HTTP.
+which its clients read; Anthropic's (``/v1/messages...``) in Anthropic's,
+``{"type": "error", "error": {"type", "message"}}``. The engine's errors carry a code
+and no status: ``STATUS`` is the one place that says how each code is answered over HTTP.
 """
 
 from __future__ import annotations
@@ -26,6 +27,24 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error",
           403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
           413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
           502: "server_error", 503: "server_error"}
+
+
+# Anthropic's error types by status (its 529 "overloaded" is our 503: no node free)
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                    403: "permission_error", 404: "not_found_error",
+                    405: "invalid_request_error", 413: "request_too_large",
+                    429: "rate_limit_error", 500: "api_error", 503: "overloaded_error"}
+
+
+def anthropic_body(status: int, message: str) -> dict[str, Any]:
+    return {"type": "error",
+            "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500
+                                                   else "invalid_request_error"),
+                      "message": message}}
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
 
 
 def error_body(status: int, message: str, *, code: str | None = None,
@@ -65,6 +84,9 @@ def error_for(request: web.Request, status: int, message: str, *, code: str | No
     """An error in the shape the route's clients read."""
     if is_ollama_path(request.path):
         return ollama_error(status, message, retry_after=retry_after, headers=headers)
+    if is_anthropic_path(request.path):
+        return web.json_response(anthropic_body(status, message), status=status,
+                                 headers=_headers(retry_after, headers))
     return error_response(status, message, code=code, param=param, retry_after=retry_after,
                           headers=headers)
 

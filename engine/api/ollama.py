@@ -1,4 +1,5 @@
-"""Ollama's native routes: /api/chat, /api/generate, /api/tags, /api/show, /api/version.
+"""Ollama's native routes: /api/chat, /api/generate, /api/tags, /api/show, /api/ps,
+/api/version.
 
 Shaped as Ollama answers them, so its clients and the tools built on them work
 unchanged: NDJSON streams by default (``"stream": false`` for one JSON object),
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -34,10 +36,11 @@ from engine.api.schemas import (
     decode_as,
     unsupported_ollama,
 )
-from engine.api.turns import chat_request_turn, sampling_of
+from engine.api.turns import chat_request_turn, sampling_of, to_template_messages
 from engine.errors import RequestError, ShoalError
 from engine.head.head import Head
-from engine.head.prompt.model import HeadModel
+from engine.head.observe import node_snapshot
+from engine.head.prompt.model import HeadModel, capabilities
 from engine.head.prompt.tools import TextDelta, ToolCallDelta
 from engine.head.prompt.turn import (
     ChatEvent,
@@ -209,9 +212,11 @@ async def chat(request: web.Request) -> web.StreamResponse:
     if not req.messages:
         return _loaded(req.model, "message", names)
     chat_req = _to_chat(req, req.stream)
+    messages = to_template_messages(chat_req)
     try:
         turn = await chat_request_turn(head.models[model_name], head.runner, chat_req,
-                                       routing_of(request), tool_parser=head.tool_parser)
+                                       routing_of(request, messages), messages=messages,
+                                       tool_parser=head.tool_parser)
     except RequestError as exc:
         return refusal(request, exc, names)
     return await answer(request, head, turn,
@@ -306,18 +311,6 @@ async def tags(request: web.Request) -> web.Response:
     return web.json_response({"models": models})
 
 
-def _capabilities(model: HeadModel) -> list[str]:
-    caps = ["completion"]
-    source = model.template.source
-    if "tools" in source:
-        caps.append("tools")
-    if model.vocab.fim_ids() is not None:
-        caps.append("insert")
-    if "enable_thinking" in source or "<think>" in source:
-        caps.append("thinking")
-    return caps
-
-
 async def show(request: web.Request) -> web.Response:
     head = request.app[HEAD]
     req = await _decode(request, OllamaShowRequest)
@@ -333,16 +326,47 @@ async def show(request: web.Request) -> web.Response:
     model = head.models[model_name]
     meta = model.vocab.metadata()
     info: dict[str, Any] = {k: v for k, v in meta.items() if not k.startswith("tokenizer.")}
+    # Ollama's clients read the window as model_info["<architecture>.context_length"]
+    arch = meta.get("general.architecture") or "shoal"
+    info["general.architecture"] = arch
     window = head.fleet.context_window(model.name)
     if window:
-        arch = meta.get("general.architecture", "shoal")
         info[f"{arch}.context_length"] = window
     return web.json_response({
         "modelfile": f"# served by Shoal through its fleet\nFROM {model.name}\n",
         "parameters": "", "template": model.template.source,
         "details": _details(model), "model_info": info,
-        "capabilities": _capabilities(model), "modified_at": _modified(head)},
+        "capabilities": capabilities(model).names(), "modified_at": _modified(head)},
         headers=names)
+
+
+NEVER = "9999-12-31T23:59:59Z"  # a model on a node stays loaded while the node runs
+
+
+async def ps(request: web.Request) -> web.Response:
+    """What is loaded where: one entry per node linked now, with its model, window,
+    lanes and KV use (Ollama's fields, then Shoal's under ``shoal``)."""
+    head = request.app[HEAD]
+    now = head.fleet.clock()
+    wall = time.time()
+    entries = []
+    for pool in head.fleet.pools.values():
+        if pool.state != "ready":
+            continue
+        node = node_snapshot(pool, now=now, wall=wall)
+        model = head.models.get(node.model)
+        entry: dict[str, Any] = {
+            "name": node.model, "model": node.model,
+            "size": _size(model) if model is not None else 0,
+            "digest": hashlib.sha256(node.model.encode()).hexdigest(),
+            "details": _details(model) if model is not None else {},
+            "expires_at": NEVER, "size_vram": 0, "context_length": node.context_window,
+            "shoal": {"node": node.identity, "address": node.address,
+                      "runtime": node.runtime, "lanes": node.lanes,
+                      "lanes_busy": node.lanes_busy, "kv_used": node.kv_used,
+                      "kv_total": node.kv_total, "decode_tps": node.decode_tps}}
+        entries.append(entry)
+    return web.json_response({"models": entries})
 
 
 async def version(request: web.Request) -> web.Response:

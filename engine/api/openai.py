@@ -12,9 +12,11 @@ from engine.api.answer import CollectedJSON, SSEWire, Wire, answer, sse, usage
 from engine.api.context import HEAD, model_headers, resolve_model, routing_of, runnable
 from engine.api.errors import error_for, refusal
 from engine.api.schemas import BadRequest, ChatRequest, decode_chat, unsupported
-from engine.api.turns import chat_request_turn
+from engine.api.turns import Refused, chat_request_turn, openai_tool_choice, to_template_messages
 from engine.errors import RequestError
 from engine.head.head import Head
+from engine.head.naming.names import match_name
+from engine.head.prompt.model import capabilities
 from engine.head.prompt.tools import TextDelta, ToolCallDelta
 from engine.head.prompt.turn import ChatEvent
 
@@ -91,13 +93,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     problem = unsupported(req)
     if problem:
         return error_for(request, 400, problem, code="unsupported_parameter")
+    try:
+        choice = openai_tool_choice(req.tool_choice, req.tools)
+    except Refused as exc:
+        return error_for(request, 400, str(exc), code="invalid_request", param=exc.param)
     resolved = runnable(request, head, req.model)
     if isinstance(resolved, web.Response):
         return resolved
     model_name, names = resolved
+    messages = to_template_messages(req)
     try:
         turn = await chat_request_turn(head.models[model_name], head.runner, req,
-                                       routing_of(request), tool_parser=head.tool_parser)
+                                       routing_of(request, messages), messages=messages,
+                                       tool_choice=choice, tool_parser=head.tool_parser)
     except RequestError as exc:
         return refusal(request, exc, names)
     cid = "chatcmpl-" + turn.session[2:]
@@ -109,17 +117,32 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 # -- /v1/models ----------------------------------------------------------------------
 
 
+def _described(head: Head, name: str | None) -> dict[str, Any]:
+    """What a model can do and how much it holds (zeros and no capabilities when the
+    head has no tokenizer for it, as for an alias pointing at another head's model)."""
+    model = head.models.get(name) if name is not None else None
+    if model is None:
+        return {"context_window": 0, "context_length": 0, "capabilities": None}
+    window = head.fleet.context_window(model.name)
+    return {"context_window": window, "context_length": window,
+            "capabilities": capabilities(model).flags()}
+
+
 def _model_entries(head: Head) -> list[dict[str, Any]]:
+    """``GET /v1/models``: the models some node serves now, then every alias; an alias
+    that nothing serves now says so (``available: false``)."""
     served = head.served()
     data: list[dict[str, Any]] = [
         {"id": name, "object": "model", "created": head.started_wall, "owned_by": "shoal",
-         "context_window": head.fleet.context_window(name)}
+         "available": True, **_described(head, name)}
         for name in head.models if name in served]
     for entry in head.aliases.entries():
         found = head.resolve(entry.name)
+        target = found.model or match_name(entry.target or "", head.models)
         data.append({"id": entry.name, "object": "model", "created": int(entry.updated_at),
                      "owned_by": "shoal-alias", "alias_for": entry.target,
-                     "fallbacks": list(entry.fallbacks), "resolves_to": found.model})
+                     "fallbacks": list(entry.fallbacks), "resolves_to": found.model,
+                     "available": found.model is not None, **_described(head, target)})
     return data
 
 
@@ -139,7 +162,9 @@ async def get_model(request: web.Request) -> web.Response:
         # known to the head but no node serves it now
         return web.json_response({"id": found.model, "object": "model",
                                   "created": head.started_wall, "owned_by": "shoal",
-                                  "context_window": 0}, headers=model_headers(found))
+                                  "available": False, **_described(head, found.model),
+                                  "context_window": 0, "context_length": 0},
+                                 headers=model_headers(found))
     return error_for(request, 404, f"model {wanted!r} is neither served by a node nor an "
                      "alias; GET /v1/models lists the models and aliases",
                      code="model_not_found", param="model")

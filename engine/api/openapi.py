@@ -16,7 +16,8 @@ from engine.api import schemas as s
 
 REF = "#/components/schemas/{name}"
 _STRUCTS: tuple[type[msgspec.Struct], ...] = (
-    s.ChatRequest, s.CompletionRequest, s.OllamaChatRequest, s.OllamaGenerateRequest,
+    s.ChatRequest, s.CompletionRequest, s.ResponsesRequest, s.AnthropicRequest,
+    s.AnthropicCountRequest, s.OllamaChatRequest, s.OllamaGenerateRequest,
     s.OllamaShowRequest)
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
@@ -26,6 +27,10 @@ _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
                    "code": {"type": ["string", "null"]}}}}}
 _OLLAMA_ERROR = {"type": "object", "required": ["error"],
                  "properties": {"error": {"type": "string"}}}
+_ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"},
+    "error": {"type": "object", "required": ["type", "message"],
+              "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}}
 _ALIAS_SET = {"type": "object", "required": ["target"], "properties": {
     "target": {"type": "string", "maxLength": 512},
     "fallbacks": {"type": "array", "items": {"type": "string", "maxLength": 512},
@@ -33,7 +38,8 @@ _ALIAS_SET = {"type": "object", "required": ["target"], "properties": {
 _OBJECT = {"type": "object"}
 
 # (method, path, operationId, summary, request schema name or inline schema, kind)
-# kind: "openai" | "ollama" | "stream" (may answer SSE) | "ndjson" | "text" | "plain"
+# kind: "openai" | "ollama" | "anthropic" | "stream" (may answer SSE) | "anthropic-stream"
+#       | "ndjson" | "text" | "plain"
 Route = tuple[str, str, str, str, str | dict[str, Any] | None, str]
 ROUTES: tuple[Route, ...] = (
     ("post", "/v1/chat/completions", "createChatCompletion",
@@ -41,7 +47,17 @@ ROUTES: tuple[Route, ...] = (
     ("post", "/v1/completions", "createCompletion",
      "Text completion; with suffix, fill-in-the-middle (SSE with stream: true)",
      "CompletionRequest", "stream"),
-    ("get", "/v1/models", "listModels", "Models served by the fleet, and aliases", None,
+    ("post", "/v1/responses", "createResponse",
+     "OpenAI Responses, stateless: store is false, previous_response_id is refused "
+     "(SSE with stream: true)", "ResponsesRequest", "stream"),
+    ("post", "/v1/messages", "createMessage",
+     "Anthropic Messages (SSE with stream: true); errors in Anthropic's shape",
+     "AnthropicRequest", "anthropic-stream"),
+    ("post", "/v1/messages/count_tokens", "countMessageTokens",
+     "Anthropic: the prompt tokens a Messages request would use", "AnthropicCountRequest",
+     "anthropic"),
+    ("get", "/v1/models", "listModels",
+     "Models served by the fleet, and aliases, with context window and capabilities", None,
      "openai"),
     ("get", "/v1/models/{model}", "retrieveModel", "One model or alias", None, "openai"),
     ("post", "/api/chat", "ollamaChat", "Ollama chat (NDJSON stream unless stream: false)",
@@ -52,6 +68,8 @@ ROUTES: tuple[Route, ...] = (
     ("get", "/api/tags", "ollamaTags", "Ollama: models served by the fleet", None, "ollama"),
     ("post", "/api/show", "ollamaShow", "Ollama: one model's details", "OllamaShowRequest",
      "ollama"),
+    ("get", "/api/ps", "ollamaPs", "Ollama: what is loaded on which node, with its KV use",
+     None, "ollama"),
     ("get", "/api/version", "ollamaVersion", "Ollama API version", None, "ollama"),
     ("get", "/health", "health", "Liveness and ready nodes", None, "plain"),
     ("get", "/metrics", "metrics", "Prometheus metrics", None, "text"),
@@ -72,6 +90,8 @@ ROUTES: tuple[Route, ...] = (
      "Point an alias back at its previous target (this machine)", None, "openai"),
 )
 
+GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+              "/api/chat", "/api/generate")
 _STATUSES = {"400": "Invalid request", "401": "Missing or invalid API key",
              "403": "Origin not allowed, or not from this machine",
              "404": "Unknown model, alias or route", "413": "Body too large",
@@ -80,8 +100,9 @@ _STATUSES = {"400": "Invalid request", "401": "Missing or invalid API key",
 
 
 def _responses(kind: str) -> dict[str, Any]:
-    err = _OLLAMA_ERROR if kind in ("ollama", "ndjson") else _ERROR
-    if kind == "stream":
+    err = (_OLLAMA_ERROR if kind in ("ollama", "ndjson")
+           else _ANTHROPIC_ERROR if kind.startswith("anthropic") else _ERROR)
+    if kind in ("stream", "anthropic-stream"):
         ok = {"description": "The answer (JSON), or its events (SSE)", "content": {
             "application/json": {"schema": _OBJECT},
             "text/event-stream": {"schema": {"type": "string"}}}}
@@ -107,7 +128,7 @@ def _params(path: str) -> list[dict[str, Any]]:
         if "{" + name + "}" in path:
             params.append({"name": name, "in": "path", "required": True,
                            "schema": {"type": "string", "minLength": 1, "maxLength": 512}})
-    if path in ("/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate"):
+    if path in GENERATING:
         params += [
             {"name": "host", "in": "query", "required": False,
              "description": "pin the request to the node of this name",
@@ -145,6 +166,18 @@ _REFINE: dict[str, dict[str, Any]] = {
                                         "maxLength": s.MAX_BODY}}]},
         "n": _ONE, "best_of": _ONE, "echo": _NO, "logprobs": _NOTHING,
         "logit_bias": _EMPTY_MAP},
+    "ResponsesRequest": {"previous_response_id": _NULL, "conversation": _NULL,
+                         "background": _NO, "top_logprobs": _NOTHING},
+    "ResponsesItem": {"type": {"anyOf": [{"enum": [
+        "message", "function_call", "function_call_output", "reasoning"]}, _NULL]}},
+    "ResponsesPart": {"type": {"enum": ["input_text", "output_text", "text",
+                                        "summary_text", "refusal"]}},
+    "ResponsesTool": {"type": {"const": "function"}},
+    "ResponsesFormat": {"type": {"const": "text"}},
+    "AnthropicBlock": {"type": {"enum": ["text", "tool_use", "tool_result", "thinking",
+                                         "redacted_thinking"]}},
+    "AnthropicInnerBlock": {"type": {"const": "text"}},
+    "AnthropicTool": {"type": {"anyOf": [{"const": "custom"}, _NULL]}},
     "OllamaChatRequest": {"format": _NO_FORMAT},
     "OllamaGenerateRequest": {"format": _NO_FORMAT, "images": _EMPTY_LIST,
                               "template": _NO_FORMAT, "context": _EMPTY_LIST},
@@ -197,13 +230,17 @@ def build_spec() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {"title": "Shoal head", "version": __version__,
-                 "description": "OpenAI- and Ollama-compatible API of a Shoal fleet."},
+                 "description": "OpenAI-, Anthropic- and Ollama-compatible API of a Shoal "
+                                "fleet."},
         "servers": [{"url": "/"}],
         "paths": paths,
         "components": {
             "schemas": components,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                           "description": "only when the head has keys"}}},
+            "securitySchemes": {
+                "bearer": {"type": "http", "scheme": "bearer",
+                           "description": "only when the head has keys"},
+                "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key",
+                           "description": "the same keys, as Anthropic's clients send them"}}},
     }
 
 

@@ -267,6 +267,160 @@ def unsupported_ollama(req: OllamaChatRequest | OllamaGenerateRequest) -> str | 
     return None
 
 
+# -- Anthropic: /v1/messages, /v1/messages/count_tokens ---------------------------------
+# Blocks and items are read loosely (every field optional but typed), so that a block
+# of a kind Shoal cannot take is refused by name (engine.api.anthropic), not as a
+# decoding error.
+
+_Id = Annotated[str, msgspec.Meta(max_length=256)]
+
+
+class AnthropicInnerBlock(msgspec.Struct):
+    """A block inside a ``tool_result``: text, or an image (refused)."""
+
+    type: _Name
+    text: _Str | None = None
+
+
+class AnthropicBlock(msgspec.Struct):
+    type: _Name
+    text: _Str | None = None
+    id: _Id | None = None  # tool_use
+    name: _Name | None = None  # tool_use
+    input: Any = None  # tool_use: the call's arguments, an object
+    tool_use_id: _Id | None = None  # tool_result
+    content: _Str | Annotated[list[AnthropicInnerBlock],
+                              msgspec.Meta(max_length=10_000)] | None = None  # tool_result
+    is_error: bool | None = None  # tool_result
+
+
+_Blocks = Annotated[list[AnthropicBlock], msgspec.Meta(max_length=100_000)]
+
+
+class AnthropicMessage(msgspec.Struct):
+    role: Literal["user", "assistant"]
+    content: _Str | _Blocks
+
+
+class AnthropicTool(msgspec.Struct):
+    name: _Name
+    description: _Str | None = None
+    input_schema: dict[str, Any] | None = None
+    type: _Name | None = None  # absent or "custom" for a client tool; else a server tool
+
+
+class AnthropicToolChoice(msgspec.Struct):
+    type: Literal["auto", "any", "tool", "none"]
+    name: _Name | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class AnthropicCountRequest(msgspec.Struct, kw_only=True):
+    """POST /v1/messages/count_tokens: what a Messages request would put in the prompt."""
+
+    model: _Name
+    messages: Annotated[list[AnthropicMessage], msgspec.Meta(min_length=1, max_length=100_000)]
+    system: _Str | _Blocks | None = None
+    tools: Annotated[list[AnthropicTool], msgspec.Meta(max_length=512)] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+    thinking: dict[str, Any] | None = None
+
+
+class AnthropicRequest(AnthropicCountRequest, kw_only=True):
+    """POST /v1/messages."""
+
+    max_tokens: _MaxTok
+    stop_sequences: Annotated[list[_Stop], msgspec.Meta(max_length=16)] | None = None
+    temperature: _Temp | None = None
+    top_p: _Prob | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] | None = None
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+    service_tier: _Name | None = None
+
+
+# -- OpenAI Responses: /v1/responses --------------------------------------------------
+
+
+class ResponsesPart(msgspec.Struct):
+    """A content part of an input message: ``input_text``/``output_text`` (read), others
+    (images, files: refused)."""
+
+    type: _Name
+    text: _Str | None = None
+
+
+_Parts = Annotated[list[ResponsesPart], msgspec.Meta(max_length=10_000)]
+
+
+class ResponsesItem(msgspec.Struct, kw_only=True):
+    """An input item: a message (``type`` absent or ``message``), a ``function_call``
+    the model made, the ``function_call_output`` that answers it, or ``reasoning``."""
+
+    type: _Name | None = None
+    role: _Name | None = None
+    content: _Str | _Parts | None = None
+    id: _Id | None = None
+    call_id: _Id | None = None
+    name: _Name | None = None
+    arguments: _Str | None = None
+    output: _Str | _Parts | None = None
+
+
+class ResponsesTool(msgspec.Struct, kw_only=True):
+    type: _Name
+    name: _Name | None = None
+    description: _Str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponsesNamedChoice(msgspec.Struct, kw_only=True):
+    type: _Name
+    name: _Name | None = None
+
+
+class ResponsesFormat(msgspec.Struct, kw_only=True):
+    type: _Name = "text"
+
+
+class ResponsesText(msgspec.Struct, kw_only=True):
+    format: ResponsesFormat | None = None
+    verbosity: _Name | None = None
+
+
+class ResponsesReasoning(msgspec.Struct, kw_only=True):
+    effort: _Name | None = None
+    summary: _Name | None = None
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True):
+    model: _Name
+    input: _Str | Annotated[list[ResponsesItem], msgspec.Meta(max_length=100_000)] = ""
+    instructions: _Str | None = None
+    max_output_tokens: _MaxTok | None = None
+    temperature: _Temp | None = None
+    top_p: _Prob | None = None
+    tools: Annotated[list[ResponsesTool], msgspec.Meta(max_length=512)] | None = None
+    tool_choice: _Name | ResponsesNamedChoice | None = None
+    parallel_tool_calls: bool | None = None
+    previous_response_id: _Id | None = None
+    conversation: Any = None
+    store: bool | None = None
+    stream: bool = False
+    text: ResponsesText | None = None
+    reasoning: ResponsesReasoning | None = None
+    metadata: dict[str, Any] | None = None
+    user: _Name | None = None
+    prompt_cache_key: _Id | None = None
+    background: bool | None = None
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
+    truncation: _Name | None = None
+    include: Annotated[list[_Name], msgspec.Meta(max_length=64)] | None = None
+    service_tier: _Name | None = None
+    stream_options: dict[str, Any] | None = None
+
+
 def _decoder_for(kind: type[Any]) -> msgspec.json.Decoder[Any]:
     return msgspec.json.Decoder(kind)
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from engine.head.commands import AliasCommands
 from engine.head.fleet.links import NodePool
 from engine.head.head import Head
+from engine.head.prompt.model import capabilities
 from engine.snapshot import (
     AliasSnapshot,
     FleetSnapshot,
@@ -59,10 +60,10 @@ def models_snapshot(head: Head) -> tuple[ModelSnapshot, ...]:
     served = head.served()
     out = []
     for name, model in head.models.items():
+        can = capabilities(model)
         out.append(ModelSnapshot(name=name, served=name in served,
                                  context_window=head.fleet.context_window(name),
-                                 tools="tools" in model.template.source,
-                                 fill_in_middle=model.vocab.fim_ids() is not None))
+                                 tools=can.tools, fill_in_middle=can.fill_in_middle))
     return tuple(out)
 
 

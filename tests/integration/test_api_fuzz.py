@@ -25,8 +25,9 @@ from tests.integration.test_api_surface import MODEL, live_head
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 ST = shutil.which("st", path=str(Path(sys.executable).parent)) or "st"
-GENERATING = ("/v1/chat/completions", "/v1/completions", "/api/chat", "/api/generate",
-              "/api/show", "/v1/models/{model}")
+GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
+              "/v1/messages/count_tokens", "/api/chat", "/api/generate", "/api/show",
+              "/v1/models/{model}")
 
 
 def pin_models(spec: dict) -> dict:
@@ -82,4 +83,6 @@ async def test_no_route_answers_500(tmp_path: Path, caplog):
     # the pinned run reached the generation paths
     assert 'route="/v1/chat/completions",method="POST",status="200"' in metrics
     assert 'route="/api/generate",method="POST",status="200"' in metrics
+    for route in ("/v1/responses", "/v1/messages", "/v1/messages/count_tokens"):
+        assert f'route="{route}",method="POST",status="200"' in metrics, route
     assert "unexpected error" not in caplog.text

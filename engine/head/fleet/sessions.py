@@ -54,6 +54,10 @@ class Job:
     sampling: m.SamplingParams = field(default_factory=m.SamplingParams)
     stop_ids: list[int] = field(default_factory=list)
     affinity: str | None = None  # X-Session-Id / X-Session-Affinity
+    # a conversation's first turn under a key the head derived: where it goes is
+    # remembered for the next turn, but the key (which other conversations opening
+    # with the same words share) does not steer it; the policy places it
+    first_turn: bool = False
     pin_host: str | None = None
     prefer: tuple[str, ...] = ()
 
@@ -141,7 +145,8 @@ class SessionRunner:
 
     def _try_place(self, job: Job, prompt_len: int, max_tokens: int,
                    exclude: frozenset[str]) -> tuple[NodePool, NodeConn, str] | Refusal:
-        held = self._affinity.get(job.affinity) if job.affinity else None
+        held = (self._affinity.get(job.affinity)
+                if job.affinity and not job.first_turn else None)
         req = PlacementRequest(model=job.model, prompt_tokens=prompt_len,
                                max_tokens=max_tokens, exclude=exclude,
                                affinity=held[0] if held else None,

@@ -44,9 +44,45 @@ class HeadModel:
     stop_ids: frozenset[int]
 
     def render(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None,
-               **kwargs: Any) -> list[int]:
+               prefill: str = "", **kwargs: Any) -> list[int]:
+        """Prompt ids: the template with its generation prompt, then ``prefill`` (text the
+        answer is to begin with, which the model continues)."""
         text = self.template.render(messages, tools=tools, add_generation_prompt=True, **kwargs)
-        return self.vocab.encode(text, special=True)
+        return self.vocab.encode(text + prefill, special=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a model can do besides chat and plain completion, as every route reports it
+    (``/v1/models``, Ollama's ``/api/show``, the fleet snapshot)."""
+
+    tools: bool  # its chat template takes tool definitions
+    fill_in_middle: bool  # its vocabulary has the prefix, suffix and middle tokens
+    thinking: bool  # its template can switch reasoning on and off
+
+    def names(self) -> list[str]:
+        """In Ollama's words: ``completion``, ``tools``, ``insert``, ``thinking``."""
+        out = ["completion"]
+        if self.tools:
+            out.append("tools")
+        if self.fill_in_middle:
+            out.append("insert")
+        if self.thinking:
+            out.append("thinking")
+        return out
+
+    def flags(self) -> dict[str, bool]:
+        return {"chat": True, "completion": True, "tools": self.tools,
+                "fill_in_middle": self.fill_in_middle, "thinking": self.thinking}
+
+
+def capabilities(model: HeadModel) -> Capabilities:
+    """The one place that says what ``model`` can do, read from its template and
+    vocabulary (the context window is the fleet's to say: it depends on the nodes)."""
+    source = model.template.source
+    return Capabilities(tools="tools" in source or bool(model.template.tool_source),
+                        fill_in_middle=model.vocab.fim_ids() is not None,
+                        thinking="enable_thinking" in source or "<think>" in source)
 
 
 def load_head_model(runtime: str, model: str, *, name: str,

@@ -188,6 +188,7 @@ class ChatTemplate:
         tool_source: str | None = None,
     ) -> None:
         self.source = source
+        self.tool_source = tool_source
         self.family = family
         self.origin = origin  # "gguf", "override" or "builtin"
         self.bos_text = bos_text

@@ -30,7 +30,7 @@ class StopMatcher:
 
     ``feed`` returns the text safe to deliver and whether a stop string was
     hit (the stop string itself and anything after it are never delivered).
-    Within one ``feed``, the stop that starts earliest wins.
+    Within one ``feed``, the stop that starts earliest wins; ``matched`` says which.
 
     One Aho-Corasick automaton over all the stop strings, fed one character at
     a time: its state is the longest tail of the text so far that begins some
@@ -54,6 +54,7 @@ class StopMatcher:
         self._state = 0
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text, once hit
 
     def _add(self, stop: str) -> None:
         node = 0
@@ -107,6 +108,7 @@ class StopMatcher:
             i += 1
             if n and (best == -1 or i - n < best):
                 best = i - n
+                self.matched = buf[best:i]
                 # a stop that starts before ``best`` ends before best + longest
                 end = min(end, best + self._longest - 1)
         self.steps += steps

@@ -262,6 +262,14 @@ class ToolCallParser(ABC):
     @abstractmethod
     def finish(self) -> list[Delta]: ...
 
+    @classmethod
+    def opener(cls, name: str | None) -> str | None:
+        """The text that begins a call in this format, up to the arguments when ``name``
+        is given, else up to the name. A turn whose answer must be a call starts with
+        it (the model continues from there); None when the format has no call to open.
+        """
+        return None
+
     def parse_complete(self, text: str) -> tuple[str, list[dict[str, Any]]]:
         """Content and OpenAI ``tool_calls`` of a whole output (a fresh parser's view)."""
         fresh = type(self)(id_factory=self._id_factory)
@@ -308,6 +316,11 @@ class NoToolParser(ToolCallParser):
 class HermesParser(ToolCallParser):
     name = "hermes"
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+    @classmethod
+    def opener(cls, name: str | None) -> str | None:
+        head = cls.OPEN + '\n{"name": '
+        return head + '"' if name is None else f"{head}{json.dumps(name)}, \"arguments\": "
 
     def __init__(self, *, id_factory: Callable[[], str] | None = None) -> None:
         super().__init__(id_factory=id_factory)
@@ -380,6 +393,10 @@ class Llama3Parser(ToolCallParser):
     name = "llama3"
     TAG = "<|python_tag|>"
     _KEYS = ("name", "type", "function")  # first keys of a JSON call
+
+    @classmethod
+    def opener(cls, name: str | None) -> str | None:
+        return '{"name": "' if name is None else f'{{"name": {json.dumps(name)}, "parameters": '
 
     def __init__(self, *, id_factory: Callable[[], str] | None = None) -> None:
         super().__init__(id_factory=id_factory)
@@ -492,6 +509,11 @@ class MistralParser(ToolCallParser):
 
     name = "mistral"
     MARK = "[TOOL_CALLS]"
+
+    @classmethod
+    def opener(cls, name: str | None) -> str | None:
+        head = cls.MARK + '[{"name": '
+        return head + '"' if name is None else f'{head}{json.dumps(name)}, "arguments": '
 
     def __init__(self, *, id_factory: Callable[[], str] | None = None) -> None:
         super().__init__(id_factory=id_factory)

@@ -11,7 +11,7 @@ import contextlib
 import secrets
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from engine.errors import RequestError
 from engine.events import SessionFinished
@@ -26,8 +26,20 @@ from engine.link import messages as m
 @dataclass(frozen=True, slots=True)
 class Routing:
     affinity: str | None = None
+    first_turn: bool = False  # the affinity key is remembered, not followed (see Job)
     pin_host: str | None = None
     prefer: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    """Whether the answer may, must or must not call a tool: ``auto`` (the model
+    decides), ``none`` (no tools offered), ``required`` (a call to any of them, or to
+    ``name``). A required call is opened for the model, in its format: the answer
+    begins with the call's opening text and the model writes the rest."""
+
+    mode: Literal["auto", "none", "required"] = "auto"
+    name: str | None = None
 
 
 @dataclass(slots=True)
@@ -38,6 +50,7 @@ class ChatFinal:
     cached_tokens: int
     node: str
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    stop_sequence: str | None = None  # the request's stop string that ended the answer
 
 
 ChatEvent = TextDelta | ToolCallDelta | ChatFinal
@@ -90,7 +103,7 @@ class Turn:
         job = Job(session=self.session, model=self.model.name, prompt=self.prompt,
                   max_tokens=self.max_tokens, sampling=self.sampling,
                   stop_ids=sorted(self.model.stop_ids), affinity=r.affinity,
-                  pin_host=r.pin_host, prefer=r.prefer)
+                  first_turn=r.first_turn, pin_host=r.pin_host, prefer=r.prefer)
         calls: list[dict[str, Any]] = []
 
         def emit(text: str) -> list[TextDelta | ToolCallDelta]:
@@ -148,7 +161,8 @@ class Turn:
                     final = ChatFinal(finish_reason="tool_calls" if calls else "stop",
                                       prompt_tokens=len(self.prompt),
                                       completion_tokens=produced, cached_tokens=0,
-                                      node=session.node, tool_calls=calls)
+                                      node=session.node, tool_calls=calls,
+                                      stop_sequence=stopper.matched)
                     yield final
                     return
         finally:
@@ -168,14 +182,17 @@ class Turn:
 
 async def render_prompt(model: HeadModel, messages: list[dict[str, Any]], *,
                         tools: list[dict[str, Any]] | None = None,
-                        template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
+                        template_kwargs: Mapping[str, Any] | None = None,
+                        prefill: str = "") -> list[int]:
     """Prompt ids of ``messages`` through the model's chat template (off the loop when
-    long); the head's own template arguments cannot be overridden."""
+    long), then ``prefill``, the text the answer begins with; the head's own template
+    arguments cannot be overridden."""
     kwargs = {k: v for k, v in (template_kwargs or {}).items()
               if k not in RESERVED_TEMPLATE_KWARGS}
-    size = sum(len(str(msg.get("content") or "")) for msg in messages)
+    size = sum(len(str(msg.get("content") or "")) for msg in messages) + len(prefill)
     try:
-        return await off_loop(size, lambda: model.render(messages, tools=tools, **kwargs))
+        return await off_loop(size, lambda: model.render(messages, tools=tools,
+                                                         prefill=prefill, **kwargs))
     except TemplateError as exc:
         raise RequestError(str(exc), code="invalid_request_error") from None
 
@@ -185,13 +202,40 @@ async def chat_turn(model: HeadModel, runner: SessionRunner, messages: list[dict
                     template_kwargs: Mapping[str, Any] | None = None,
                     sampling: m.SamplingParams | None = None, stops: Sequence[str] = (),
                     max_tokens: int | None = None, tool_parser: str | None = None,
-                    requested: str = "") -> Turn:
+                    requested: str = "", tool_choice: ToolChoice | None = None,
+                    prefill: str = "") -> Turn:
     """A chat: ``messages`` (the template's dicts) rendered through the model's template,
-    then a Turn; with ``tools``, tool calls are parsed out of the text."""
-    prompt = await render_prompt(model, messages, tools=tools, template_kwargs=template_kwargs)
-    parser = parser_for(tool_parser, model.template.family) if tools else None
+    then a Turn; with ``tools``, tool calls are parsed out of the text.
+
+    ``prefill``: text the assistant's answer begins with (the client has it: it is not
+    delivered again). ``tool_choice``: ``none`` renders no tools; ``required`` opens a
+    call for the model (see :class:`ToolChoice`), after any prefill."""
+    prompt, parser = await chat_prompt(model, messages, tools=tools,
+                                       template_kwargs=template_kwargs,
+                                       tool_parser=tool_parser, tool_choice=tool_choice,
+                                       prefill=prefill)
     return Turn(model, runner, prompt, routing=routing, sampling=sampling,
                 max_tokens=max_tokens, stops=stops, parser=parser, requested=requested)
+
+
+async def chat_prompt(model: HeadModel, messages: list[dict[str, Any]], *,
+                      tools: list[dict[str, Any]] | None = None,
+                      template_kwargs: Mapping[str, Any] | None = None,
+                      tool_parser: str | None = None, tool_choice: ToolChoice | None = None,
+                      prefill: str = "") -> tuple[list[int], ToolCallParser | None]:
+    """The prompt ids of a chat and the parser its answer goes through (see
+    :func:`chat_turn`); also what a token count of the chat counts."""
+    choice = tool_choice or ToolChoice()
+    offered = tools if choice.mode != "none" else None
+    parser = parser_for(tool_parser, model.template.family) if offered else None
+    opener = parser.opener(choice.name) if parser is not None and \
+        choice.mode == "required" else None
+    if parser is not None and opener:
+        parser.feed(opener)  # the call is open: the model's text continues inside it
+    prompt = await render_prompt(model, messages, tools=offered,
+                                 template_kwargs=template_kwargs,
+                                 prefill=prefill + (opener or ""))
+    return prompt, parser
 
 
 INLINE_CHARS = 16_384  # tokenizing this much takes a few ms: less than a thread hop costs

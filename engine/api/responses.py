@@ -1,0 +1,446 @@
+"""OpenAI's Responses API: ``POST /v1/responses``, stateless.
+
+For Codex-style agents and Copilot's bring-your-own-key endpoint: ``instructions``,
+``input`` as text or items (messages, ``function_call`` and ``function_call_output``;
+``reasoning`` items are dropped), function tools and ``tool_choice``,
+``max_output_tokens``. The head keeps no responses (``store`` is always false): a
+request naming ``previous_response_id`` or a ``conversation`` is refused with the
+fix, send the whole conversation as input items. ``prompt_cache_key`` keeps a
+conversation on the node that holds its prompt cache, like ``X-Session-Id``.
+
+A stream is the Responses event sequence, every event numbered by
+``sequence_number``: ``response.created``, ``response.in_progress``, then per output
+item ``response.output_item.added``, its content (``response.content_part.added``,
+``response.output_text.delta`` ..., ``response.output_text.done``,
+``response.content_part.done``; or ``response.function_call_arguments.delta`` and
+``.done``) and ``response.output_item.done``; last ``response.completed``, or
+``response.incomplete`` when ``max_output_tokens`` cut the answer, or
+``response.failed``. Keepalives are SSE comments.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from typing import Any
+
+from aiohttp import web
+
+from engine import nesting
+from engine.api.answer import SSEWire, Wire, answer
+from engine.api.context import HEAD, routing_of, runnable
+from engine.api.errors import error_for, refusal
+from engine.api.schemas import (
+    BadRequest,
+    ResponsesItem,
+    ResponsesPart,
+    ResponsesRequest,
+    SamplingRequest,
+    decode_as,
+)
+from engine.api.turns import Chat, Refused, forced, sampling_of
+from engine.errors import RequestError, ShoalError
+from engine.head.head import Head
+from engine.head.prompt.tools import TextDelta, ToolCallDelta
+from engine.head.prompt.turn import ChatEvent, ChatFinal, ToolChoice, chat_turn
+
+_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
+_UNREADABLE = ("input_image", "input_file", "input_audio")
+
+# -- the request in the head's terms -----------------------------------------------
+
+
+def _text(content: str | list[ResponsesPart] | None, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for i, part in enumerate(content):
+        if part.type in _TEXT_PARTS:
+            parts.append(part.text or "")
+        elif part.type == "refusal":
+            continue
+        elif part.type in _UNREADABLE:
+            kind = part.type.removeprefix("input_")
+            raise Refused(f"{where}.content[{i}]: {kind} input is not supported; Shoal's "
+                          f"models read text only: send the {kind}'s content as text",
+                          f"{where}.content[{i}]")
+        else:
+            raise Refused(f"{where}.content[{i}]: content parts of type {part.type[:64]!r} "
+                          "are not supported; send input_text parts", f"{where}.content[{i}]")
+    return "\n".join(parts)
+
+
+def _arguments(raw: str | None) -> Any:
+    """A call's arguments as templates read them: the object, or the text when it is not
+    JSON."""
+    try:
+        return nesting.json_loads(raw) if raw else {}
+    except ValueError:
+        return raw
+
+
+def _items(items: list[ResponsesItem], messages: list[dict[str, Any]]) -> None:
+    names: dict[str, str] = {}
+    for i, item in enumerate(items):
+        at = f"input[{i}]"
+        kind = item.type or ("message" if item.role else "")
+        if kind == "message":
+            if item.role not in ("user", "assistant", "system", "developer"):
+                raise Refused(f"{at}: a message's role is user, assistant, system or "
+                              "developer", at)
+            role = "system" if item.role == "developer" else item.role
+            messages.append({"role": role, "content": _text(item.content, at)})
+        elif kind == "function_call":
+            if not item.call_id or not item.name:
+                raise Refused(f"{at}: a function_call item needs its call_id and name", at)
+            names[item.call_id] = item.name
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": _arguments(item.arguments)}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)  # text then calls: one turn
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            if not item.call_id:
+                raise Refused(f"{at}: a function_call_output item needs the call_id it "
+                              "answers", at)
+            result: dict[str, Any] = {"role": "tool", "tool_call_id": item.call_id,
+                                      "content": _text(item.output, at)}
+            name = item.name or names.get(item.call_id)
+            if name:
+                result["name"] = name
+            messages.append(result)
+        elif kind == "reasoning":
+            continue  # earlier reasoning: not part of the next prompt
+        elif kind == "item_reference":
+            raise Refused(f"{at}: item_reference needs stored responses, and this head "
+                          "keeps none; send the items themselves", at)
+        else:
+            raise Refused(f"{at}: input items of type {kind[:64]!r} are not supported; send "
+                          "message, function_call and function_call_output items", at)
+
+
+def _tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
+    if not req.tools:
+        return None
+    out = []
+    for i, tool in enumerate(req.tools):
+        if tool.type != "function" or not tool.name:
+            what = f"{tool.type[:64]!r} tools run on OpenAI's servers" \
+                if tool.type != "function" else "a function tool needs a name"
+            raise Refused(f"tools[{i}]: {what}; Shoal offers function tools (type, name, "
+                          "description, parameters)", f"tools[{i}]")
+        out.append({"type": "function", "function": {
+            "name": tool.name, "description": tool.description or "",
+            "parameters": tool.parameters or {"type": "object", "properties": {}}}})
+    return out
+
+
+def _choice(req: ResponsesRequest, tools: list[dict[str, Any]] | None) -> ToolChoice:
+    tc = req.tool_choice
+    if tc is None or tc == "auto":
+        return ToolChoice()
+    if tc == "none":
+        return ToolChoice("none")
+    if tc == "required":
+        return forced(None, tools)
+    if not isinstance(tc, str):
+        if tc.type == "function" and tc.name:
+            return forced(tc.name, tools)
+        if tc.type == "allowed_tools":
+            return ToolChoice()
+    raise Refused('tool_choice must be "none", "auto", "required" or {"type": "function", '
+                  '"name": ...}', "tool_choice")
+
+
+def refused_field(req: ResponsesRequest) -> Refused | None:
+    """The first field of a Responses request that the head cannot honour."""
+    if req.previous_response_id:
+        return Refused("previous_response_id: this head keeps no responses (it answers as "
+                       "with store: false); send the whole conversation as input items",
+                       "previous_response_id")
+    if req.conversation is not None:
+        return Refused("conversation: this head keeps no conversations; send the whole "
+                       "conversation as input items", "conversation")
+    if req.background:
+        return Refused("background responses are not supported (nothing is stored to poll); "
+                       "send the request with stream: true instead", "background")
+    fmt = req.text.format if req.text else None
+    if fmt is not None and fmt.type != "text":
+        return Refused("text.format other than text is not supported; ask for JSON in the "
+                       "instructions", "text.format")
+    if req.top_logprobs:
+        return Refused("top_logprobs is not supported", "top_logprobs")
+    return None
+
+
+def to_chat(req: ResponsesRequest) -> Chat:
+    """A Responses request in the head's terms; Refused names what cannot be taken."""
+    problem = refused_field(req)
+    if problem is not None:
+        raise problem
+    messages: list[dict[str, Any]] = []
+    if req.instructions:
+        messages.append({"role": "system", "content": req.instructions})
+    if isinstance(req.input, str):
+        if req.input:
+            messages.append({"role": "user", "content": req.input})
+    else:
+        _items(req.input, messages)
+    if not any(m["role"] != "system" for m in messages):
+        raise Refused("input is empty; send the user's text or input items", "input")
+    tools = _tools(req)
+    return Chat(messages=messages, tools=tools, choice=_choice(req, tools),
+                parallel=req.parallel_tool_calls is not False)
+
+
+def _template_kwargs(req: ResponsesRequest) -> dict[str, Any]:
+    effort = req.reasoning.effort if req.reasoning else None
+    return {"enable_thinking": bool(effort) and effort not in ("none", "minimal")}
+
+
+# -- the answer ----------------------------------------------------------------------
+
+
+def usage(final: ChatFinal) -> dict[str, Any]:
+    return {"input_tokens": final.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": final.cached_tokens},
+            "output_tokens": final.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": final.prompt_tokens + final.completion_tokens}
+
+
+def _shown_choice(tc: str | Any) -> Any:
+    if tc is None:
+        return "auto"
+    if isinstance(tc, str):
+        return tc
+    return {"type": tc.type, **({"name": tc.name} if tc.name else {})}
+
+
+Delta = tuple[str, int, str]  # a text delta's item id, output index and text
+
+
+class _Output:
+    """The response being written: its output items as events come, and each step as
+    (event type, fields) in ``events`` (a text delta, the one event of every token, as
+    a `Delta` that the stream writes without building its dict)."""
+
+    def __init__(self, rid: str, req: ResponsesRequest, tools: list[dict[str, Any]] | None,
+                 parallel: bool) -> None:
+        self.rid = rid
+        self.req = req
+        self.parallel = parallel
+        self.created = int(time.time())
+        self.tools = [{"type": "function", "name": t["function"]["name"],
+                       "description": t["function"]["description"],
+                       "parameters": t["function"]["parameters"], "strict": False}
+                      for t in tools or []]
+        self.items: list[dict[str, Any]] = []
+        self.events: list[tuple[str, dict[str, Any] | Delta]] = []
+        self.text: dict[str, Any] | None = None  # the message item being written
+        self.parts: list[str] = []  # its text so far, joined when it is done
+        self.calls = 0
+
+    def response(self, status: str, final: ChatFinal | None = None,
+                 error: dict[str, Any] | None = None) -> dict[str, Any]:
+        req = self.req
+        output: list[dict[str, Any]] = []
+        if status != "in_progress":
+            output = copy.deepcopy(self.items)
+            if self.text is not None:  # failed while writing it: what was written
+                output[self.items.index(self.text)]["content"][0]["text"] = "".join(self.parts)
+        return {
+            "id": self.rid, "object": "response", "created_at": self.created,
+            "status": status, "background": False, "error": error,
+            "incomplete_details": {"reason": "max_output_tokens"}
+            if status == "incomplete" else None,
+            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+            "max_tool_calls": None, "model": req.model, "output": output,
+            "parallel_tool_calls": self.parallel, "previous_response_id": None,
+            "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
+                          "summary": None},
+            "store": False, "temperature": req.temperature, "text": {"format": {"type": "text"}},
+            "tool_choice": _shown_choice(req.tool_choice), "tools": self.tools,
+            "top_p": req.top_p, "truncation": "disabled",
+            "usage": usage(final) if final is not None else None,
+            "user": req.user, "metadata": req.metadata or {}}
+
+    def _add(self, item: dict[str, Any]) -> int:
+        self.items.append(item)
+        index = len(self.items) - 1
+        self.events.append(("response.output_item.added",
+                            {"output_index": index, "item": copy.deepcopy(item)}))
+        return index
+
+    def _close_text(self) -> None:
+        item = self.text
+        if item is None:
+            return
+        self.text = None
+        index = self.items.index(item)
+        part = item["content"][0]
+        part["text"] = "".join(self.parts)
+        self.parts = []
+        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        item["status"] = "completed"
+        self.events += [
+            ("response.output_text.done", {**where, "text": part["text"], "logprobs": []}),
+            ("response.content_part.done", {**where, "part": dict(part)}),
+            ("response.output_item.done", {"output_index": index,
+                                           "item": copy.deepcopy(item)})]
+
+    def feed(self, ev: ChatEvent) -> None:
+        if isinstance(ev, TextDelta):
+            if not ev.text:
+                return
+            if self.text is None:
+                self.text = {"id": f"msg_{self.rid[5:]}_{len(self.items)}", "type": "message",
+                             "status": "in_progress", "role": "assistant", "content": []}
+                index = self._add(self.text)
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                self.text["content"].append(part)
+                self.events.append(("response.content_part.added", {
+                    "item_id": self.text["id"], "output_index": index, "content_index": 0,
+                    "part": dict(part)}))
+            self.parts.append(ev.text)
+            self.events.append(("response.output_text.delta",
+                                (self.text["id"], len(self.items) - 1, ev.text)))
+        elif isinstance(ev, ToolCallDelta):
+            if ev.index > 0 and not self.parallel:
+                return  # parallel_tool_calls false: the first call only
+            self._close_text()
+            args = ev.arguments_fragment or "{}"
+            item = {"id": f"fc_{self.rid[5:]}_{len(self.items)}", "type": "function_call",
+                    "status": "in_progress", "call_id": ev.id or f"call_{ev.index}",
+                    "name": ev.name or "", "arguments": ""}
+            index = self._add(item)
+            item["arguments"] = args
+            item["status"] = "completed"
+            self.events += [
+                ("response.function_call_arguments.delta",
+                 {"item_id": item["id"], "output_index": index, "delta": args}),
+                ("response.function_call_arguments.done",
+                 {"item_id": item["id"], "output_index": index, "name": item["name"],
+                  "arguments": args}),
+                ("response.output_item.done", {"output_index": index,
+                                               "item": copy.deepcopy(item)})]
+            self.calls += 1
+        else:
+            self._close_text()
+
+    def status(self, final: ChatFinal) -> str:
+        return "incomplete" if final.finish_reason == "length" and not self.calls \
+            else "completed"
+
+
+class ResponsesStream(SSEWire):
+    def __init__(self, request: web.Request, head: Head, output: _Output) -> None:
+        super().__init__(request, head, output.req.model)
+        self.output = output
+        self.seq = 0
+        self.started = False
+
+    def _event(self, kind: str, fields: dict[str, Any] | Delta) -> bytes:
+        seq = self.seq
+        self.seq += 1
+        if isinstance(fields, tuple):  # a text delta: the one event of every token
+            item_id, index, text = fields
+            return (b'event: response.output_text.delta\ndata: {"type":"response.output_text'
+                    b'.delta","sequence_number":' + str(seq).encode() + b',"item_id":"'
+                    + item_id.encode() + b'","output_index":' + str(index).encode()
+                    + b',"content_index":0,"delta":' + json.dumps(text).encode()
+                    + b',"logprobs":[]}\n\n')
+        data = {"type": kind, "sequence_number": seq, **fields}
+        return (f"event: {kind}\ndata: ".encode()
+                + json.dumps(data, separators=(",", ":")).encode() + b"\n\n")
+
+    def _flush(self) -> bytes:
+        events = self.output.events
+        if len(events) == 1:
+            kind, fields = events.pop()
+            return self._event(kind, fields)
+        out = b"".join(self._event(kind, fields) for kind, fields in events)
+        events.clear()
+        return out
+
+    def begin(self) -> bytes:
+        if self.started:
+            return b""
+        self.started = True
+        created = self.output.response("in_progress")
+        return (self._event("response.created", {"response": created})
+                + self._event("response.in_progress", {"response": created}))
+
+    def ping(self) -> bytes:
+        # response.created leads even when the first thing written is a keepalive
+        return self.begin() + self.keepalive
+
+    def event(self, ev: ChatEvent) -> bytes:
+        first = self.begin()  # numbered before this event's own
+        self.output.feed(ev)
+        return first + self._flush()
+
+    def end(self) -> bytes:
+        final = self.final
+        assert final is not None
+        status = self.output.status(final)
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        return self._flush() + self._event(kind, {
+            "response": self.output.response(status, final)})
+
+    def failed(self, exc: ShoalError) -> bytes:
+        self.output.events.clear()
+        error = {"code": "server_error", "message": str(exc)}
+        return self._event("response.failed", {
+            "response": self.output.response("failed", error=error)})
+
+
+class ResponsesJSON(Wire):
+    def __init__(self, request: web.Request, head: Head, output: _Output) -> None:
+        super().__init__(request, head, output.req.model)
+        self.output = output
+
+    def event(self, ev: ChatEvent) -> bytes:
+        self.output.feed(ev)
+        return b""
+
+    def end(self) -> bytes:
+        final = self.final
+        assert final is not None
+        return json.dumps(self.output.response(self.output.status(final), final)).encode()
+
+
+# -- the route -----------------------------------------------------------------------
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    head = request.app[HEAD]
+    try:
+        req: ResponsesRequest = decode_as(ResponsesRequest, await request.read())
+        chat = to_chat(req)
+    except BadRequest as exc:
+        return error_for(request, 400, str(exc), code="invalid_request")
+    except Refused as exc:
+        return error_for(request, 400, str(exc), code="invalid_request", param=exc.param)
+    resolved = runnable(request, head, req.model)
+    if isinstance(resolved, web.Response):
+        return resolved
+    model_name, names = resolved
+    sampling = sampling_of(SamplingRequest(temperature=req.temperature, top_p=req.top_p))
+    try:
+        turn = await chat_turn(head.models[model_name], head.runner, chat.messages,
+                               routing=routing_of(request, chat.messages,
+                                                  cache_key=req.prompt_cache_key),
+                               tools=chat.tools, template_kwargs=_template_kwargs(req),
+                               sampling=sampling, max_tokens=req.max_output_tokens,
+                               tool_parser=head.tool_parser, requested=req.model,
+                               tool_choice=chat.choice)
+    except RequestError as exc:
+        return refusal(request, exc, names)
+    output = _Output("resp_" + turn.session[2:], req, chat.tools, chat.parallel)
+    wire: Wire = (ResponsesStream(request, head, output) if req.stream
+                  else ResponsesJSON(request, head, output))
+    return await answer(request, head, turn, wire, names)
