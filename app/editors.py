@@ -3,11 +3,14 @@ models, generated from the fleet's live model and alias list, and the panel that
 
 The builders are pure (text in, text out) so a test can parse each snippet in its own
 format: Continue's ``config.yaml`` (YAML), Zed's ``settings.json`` (JSON), the fields of
-JetBrains AI Assistant and Cline (``Field: value`` lines), and shell lines for Aider and for
-any OpenAI or Ollama client. Formats as documented by each client: Continue's config.yaml
-reference (``provider: openai`` with ``apiBase``, ``roles``), Zed's
+JetBrains AI Assistant and Cline (``Field: value`` lines), shell lines for Aider, Claude
+Code and any OpenAI or Ollama client, and Codex's ``config.toml`` (TOML). Formats as
+documented by each client: Continue's config.yaml reference (``provider: openai`` with
+``apiBase``, ``roles``), Zed's
 ``language_models.openai_compatible`` with ``available_models``, Aider's
-``OPENAI_API_BASE`` with ``--model openai/NAME``, Ollama's ``OLLAMA_HOST``.
+``OPENAI_API_BASE`` with ``--model openai/NAME``, Ollama's ``OLLAMA_HOST``, Claude Code's
+``ANTHROPIC_BASE_URL`` (Anthropic Messages), Codex's ``model_providers`` with
+``wire_api = "responses"`` (the Responses API).
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ class Offer:
 @dataclass(frozen=True, slots=True)
 class Snippet:
     client: str
-    kind: str  # "yaml" | "json" | "fields" | "shell"
+    kind: str  # "yaml" | "json" | "fields" | "shell" | "toml"
     where: str  # where it goes, one line
     text: str
     warning: str = ""  # a limit to say plainly (no FIM model for autocomplete)
@@ -195,6 +198,34 @@ def aider_shell(base_url: str, models: Sequence[Offer], chat: str | None = None)
                    "\n".join(lines) + "\n")
 
 
+def claude_code_shell(base_url: str, models: Sequence[Offer],
+                      chat: str | None = None) -> Snippet:
+    """Claude Code talks Anthropic Messages to ``ANTHROPIC_BASE_URL`` (the root: it adds
+    ``/v1/messages``); both of its model slots get the chosen model."""
+    first = _pick(models, chat)
+    lines = [f"export ANTHROPIC_BASE_URL={shlex.quote(root_url(base_url))}",
+             f"export ANTHROPIC_AUTH_TOKEN={DUMMY_KEY}"]
+    if first is not None:
+        lines += [f"export ANTHROPIC_MODEL={shlex.quote(first.name)}",
+                  f"export ANTHROPIC_DEFAULT_HAIKU_MODEL={shlex.quote(first.name)}"]
+    lines.append("claude")
+    return Snippet("Claude Code", "shell", "a terminal, in your project's folder",
+                   "\n".join(lines) + "\n")
+
+
+def codex_toml(base_url: str, models: Sequence[Offer], chat: str | None = None) -> Snippet:
+    """Codex reads providers from ``~/.codex/config.toml``; Shoal serves the Responses API
+    it speaks."""
+    first = _pick(models, chat)
+    lines: list[str] = []
+    if first is not None:
+        lines.append(f"model = {json.dumps(first.name)}")
+    lines += ['model_provider = "shoal"', "", "[model_providers.shoal]",
+              f"name = {json.dumps(PROVIDER)}", f"base_url = {json.dumps(base_url)}",
+              'wire_api = "responses"']
+    return Snippet("Codex", "toml", "~/.codex/config.toml", "\n".join(lines) + "\n")
+
+
 def clients_shell(base_url: str) -> Snippet:
     lines = ["# OpenAI SDKs and tools",
              f"export OPENAI_BASE_URL={shlex.quote(base_url)}",
@@ -208,7 +239,8 @@ def clients_shell(base_url: str) -> Snippet:
 def snippets(base_url: str, models: Sequence[Offer], chat: str | None = None) -> list[Snippet]:
     return [continue_yaml(base_url, models, chat), zed_json(base_url, models),
             jetbrains_fields(base_url, models, chat), cline_fields(base_url, models, chat),
-            aider_shell(base_url, models, chat), clients_shell(base_url)]
+            aider_shell(base_url, models, chat), claude_code_shell(base_url, models, chat),
+            codex_toml(base_url, models, chat), clients_shell(base_url)]
 
 
 # -- the panel -----------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import tomllib
 
 import pytest
 import yaml
@@ -101,10 +102,28 @@ def test_aider_and_clients_are_shell_lines_sh_can_read():
     assert root_url("http://[::1]:9000/v1/") == "http://[::1]:9000"
 
 
+def test_claude_code_is_shell_lines_pointing_at_the_root():
+    env, commands = shell_env(editors.claude_code_shell(BASE, [ODD]).text)
+    # Claude Code adds /v1/messages itself: the base is the root, not .../v1
+    assert env == {"ANTHROPIC_BASE_URL": "http://127.0.0.1:8453",
+                   "ANTHROPIC_AUTH_TOKEN": "shoal", "ANTHROPIC_MODEL": ODD.name,
+                   "ANTHROPIC_DEFAULT_HAIKU_MODEL": ODD.name}
+    assert commands == [["claude"]]
+
+
+def test_codex_toml_parses_and_speaks_the_responses_api():
+    doc = tomllib.loads(editors.codex_toml(BASE, [PLAIN, ODD], ODD.name).text)
+    assert doc["model"] == ODD.name and doc["model_provider"] == "shoal"
+    assert doc["model_providers"]["shoal"] == {"name": "Shoal", "base_url": BASE,
+                                               "wire_api": "responses"}
+    assert "model" not in tomllib.loads(editors.codex_toml(BASE, []).text)
+
+
 def test_every_client_has_a_snippet_naming_the_url():
     got = snippets(BASE, [CHAT])
     assert [s.client for s in got] == ["Continue", "Zed", "JetBrains AI Assistant", "Cline",
-                                      "Aider", "OpenAI or Ollama client"]
+                                      "Aider", "Claude Code", "Codex",
+                                      "OpenAI or Ollama client"]
     for s in got:
         assert BASE.removesuffix("/v1") in s.text and s.where
 
