@@ -261,7 +261,9 @@ async def test_notifications_off_in_prefs_means_none(ui_home: Path, tmp_path: Pa
 async def test_quit_finishes_the_request_under_way_and_leaves_nothing(ui_home: Path):
     shell = await started(settings_for(ui_home, mock_speed=100.0))
     url = shell.bridge.last.roles.api_url
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40}
+    # seeded: the mock then gives all 40 tokens (unseeded, it may end an answer early)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40,
+            "seed": 7}
 
     async def ask() -> dict:
         async with aiohttp.ClientSession() as http, \
