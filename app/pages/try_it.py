@@ -71,6 +71,7 @@ class TryPage(QWidget):
         self._answer: list[str] = []
         self._key: str | None = None
         self.max_tokens = MAX_TOKENS  # an answer's bound
+        self.seed: int | None = None  # None: a new sample each time (tests pin one)
         layout = page_layout(self)
         layout.addWidget(PageHeader("Try it", "Ask the fleet something, as an editor would."))
 
@@ -214,6 +215,8 @@ class TryPage(QWidget):
     async def _ask(self, base: str, model: str) -> None:
         body = {"model": model, "messages": list(self._messages), "stream": True,
                 "max_tokens": self.max_tokens, "stream_options": {"include_usage": True}}
+        if self.seed is not None:
+            body["seed"] = self.seed
         started = time.monotonic()
         first: float | None = None
         pieces = 0

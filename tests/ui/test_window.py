@@ -323,13 +323,14 @@ async def test_try_it_streams_stops_and_says_when_the_api_is_off(tmp_path: Path,
         page = window.try_it
         await until(lambda: page.model.count() == 1, "the model picker filled")
         assert page.model.currentData() == MODEL
+        page.seed = 7  # the mock then fills each answer to its bound (unseeded it may end early)
         page.max_tokens = 8
         page.prompt.setPlainText("hello there")
         click(qtbot, page.send_button)
         assert page.streaming and page.stop_button.isEnabled()
         await until(lambda: not page.streaming, "the answer")
         text = page.transcript.toPlainText()
-        answer = "".join(page._answer)  # the mock's bytes: any length, seed not fixed
+        answer = "".join(page._answer)  # the mock's bytes
         assert answer and text == "You\nhello there\n\nmock-m\n" + answer
         assert page.status.text().startswith("8 tokens in")
 

@@ -247,7 +247,8 @@ class SessionRunner:
         progress = fo.begin(started, self.queue_timeout_s)
         while True:
             remaining = job.max_tokens - len(delivered)
-            context = job.prompt + delivered
+            # no copy of a long prompt on the loop until tokens were delivered
+            context = job.prompt + delivered if delivered else job.prompt
             pool, conn, reason = await self._acquire(job, session, len(context), remaining,
                                                      progress.exclude,
                                                      progress.queue_deadline)
