@@ -16,7 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from engine.api.app import build_app
+from engine.api.app import build_app, server_options
 from engine.discovery.service import HeadFinder, announce_head
 from engine.errors import StartError
 from engine.events import Emit
@@ -157,7 +157,7 @@ class HeadRole:
             app = build_app(head, snapshot=snapshot, aliases=commands)
             # stop() drains sessions itself first; what is left then gets this long
             app_runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                       shutdown_timeout=FINAL_WRITE_S)
+                                       shutdown_timeout=FINAL_WRITE_S, **server_options())
             await app_runner.setup()
             await web.SockSite(app_runner, http_sock).start()
         except BaseException:
