@@ -269,6 +269,14 @@ class HeadRole:
                 while any(p.busy for p in fleet.pools.values()) or \
                         self.head.runner.queued:  # noqa: ASYNC110
                     await asyncio.sleep(DRAIN_POLL_S)
+        # what is still running ends with an error its client reads (written during the
+        # FINAL_WRITE_S that `close` gives the answers), never a stream that just stops
+        ended = self.head.runner.stop_sessions(
+            "the head is stopping (a restart or shutdown) and ended this request after "
+            f"{timeout_s:g} s; send it again in a moment")
+        if ended:
+            log.warning("the head is stopping: ended %d request%s still running after %g s",
+                        ended, "" if ended == 1 else "s", timeout_s)
 
     async def close(self) -> None:
         if self.closed:
