@@ -8,6 +8,7 @@ import json
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -40,9 +41,12 @@ async def lanes_busy(http: aiohttp.ClientSession, head: Proc, identity: str | No
     return sum(n["lanes_busy"] for n in nodes if identity in (None, n["identity"]))
 
 
-async def running(http: aiohttp.ClientSession, head: Proc, count: int) -> bool:
-    nodes = (await fleet(http, base(head)))["nodes"]
-    return sum(n["own_sessions"] for n in nodes) >= count
+def noting(flowing: set[int], seed: int) -> Callable[[StreamResult], Awaitable[None]]:
+    """An ``on_chunk`` that adds ``seed`` to ``flowing`` once its stream has text."""
+    async def on_chunk(got: StreamResult) -> None:
+        if got.text:
+            flowing.add(seed)
+    return on_chunk
 
 
 def no_traceback(cluster: DrillCluster) -> None:
@@ -62,9 +66,12 @@ async def test_streams_end_with_a_clear_error_when_no_node_is_left(cluster: Dril
     seeds = long_seeds(PROMPT, 400, 12)
     async with aiohttp.ClientSession() as http:
         await until(lambda: _count_ready(http, head, 2), "both nodes")
-        tasks = [asyncio.create_task(stream(http, base(head), chat_body(PROMPT, s, 400)))
-                 for s in seeds]
-        await until(lambda: running(http, head, len(seeds)), "every stream to run")
+        flowing: set[int] = set()
+        tasks = [asyncio.create_task(stream(http, base(head), chat_body(PROMPT, s, 400),
+                                            on_chunk=noting(flowing, s))) for s in seeds]
+        # mid-stream: every client has text (a session placed but not yet answering would
+        # get a 503 instead of an error event, which is another case)
+        await until(lambda: len(flowing) == len(seeds), "every stream to flow")
         for node in nodes:
             node.signal(signal.SIGKILL)
         async with asyncio.timeout(60):
@@ -111,15 +118,8 @@ async def test_head_restarted_under_load(cluster: DrillCluster):
             await until(lambda h=head: _count_ready(http, h, 2), "both nodes")
             url = base(head)
             flowing: set[int] = set()
-
-            def note(seed: int, flowing: set[int] = flowing):
-                async def on_chunk(got: StreamResult) -> None:
-                    if got.text:
-                        flowing.add(seed)
-                return on_chunk
-
             tasks = [asyncio.create_task(stream(http, url, chat_body(PROMPT, s, 1500),
-                                                on_chunk=note(s))) for s in seeds]
+                                                on_chunk=noting(flowing, s))) for s in seeds]
             await until(lambda flowing=flowing: len(flowing) == len(seeds), "every stream to flow")
             if how == "SIGTERM":
                 await asyncio.to_thread(stop_gracefully, head, 40)
