@@ -51,6 +51,7 @@ RequestCode = Literal[
     "no_node_available",  # no node serving the model is linked
     "node_unavailable",  # the node ?host= names is down
     "model_unavailable",  # an alias whose models no node serves now
+    "shutting_down",  # the head is stopping (a restart): try again in a moment
     "internal_error",  # a bug: the head's log has the details
 ]
 REQUEST_CODES: frozenset[str] = frozenset(get_args(RequestCode))

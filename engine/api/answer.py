@@ -215,6 +215,13 @@ async def answer(request: web.Request, head: Head, turn: Turn, wire: Wire,
                 await resp.write(wire.failed(RequestError(
                     "internal error; the head's log has the details", code="internal_error")))
                 break
+            if _gone(request):
+                # an answer gathered for one write at the end writes nothing before it,
+                # so only this notices a client gone while tokens flow: stop the session
+                # (and free its lane) now rather than at the end of the generation
+                log.info("client went away during session %s", turn.session)
+                metrics.stream_errors["client_disconnected"] += 1
+                return resp if resp is not None else web.Response(status=499)
             now = clock()
             if ev is None:  # the turn ended
                 if resp is None and not wire.streaming:

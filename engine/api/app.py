@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -23,6 +25,42 @@ from engine.snapshot import FleetSnapshot, Roles
 log = logging.getLogger("shoal.api")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 GATE: web.AppKey[Gate] = web.AppKey("gate", Gate)
+
+HEADER_TIMEOUT_S = 60.0
+"""How long a connection may take to send a request's headers, and stay idle between
+requests: aiohttp's keep-alive timer runs from the moment a connection opens until a
+whole request has arrived (its default, an hour, let a client that sends its headers a
+byte at a time hold a connection that long). An answer being written is never cut."""
+BODY_TIMEOUT_S = 60.0
+"""How long a request's body may take to arrive once its headers have (a body is at
+most MAX_BODY): a client that trickles it gets 408 instead of holding a handler."""
+
+
+def server_options() -> dict[str, Any]:
+    """The options of the HTTP server that serves :func:`build_app` (for its AppRunner)."""
+    return {"keepalive_timeout": HEADER_TIMEOUT_S}
+
+
+@web.middleware
+async def bounded_body(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Read the body within BODY_TIMEOUT_S (the routes then read it from memory)."""
+    if request.body_exists:
+        try:
+            async with asyncio.timeout(BODY_TIMEOUT_S):
+                await request.read()
+        except TimeoutError:
+            log.info("%s %s: the body did not arrive within %g s; answered 408",
+                     request.method, request.path[:200], BODY_TIMEOUT_S)
+            resp = error_for(request, 408, f"the request body did not arrive within "
+                             f"{BODY_TIMEOUT_S:g} s", code="request_timeout",
+                             headers={"Connection": "close"})
+            await resp.prepare(request)
+            await resp.write_eof()
+            # close once the answer is out, rather than read the rest of the trickle for
+            # aiohttp's lingering time
+            request.protocol.force_close()
+            return resp
+    return await handler(request)
 
 
 @web.middleware
@@ -92,7 +130,8 @@ def build_app(head: Head, *, snapshot: Callable[[], FleetSnapshot] | None = None
         metrics.refused[reason] += 1
 
     app = web.Application(client_max_size=MAX_BODY, middlewares=[
-        counting(metrics, head.runner.clock), openai_errors, gate_middleware(gate, refused)])
+        counting(metrics, head.runner.clock), openai_errors, gate_middleware(gate, refused),
+        bounded_body])
     app[context.HEAD] = head
     app[admin.ALIASES] = aliases
     app[ops.SNAPSHOT] = snapshot

@@ -21,6 +21,7 @@ STATUS: dict[str, int] = {
     "fleet_busy": 429,
     "internal_error": 500,
     "no_node_available": 503, "node_unavailable": 503, "model_unavailable": 503,
+    "shutting_down": 503,
 }
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error",

@@ -132,6 +132,10 @@ class LinkConnection:
         if len(self._inbox) < 2:
             return None
         (n,) = _LEN2.unpack_from(self._inbox)
+        if self.state is State.HANDSHAKE:
+            # judged on the length alone: a stranger is refused before its frame is
+            # waited for or buffered
+            self._check_handshake_length(n)
         if len(self._inbox) < 2 + n:
             return None
         frame = bytes(self._inbox[2:2 + n])
@@ -150,20 +154,24 @@ class LinkConnection:
         self._plain += frame
         return None
 
-    def _on_handshake_frame(self, frame: bytes) -> Event | None:
-        hs = self._hs
-        if hs is None:
+    def _check_handshake_length(self, n: int) -> None:
+        """A handshake frame is the plaintext marker (empty) or a 48-byte Noise message."""
+        if self._hs is None:
             # plaintext responder: the dialer's marker, or a Noise message
-            if frame:
+            if n:
                 raise LinkError(LinkErrorKind.NO_TOKEN_HERE,
                                 "the peer uses a fleet token and this end has none")
-            self._open()
-            return HandshakeDone(encrypted=False)
-        if not frame:
+        elif not n:
             raise LinkError(LinkErrorKind.NO_TOKEN_THERE,
                             "the peer has no fleet token and this end has one")
-        if len(frame) != _HANDSHAKE_LEN:
+        elif n != _HANDSHAKE_LEN:
             raise LinkError(LinkErrorKind.PROTOCOL, "the peer sent a malformed handshake")
+
+    def _on_handshake_frame(self, frame: bytes) -> Event | None:
+        hs = self._hs
+        if hs is None:  # the plaintext marker (its length was checked)
+            self._open()
+            return HandshakeDone(encrypted=False)
         try:
             hs.read_message(frame)
         except NoiseError:

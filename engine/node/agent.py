@@ -27,6 +27,7 @@ from engine.runtimes.base import Engine, EngineStats, Generation, GenerationRequ
 log = logging.getLogger("shoal.node")
 
 STATS_INTERVAL_S = 1.0
+_TOLD_MAX = 1024
 
 
 @dataclass
@@ -53,6 +54,7 @@ class NodeAgent:
         self._closing = False
         self.paused = False
         self._pending = PendingHandshakes()
+        self._told: set[tuple[str, str]] = set()  # (address, failure) already logged
         self.instance = secrets.token_hex(8)
 
     # -- lifecycle -------------------------------------------------------------
@@ -118,14 +120,27 @@ class NodeAgent:
             link = await accept(reader, writer, psk=self.psk,
                                 timeout_s=min(self.handshake_timeout_s, PRE_HANDSHAKE_S))
         except LinkError as exc:
-            log.warning("refused a head at %s: %s; %s", _peer(writer), exc, _fix(exc))
+            self._once(address, exc.kind.name, logging.WARNING, "refused a head at %s: %s; %s",
+                       _peer(writer), exc, _fix(exc))
             return
         except (TimeoutError, OSError, asyncio.IncompleteReadError):
-            log.info("a connection from %s did not finish the handshake in time", _peer(writer))
+            self._once(address, "slow", logging.INFO,
+                       "a connection from %s did not finish the handshake in time",
+                       _peer(writer))
             return
         finally:
             self._pending.release(address)
         await self.serve_link(link, responder=True)
+
+    def _once(self, address: str, what: str, level: int, message: str,
+              *args: object) -> None:
+        """Log ``message`` the first time ``address`` fails the handshake this way: a peer
+        that keeps trying (or a flood of them) costs one line, not one per connection."""
+        if len(self._told) >= _TOLD_MAX:  # bounded: a scan of many addresses
+            self._told.clear()
+        if (address, what) not in self._told:
+            self._told.add((address, what))
+            log.log(level, message, *args)
 
     async def serve_link(self, link: Link, *, responder: bool) -> None:
         """Run one head connection until it closes. Used for dialed and joined links."""

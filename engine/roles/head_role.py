@@ -16,7 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from engine.api.app import build_app
+from engine.api.app import build_app, server_options
 from engine.discovery.service import HeadFinder, announce_head
 from engine.errors import StartError
 from engine.events import Emit
@@ -157,7 +157,7 @@ class HeadRole:
             app = build_app(head, snapshot=snapshot, aliases=commands)
             # stop() drains sessions itself first; what is left then gets this long
             app_runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                                       shutdown_timeout=FINAL_WRITE_S)
+                                       shutdown_timeout=FINAL_WRITE_S, **server_options())
             await app_runner.setup()
             await web.SockSite(app_runner, http_sock).start()
         except BaseException:
@@ -269,6 +269,14 @@ class HeadRole:
                 while any(p.busy for p in fleet.pools.values()) or \
                         self.head.runner.queued:  # noqa: ASYNC110
                     await asyncio.sleep(DRAIN_POLL_S)
+        # what is still running ends with an error its client reads (written during the
+        # FINAL_WRITE_S that `close` gives the answers), never a stream that just stops
+        ended = self.head.runner.stop_sessions(
+            "the head is stopping (a restart or shutdown) and ended this request after "
+            f"{timeout_s:g} s; send it again in a moment")
+        if ended:
+            log.warning("the head is stopping: ended %d request%s still running after %g s",
+                        ended, "" if ended == 1 else "s", timeout_s)
 
     async def close(self) -> None:
         if self.closed:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
+from collections import Counter
 
 import aiohttp
 import pytest
 
 from engine.link import messages as m
 from engine.link.transport import Link, LinkClosed, dial
+from tests.drills.record import record
 from tests.integration.conftest import Cluster, Proc
 from tests.integration.test_fleet import chat_body, url
 
@@ -158,3 +161,90 @@ async def test_a_deep_record_closes_the_link_at_the_node(
     text = await wait_log(node, "bad record from peer")
     assert len([line for line in text.splitlines() if "bad record from peer" in line]) == 1
     assert_clean_log(node)
+
+
+# -- wide and odd JSON, on every route that reads a body ---------------------------------
+
+# a valid body for the routes that generate; others get {"model": "mock-m"} to mangle
+BODIES: dict[str, dict] = {
+    "/v1/chat/completions": chat_body(max_tokens=3),
+    "/v1/completions": {"model": "mock-m", "prompt": "hi", "max_tokens": 3},
+    "/api/chat": {"model": "mock-m", "stream": False, "options": {"num_predict": 3},
+                  "messages": [{"role": "user", "content": "hi"}]},
+    "/api/generate": {"model": "mock-m", "prompt": "hi", "stream": False,
+                      "options": {"num_predict": 3}},
+    "/api/show": {"model": "mock-m"},
+}
+
+
+def odd_bodies(body: dict) -> list[tuple[str, bytes]]:
+    """What a careless or hostile client sends instead of ``body``."""
+    plain = json.dumps(body)
+    wide_list = next((k for k in ("messages",) if k in body), None)
+    cases = [
+        ("wide object", (plain[:-1] + "".join(f', "k{i}": {i}' for i in range(100_000))
+                         + "}").encode()),
+        ("long string", json.dumps({**body, "model": "m" * 1_000_000}).encode()),
+        ("NaN and Infinity", plain.replace('"mock-m"', '"mock-m", "temperature": NaN, '
+                                           '"top_p": Infinity', 1).encode()),
+        ("huge numbers", plain.replace('"mock-m"', '"mock-m", "max_tokens": 1e999, '
+                                       '"seed": ' + "9" * 400, 1).encode()),
+        ("lone surrogate", plain.replace('"hi"', '"\\ud800"').encode()),
+        ("invalid UTF-8", plain.encode().replace(b'"mock-m"', b'"mock-\xff\xfe"')),
+        ("a byte order mark", b"\xef\xbb\xbf" + plain.encode()),
+        ("duplicate keys", (plain[:-1] + ', "model": 7}').encode()),
+        ("top-level array", f"[{plain}]".encode()),
+        ("top-level string", b'"hello"'),
+        ("null", b"null"),
+        ("empty", b""),
+        ("truncated", plain.encode()[: len(plain) // 2]),
+        ("types swapped", json.dumps({k: [v] for k, v in body.items()}).encode()),
+        ("over the body limit", b'{"model": "' + b"m" * (9 * 1024 * 1024) + b'"}'),
+    ]
+    if wide_list:
+        cases.append(("wide list", json.dumps(
+            {**body, wide_list: [{"role": "user", "content": "x"}] * 100_000}).encode()))
+    return cases
+
+
+async def test_wide_and_odd_bodies_never_get_a_500(cluster: Cluster):
+    """Every route of /openapi.json that takes a body, fed wide, odd and broken JSON: a
+    4xx in its own error shape with a one-line message (or an answer), never a 500 or a
+    traceback, and the head serves on."""
+    head = cluster.head([])
+    statuses: Counter[int] = Counter()
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url(head, "/openapi.json")) as r:
+            spec = await r.json()
+        routes = [(method.upper(), path) for path, item in spec["paths"].items()
+                  for method, op in item.items() if "requestBody" in op]
+        assert set(BODIES) <= {path for _, path in routes}, routes
+        for method, path in routes:
+            body = BODIES.get(path, {"model": "mock-m"})
+            target = re.sub(r"\{[^}]+\}", "x", path)
+            for what, raw in odd_bodies(body):
+                async with http.request(method, url(head, target), data=raw,
+                                     headers={"Content-Type": "application/json"}) as r:
+                    text = await r.text()
+                statuses[r.status] += 1
+                assert r.status < 500, (path, what, r.status, text[:500])
+                if r.status >= 400:
+                    err = json.loads(text)["error"]
+                    message = err if isinstance(err, str) else err["message"]
+                    assert message and "\n" not in message, (path, what, message)
+                    assert len(message) < 1000, (path, what, len(message))
+        async with http.post(url(head, "/v1/chat/completions"),
+                             json=chat_body(max_tokens=3)) as r:
+            assert r.status == 200, await r.text()
+    assert_clean_log(head)
+    assert statuses[400] > 0 and statuses[413] > 0, statuses
+    record("http_wide_odd_json", kind="hostile",
+           tried="wide objects and lists (100k keys or messages), a 1 MB string, NaN, "
+                 "1e999, a 400-digit int, lone surrogates, invalid UTF-8, a BOM, duplicate "
+                 "keys, non-object bodies, truncated and empty bodies, swapped types, a "
+                 f"9 MiB body, on all {len(routes)} routes of /openapi.json that take a "
+                 "body (OpenAI, Ollama, aliases)",
+           times=sum(statuses.values()),
+           outcome="statuses " + ", ".join(f"{s}: {n}" for s, n in sorted(statuses.items()))
+                   + "; never a 500 or a traceback; every error one line; the head served on",
+           tokens_lost=None, failed_clear=None)

@@ -20,6 +20,7 @@ ENGINE = Path(__file__).resolve().parents[2] / "engine"
     ("fleet_busy", 429),
     ("internal_error", 500),
     ("no_node_available", 503), ("node_unavailable", 503), ("model_unavailable", 503),
+    ("shutting_down", 503),
 ])
 def test_each_code_has_its_status(code: str, status: int) -> None:
     assert code in REQUEST_CODES

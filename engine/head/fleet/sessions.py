@@ -42,6 +42,7 @@ LEASE_MS = 10_000
 MAX_WALL_S = 600.0
 QUEUE_TIMEOUT_S = 20.0
 RETRY_NODE_S = 10  # Retry-After when no node can take the request now
+RETRY_RESTART_S = 5  # Retry-After for the sessions a stopping head ends
 _AFFINITY_MAX = 10_000
 
 
@@ -132,6 +133,8 @@ class SessionRunner:
         self._affinity: OrderedDict[str, tuple[str, int]] = OrderedDict()
         fleet.on_capacity = self.gate.notify
         self.moves_total = 0
+        self._live: set[Session] = set()
+        self._stopping: str | None = None  # why sessions are refused: the head is stopping
 
     @property
     def stall_s(self) -> float:
@@ -223,7 +226,32 @@ class SessionRunner:
 
     def start(self, job: Job) -> Session:
         """Run ``job`` in a task of its own; read it through the returned session."""
-        return Session(self, job)
+        session = Session(self, job)
+        if self._stopping is not None:
+            session.end(self._stopping_error())
+        else:
+            self._live.add(session)
+            session.on_end(self._live.discard)
+        return session
+
+    @property
+    def live(self) -> int:
+        """Sessions placing, queued or running now."""
+        return len(self._live)
+
+    def stop_sessions(self, why: str) -> int:
+        """The head is stopping: end every live session with an error that says ``why``
+        (each is cancelled on its node, and its reader gets the tokens already made, then
+        the error), and refuse the sessions that come after. Returns how many ended."""
+        self._stopping = why
+        live = list(self._live)
+        for session in live:
+            session.end(self._stopping_error())
+        return len(live)
+
+    def _stopping_error(self) -> RequestError:
+        return RequestError(self._stopping or "the head is stopping", code="shutting_down",
+                            retry_after=RETRY_RESTART_S)
 
     async def run(self, job: Job) -> AsyncGenerator[list[int] | Finish, None]:
         """Yield batches of new token ids, then one Finish. Raises RequestError."""
@@ -338,6 +366,18 @@ class Session:
         self.node = ""
         self._out: asyncio.Queue[list[int] | Finish | RequestError] = asyncio.Queue()
         self._task = asyncio.create_task(self._run(), name=f"session-{job.session}")
+
+    def on_end(self, callback: Callable[[Session], None]) -> None:
+        """Call ``callback(self)`` once the session's task has ended."""
+        self._task.add_done_callback(lambda _task: callback(self))
+
+    def end(self, error: RequestError) -> None:
+        """End the session now: cancel its work (on its node too) and let its reader get
+        what was already made, then ``error``."""
+        if self._task.done():
+            return
+        self._task.cancel()
+        self._out.put_nowait(error)
 
     async def _run(self) -> None:
         try:
