@@ -83,8 +83,10 @@ def _run(cmd: list[str], *, cwd: Path | None = None) -> str:
             "(apt install dpkg-dev desktop-file-utils zstd)"
         ) from None
     if out.returncode != 0:
-        tail = (out.stderr or out.stdout).strip().splitlines()[-5:]
-        raise PackageError(f"{' '.join(cmd[:2])} failed: {' | '.join(tail)}")
+        lines = (out.stderr or out.stdout).strip().splitlines()
+        # the tool's errors, not the warnings that come before them
+        tail = [ln for ln in lines if "error" in ln.lower()][:3] or lines[-5:]
+        raise PackageError(f"{cmd[0]} failed: {' | '.join(tail)}")
     return out.stdout
 
 
@@ -223,9 +225,9 @@ if [ "$mode" = system ]; then
 else
     opt="$HOME/.local/opt/shoal" bin="$HOME/.local/bin" share="${XDG_DATA_HOME:-$HOME/.local/share}"
 fi
+# (no update-desktop-database: the entry declares no MIME types, and the menus watch the
+# applications folder themselves; its mimeinfo.cache would be left in a user's home)
 refresh() {
-    command -v update-desktop-database >/dev/null 2>&1 &&
-        update-desktop-database -q "$share/applications" 2>/dev/null || true
     command -v gtk-update-icon-cache >/dev/null 2>&1 &&
         gtk-update-icon-cache -q -t "$share/icons/hicolor" 2>/dev/null || true
 }
