@@ -146,12 +146,11 @@ def icon_files() -> list[Path]:
 
 
 def desktop_entry() -> Path:
-    """The desktop entry: the app's own resources/shoal.desktop when it has one."""
-    for candidate in (ROOT / "resources" / "shoal.desktop",
-                      ROOT / "installers" / "linux" / "shoal.desktop"):
-        if candidate.is_file():
-            return candidate
-    raise BuildError("no shoal.desktop in resources/ or installers/linux/; restore it")
+    """The app's desktop entry, resources/shoal.desktop (Exec is rewritten per package)."""
+    entry = ROOT / "resources" / "shoal.desktop"
+    if not entry.is_file():
+        raise BuildError("resources/shoal.desktop is missing; restore it from git")
+    return entry
 
 
 def has_app_main() -> bool:
