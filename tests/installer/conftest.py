@@ -168,9 +168,10 @@ def _netns() -> str:
     return name
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def installed(built: Built, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
-    """The .deb installed with dpkg -i; removed and purged afterwards whatever happened."""
+    """The .deb installed with dpkg -i; removed and purged after the module whatever
+    happened, so the rest of the suite runs without it."""
     home = tmp_path_factory.mktemp("home")
     tmp = tmp_path_factory.mktemp("tmp")
     (tmp / "run").mkdir(mode=0o700)
