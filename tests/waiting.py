@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -44,3 +45,20 @@ async def until_result(probe: Callable[[], Awaitable[T]], done: Callable[[T], bo
     except AssertionError:
         raise AssertionError(f"timed out waiting for {what} (last: {last!r})") from None
     return last[0]
+
+
+def until_sync(check: Callable[[], T], what: str, *, timeout: float = 10.0,
+               poll: float = 0.05) -> T:
+    """The same for tests outside a loop that watch other processes: return ``check()``'s
+    first truthy value, polled every ``poll`` seconds; fail naming ``what`` after
+    ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        value = check()
+        if value:
+            return value
+        last = value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what} (last: {last!r})")
+        time.sleep(poll)  # the poll interval, not a wait for the condition

