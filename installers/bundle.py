@@ -107,7 +107,7 @@ def llama_libs() -> LlamaLibs:
         if missing:
             raise BuildError(
                 f"the llama.cpp build in {lib_dir} lacks CPU variants {sorted(missing)}; "
-                "delete ~/.cache/shoal/wheels and run scripts/build-installer again"
+                "delete ~/.cache/pip/shoal-wheels and run scripts/build-installer again"
             )
     if not any(p.name.startswith("libllama.") for p in core):
         raise BuildError(f"{lib_dir} has no libllama; reinstall llama-cpp-python")

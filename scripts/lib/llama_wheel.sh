@@ -37,7 +37,9 @@ llama_wheel_dir() {
     local key
     key="$(printf '%s %s %s' "$SHOAL_LLAMA_VERSION" "$(uname -sm)" "$(llama_portable_cmake_args)" |
         sha256sum | cut -c1-12)"
-    echo "${SHOAL_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/shoal/wheels}/portable-$key"
+    # inside pip's own cache folder: a machine (or CI) that keeps pip's built wheels keeps
+    # this one too, and `pip cache purge` leaves it alone
+    echo "${SHOAL_WHEEL_CACHE:-${PIP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pip}/shoal-wheels}/portable-$key"
 }
 
 # ensure_llama_wheel PYTHON: print the portable wheel's path, building it first if needed.
