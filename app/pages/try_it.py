@@ -135,7 +135,9 @@ class TryPage(QWidget):
 
     @property
     def streaming(self) -> bool:
-        return self._task is not None and not self._task.done()
+        # until _finished has run (a done callback, a loop turn after the task ends): Send
+        # is enabled again only then
+        return self._task is not None
 
     def render(self, snap: FleetSnapshot) -> None:
         api = snap.roles.api_url is not None
