@@ -173,7 +173,16 @@ def test_the_tray_icon_docks_and_its_menu_works(display: X, tmp_path: Path):
         with urllib.request.urlopen(f"{url}/models", timeout=10) as r:
             assert r.status == 200 and b"mock-m" in r.read()
 
-        menu = open_menu()
+        open_menu()
+        seen: list[object] = []
+
+        def settled() -> object:
+            # the menu is rebuilt from a snapshot as it opens: click only once its place
+            # and size read the same twice in a row
+            seen.append(display.menu())
+            return seen[-1] if len(seen) > 1 and seen[-1] == seen[-2] else None
+
+        menu = wait_for(settled, "the menu to settle")
         # a click on the last item, Quit Shoal (a key press can come before the menu
         # has the keyboard)
         display.run("xdotool", "mousemove", str(int(menu["x"]) + int(menu["w"]) // 2),
