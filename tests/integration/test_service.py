@@ -40,12 +40,12 @@ def both(home: Path, **head: object) -> Settings:
 
 
 @contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[Shoal]:
+async def running(settings: Settings, *, drain: float = 1) -> AsyncIterator[Shoal]:
     shoal = await Shoal.start(settings)
     try:
         yield shoal
     finally:
-        await shoal.stop(drain=1)
+        await shoal.stop(drain=drain)
 
 
 async def ready(shoal: Shoal, count: int = 1) -> None:

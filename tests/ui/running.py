@@ -16,7 +16,8 @@ from app.bridge import ShoalBridge
 from app.prefs import Prefs
 from engine.service import Shoal
 from engine.settings import DiscoverySettings, HeadSettings, NodeSettings, Settings
-from tests.waiting import until
+from tests.integration.test_service import ready  # noqa: F401  (for the UI tests)
+from tests.integration.test_service import running as _running
 
 QUIET = DiscoverySettings(mode="none")
 MODEL = "mock-m"
@@ -46,17 +47,9 @@ def token_file(home: Path) -> Path:
     return path
 
 
-@contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[Shoal]:
-    shoal = await Shoal.start(settings)
-    try:
-        yield shoal
-    finally:
-        await shoal.stop(drain=0)
-
-
-async def ready(shoal: Shoal, count: int = 1) -> None:
-    await until(lambda: shoal.snapshot().ready_nodes >= count, f"{count} node(s) ready")
+def running(settings: Settings) -> contextlib.AbstractAsyncContextManager[Shoal]:
+    """Shoal in process for a UI test; stopped with no drain (nothing runs by then)."""
+    return _running(settings, drain=0)
 
 
 @dataclass
