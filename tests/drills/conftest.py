@@ -17,13 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import re
 import secrets
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +31,7 @@ import pytest
 
 from engine.head.prompt.model import load_head_model
 from engine.runtimes.mock import EOS, next_token
-from tests.integration.conftest import SHOAL, Cluster, Proc
+from tests.integration.conftest import Cluster, Proc
 
 MODEL = "mock-m"
 WINDOW = 4096
@@ -52,35 +50,7 @@ class DrillCluster(Cluster):
                 "--listen", f"{ns.inner}:{port}", "--max-batch", str(lanes),
                 "--mock-speed", str(speed)]
         ready = re.compile(rf" on {re.escape(ns.inner)}:(\d+) \(link")
-        return self._start_in(["ip", "netns", "exec", ns.name], identity, args, ready)
-
-    def _start_in(self, prefix: list[str], name: str, args: list[str],
-                  ready: re.Pattern[str]) -> Proc:
-        log = self.logs / f"{name}-{len(self.procs)}.log"
-        with log.open("w") as logf:
-            popen = subprocess.Popen([*prefix, *SHOAL, *args], env=self.env,
-                                     stdout=subprocess.PIPE, stderr=logf, text=True,
-                                     start_new_session=True, cwd=os.getcwd())
-        assert popen.stdout is not None
-        os.set_blocking(popen.stdout.fileno(), False)
-        deadline = time.monotonic() + 30
-        buf = ""
-        while time.monotonic() < deadline:
-            chunk = popen.stdout.readline()
-            if chunk:
-                buf += chunk
-                match = ready.search(buf)
-                if match:
-                    proc = Proc(popen, log, int(match.group(1)), name, args, banner=buf)
-                    self.procs.append(proc)
-                    return proc
-                continue
-            if popen.poll() is not None:
-                break
-            time.sleep(0.05)
-        popen.kill()
-        popen.wait(5)
-        raise AssertionError(f"{name} did not start: {buf}\n{log.read_text()}")
+        return self._start(identity, args, ready, prefix=["ip", "netns", "exec", ns.name])
 
     def head(self, nodes: list[Proc] | list[str], *, model: str = MODEL,
              runtime: str = "mock", extra: tuple[str, ...] = (), port: int = 0) -> Proc:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -17,17 +16,12 @@ from typing import Any
 import anthropic
 import ollama
 import openai
-from aiohttp import web
 
-from engine.api.app import build_app
-from engine.head.fleet.links import Fleet
-from engine.head.fleet.sessions import SessionRunner
-from engine.head.head import Head
+from engine.head.fleet.placement import Policy
 from engine.head.prompt.model import HeadModel
-from engine.node.agent import NodeAgent
 from engine.runtimes.base import EngineStats, GenerationRequest, GenerationResult
 from engine.runtimes.mock import EOS, MockEngine, MockGeneration, MockTokenizer
-from tests.integration.test_api_surface import MODEL, Live, mock_model
+from tests.integration.test_api_surface import MODEL, Live, live_head, mock_model
 
 TOKEN = bytes(range(32))
 TOOLS_TEMPLATE = (Path(__file__).parents[1] / "e2e" / "data" / "tools_chatml.jinja").read_text()
@@ -98,39 +92,16 @@ class ScriptedEngine(MockEngine):
 assert EOS not in MockTokenizer().encode("<tool_call>", special=False)
 
 
-@contextlib.asynccontextmanager
-async def agent_head(script: Script | None = None, *, nodes: int = 1, lanes: int = 4,
-                     speed: float = 0.0, model: HeadModel | None = None,
-                     policy: str = "load-aware", **attrs: Any) -> AsyncIterator[Live]:
+def agent_head(script: Script | None = None, *, nodes: int = 1, lanes: int = 4,
+               speed: float = 0.0, model: HeadModel | None = None,
+               policy: Policy = "load-aware",
+               **attrs: Any) -> contextlib.AbstractAsyncContextManager[Live]:
     """A head, its app on 127.0.0.1 and ``nodes`` scripted mock nodes, in this loop."""
-    hm = model or mock_model(template=TOOLS_TEMPLATE)
-    fleet = Fleet(model=hm.name, head_id="h-" + secrets.token_hex(4), psk=TOKEN)
-    agents = []
-    for i in range(nodes):
-        engine = ScriptedEngine(script, model=hm.name, lanes=lanes, speed=speed)
-        agent = NodeAgent(engine, identity=f"n{i}", psk=TOKEN)
-        _h, port = await agent.listen("127.0.0.1", 0)
-        agents.append(agent)
-        fleet.add_dialed("127.0.0.1", port)
-    head = Head([hm], fleet, SessionRunner(fleet, policy=policy))  # type: ignore[arg-type]
-    for key, value in attrs.items():
-        setattr(head, key, value)
-    runner = web.AppRunner(build_app(head), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        async with asyncio.timeout(10):
-            while sum(1 for p in fleet.pools.values() if p.state == "ready") < nodes:
-                await asyncio.sleep(0.05)
-        yield Live(head, port, agents)
-    finally:
-        await runner.cleanup()
-        await head.close()
-        for agent in agents:
-            await agent.close()
-            await agent.engine.close()
+    return live_head(nodes=nodes, model=model or mock_model(template=TOOLS_TEMPLATE),
+                     policy=policy,
+                     make_engine=lambda name: ScriptedEngine(script, model=name, lanes=lanes,
+                                                             speed=speed),
+                     **attrs)
 
 
 def engines(live: Live) -> list[ScriptedEngine]:

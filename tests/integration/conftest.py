@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,12 +68,14 @@ class Cluster:
         return out.stdout.strip()
 
     def _start(self, name: str, args: list[str], ready: re.Pattern[str],
-               env: dict[str, str] | None = None) -> Proc:
+               env: dict[str, str] | None = None, prefix: Sequence[str] = ()) -> Proc:
+        """Start ``shoal ARGS`` (after ``prefix``, e.g. ``ip netns exec NS``) and wait for
+        the line ``ready`` matches; its first group is the port."""
         log = self.logs / f"{name}-{len(self.procs)}.log"
-        logf = log.open("w")
-        popen = subprocess.Popen([*SHOAL, *args], env=env or self.env, stdout=subprocess.PIPE,
-                                 stderr=logf, text=True, start_new_session=True)
-        logf.close()
+        with log.open("w") as logf:
+            popen = subprocess.Popen([*prefix, *SHOAL, *args], env=env or self.env,
+                                     stdout=subprocess.PIPE, stderr=logf, text=True,
+                                     start_new_session=True, cwd=os.getcwd())
         deadline = time.monotonic() + READY_TIMEOUT
         assert popen.stdout is not None
         os.set_blocking(popen.stdout.fileno(), False)

@@ -10,7 +10,7 @@ import json
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from engine.api.schemas import ChatRequest, Message
 from engine.api.turns import chat_request_turn
 from engine.events import SessionFinished
 from engine.head.fleet.links import Fleet
+from engine.head.fleet.placement import Policy
 from engine.head.fleet.sessions import SessionRunner
 from engine.head.head import Head
 from engine.head.prompt.model import HeadModel, load_head_model
@@ -66,19 +67,24 @@ def mock_model(name: str = MODEL, template: str | None = None) -> HeadModel:
 @contextlib.asynccontextmanager
 async def live_head(*, nodes: int = 1, lanes: int = 4, speed: float = 0.0,
                     queue_timeout_s: float = 20.0, model: HeadModel | None = None,
+                    policy: Policy = "load-aware",
+                    make_engine: Callable[[str], MockEngine] | None = None,
                     **attrs: Any) -> AsyncIterator[Live]:
     """A head, its app on 127.0.0.1 and ``nodes`` mock nodes, all in this event loop;
-    ``attrs`` are set on the Head (api_key, keys_secret, keepalive_s, ...)."""
+    ``make_engine(model_name)`` makes each node's engine (default: a MockEngine with
+    ``lanes`` and ``speed``); ``attrs`` are set on the Head (api_key, keepalive_s, ...)."""
     hm = model or mock_model()
     fleet = Fleet(model=hm.name, head_id="h-" + secrets.token_hex(4), psk=TOKEN)
     agents = []
     for i in range(nodes):
-        agent = NodeAgent(MockEngine(model=hm.name, lanes=lanes, speed=speed),
-                          identity=f"n{i}", psk=TOKEN)
+        engine = (make_engine(hm.name) if make_engine
+                  else MockEngine(model=hm.name, lanes=lanes, speed=speed))
+        agent = NodeAgent(engine, identity=f"n{i}", psk=TOKEN)
         _h, port = await agent.listen("127.0.0.1", 0)
         agents.append(agent)
         fleet.add_dialed("127.0.0.1", port)
-    head = Head([hm], fleet, SessionRunner(fleet, queue_timeout_s=queue_timeout_s))
+    head = Head([hm], fleet, SessionRunner(fleet, policy=policy,
+                                           queue_timeout_s=queue_timeout_s))
     for key, value in attrs.items():
         setattr(head, key, value)
     runner = web.AppRunner(build_app(head), access_log=None)
