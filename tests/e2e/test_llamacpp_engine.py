@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 
-from engine.runtimes.base import GenerationRequest, GenerationResult, Sampling
+from engine.runtimes.base import GenerationRequest, GenerationResult
 from engine.runtimes.llamacpp import (
     LlamaCppEngine,
     LlamaCppGeneration,
@@ -17,12 +16,11 @@ from engine.runtimes.llamacpp import (
     start_line,
 )
 from engine.runtimes.window import size_window
+from tests.e2e.engine_run import GREEDY, run, until_idle
 from tests.loopwatch import LoopWatch
-from tests.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(90)]
 
-GREEDY = Sampling(temperature=0.0)
 WINDOW = 1024
 
 
@@ -43,35 +41,6 @@ async def engine(smollm2_gguf: str) -> AsyncIterator[LlamaCppEngine]:
         yield eng
     finally:
         await eng.close()
-
-
-async def run(
-    eng: LlamaCppEngine,
-    prompt: list[int],
-    max_tokens: int,
-    *,
-    sampling: Sampling = GREEDY,
-    session: str = "",
-    stop: frozenset[int] = frozenset(),
-) -> tuple[list[int], GenerationResult]:
-    gen = eng.generate(
-        GenerationRequest(
-            prompt=prompt, max_tokens=max_tokens, sampling=sampling, session=session, stop_ids=stop
-        )
-    )
-    out: list[int] = []
-    async for batch in gen:
-        assert batch
-        out.extend(batch)
-    return out, gen.result
-
-
-async def until_idle(eng: LlamaCppEngine, timeout: float = 5.0) -> None:
-    async def idle() -> bool:
-        gc.collect()  # a generation dropped unread frees its lane from its finalizer
-        return eng.stats().lanes_busy == 0
-
-    await until(idle, "every lane to be free", timeout=timeout)
 
 
 async def test_greedy_is_deterministic_and_sensible(

@@ -22,11 +22,11 @@ from engine.runtimes.base import (
     Sampling,
 )
 from engine.runtimes.mlx import MlxEngine, MlxVocab
+from tests.e2e.engine_run import GREEDY, run
 from tests.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(90)]
 
-GREEDY = Sampling(temperature=0.0)
 # hot enough that the tiny model's sharp logits still leave room for chance
 HOT = Sampling(temperature=6.0, top_p=1.0, top_k=0, min_p=0.0)
 WINDOW = 256
@@ -69,24 +69,6 @@ async def engine(tiny_model: str) -> AsyncIterator[MlxEngine]:
         yield eng
     finally:
         await eng.close()
-
-
-async def run(
-    eng: MlxEngine,
-    prompt: list[int],
-    max_tokens: int,
-    *,
-    sampling: Sampling = GREEDY,
-    stop: frozenset[int] = frozenset(),
-) -> tuple[list[int], GenerationResult]:
-    gen = eng.generate(
-        GenerationRequest(prompt=prompt, max_tokens=max_tokens, sampling=sampling, stop_ids=stop)
-    )
-    out: list[int] = []
-    async for batch in gen:
-        assert batch
-        out.extend(batch)
-    return out, gen.result
 
 
 async def until_idle(eng: MlxEngine, timeout: float = 5.0) -> None:

@@ -1,0 +1,32 @@
+"""Driving an engine directly, as the node agent does: shared by the runtime tests."""
+
+from __future__ import annotations
+
+import gc
+
+from engine.runtimes.base import Engine, GenerationRequest, GenerationResult, Sampling
+from tests.waiting import until
+
+GREEDY = Sampling(temperature=0.0)
+
+
+async def run(eng: Engine, prompt: list[int], max_tokens: int, *, sampling: Sampling = GREEDY,
+              session: str = "",
+              stop: frozenset[int] = frozenset()) -> tuple[list[int], GenerationResult]:
+    """Every token ``eng`` generates for ``prompt`` (each batch non-empty), and its result."""
+    gen = eng.generate(GenerationRequest(prompt=prompt, max_tokens=max_tokens,
+                                         sampling=sampling, session=session, stop_ids=stop))
+    out: list[int] = []
+    async for batch in gen:
+        assert batch
+        out.extend(batch)
+    return out, gen.result
+
+
+async def until_idle(eng: Engine, timeout: float = 5.0) -> None:
+    """Wait until no lane of ``eng`` is busy."""
+    async def idle() -> bool:
+        gc.collect()  # a generation dropped unread frees its lane from its finalizer
+        return eng.stats().lanes_busy == 0
+
+    await until(idle, "every lane to be free", timeout=timeout)
