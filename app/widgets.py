@@ -331,36 +331,31 @@ class Banner(QFrame):
         return self.label.text() if self.isVisible() else ""
 
 
-def inline_error() -> QLabel:
-    """A line under a form that says why it did not work (hidden until then)."""
+def _status_line(name: str, colour: str, *, selectable: bool = True) -> QLabel:
+    """A wrapped line in ``colour``, hidden until it has something to say."""
     label = QLabel()
-    label.setObjectName("inlineError")
-    tone(label, ERROR_TEXT)
+    label.setObjectName(name)
+    tone(label, colour)
     label.setWordWrap(True)
-    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    if selectable:
+        label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
     label.hide()
     return label
+
+
+def inline_error() -> QLabel:
+    """A line under a form that says why it did not work (hidden until then)."""
+    return _status_line("inlineError", ERROR_TEXT)
 
 
 def ok_line() -> QLabel:
     """A line that says a change was made (hidden until then)."""
-    label = QLabel()
-    label.setObjectName("okLine")
-    tone(label, OK_TEXT)
-    label.setWordWrap(True)
-    label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-    label.hide()
-    return label
+    return _status_line("okLine", OK_TEXT)
 
 
 def warning_line() -> QLabel:
     """A limit worth knowing, not a failure (hidden until there is one)."""
-    label = QLabel()
-    label.setObjectName("warningLine")
-    tone(label, WARN_TEXT)
-    label.setWordWrap(True)
-    label.hide()
-    return label
+    return _status_line("warningLine", WARN_TEXT, selectable=False)
 
 
 def say(label: QLabel, text: str) -> None:
