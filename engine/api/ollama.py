@@ -14,7 +14,7 @@ import re
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -197,18 +197,32 @@ async def _decode(request: web.Request, kind: type[Any]) -> Any:
         return ollama_error(400, str(exc))
 
 
-async def chat(request: web.Request) -> web.StreamResponse:
-    head = request.app[HEAD]
-    req = await _decode(request, OllamaChatRequest)
+R = TypeVar("R", OllamaChatRequest, OllamaGenerateRequest)
+
+
+async def _accept(request: web.Request,
+                  kind: type[R]) -> tuple[R, str, dict[str, str]] | web.Response:
+    """The request decoded, checked for what Shoal does not do, and its model resolved
+    (the model's name and the X-Shoal-* headers), or the answer that refuses it."""
+    req = await _decode(request, kind)
     if isinstance(req, web.Response):
         return req
     problem = unsupported_ollama(req)
     if problem:
         return ollama_error(400, problem)
-    resolved = runnable(request, head, req.model, ollama=True)
+    resolved = runnable(request, request.app[HEAD], req.model, ollama=True)
     if isinstance(resolved, web.Response):
         return resolved
     model_name, names = resolved
+    return req, model_name, names
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    head = request.app[HEAD]
+    accepted = await _accept(request, OllamaChatRequest)
+    if isinstance(accepted, web.Response):
+        return accepted
+    req, model_name, names = accepted
     if not req.messages:
         return _loaded(req.model, "message", names)
     chat_req = _to_chat(req, req.stream)
@@ -238,16 +252,10 @@ async def _generate_prompt(model: HeadModel, req: OllamaGenerateRequest) -> list
 
 async def generate(request: web.Request) -> web.StreamResponse:
     head = request.app[HEAD]
-    req = await _decode(request, OllamaGenerateRequest)
-    if isinstance(req, web.Response):
-        return req
-    problem = unsupported_ollama(req)
-    if problem:
-        return ollama_error(400, problem)
-    resolved = runnable(request, head, req.model, ollama=True)
-    if isinstance(resolved, web.Response):
-        return resolved
-    model_name, names = resolved
+    accepted = await _accept(request, OllamaGenerateRequest)
+    if isinstance(accepted, web.Response):
+        return accepted
+    req, model_name, names = accepted
     if not req.prompt and not req.suffix:
         # nothing to continue (an editor's autocomplete in an empty file): Ollama answers
         # at once with an empty response, so does Shoal
