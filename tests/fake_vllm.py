@@ -48,6 +48,7 @@ import random
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -325,26 +326,27 @@ class FakeVLLM:
         return resp
 
 
+@dataclass
 class _Generation:
     """One completion request: its parsed fields and the mock model's steps."""
 
-    def __init__(self, prompt: list[int], *, max_tokens: int, seed: int, stop_ids: set[int],
-                 ignore_eos: bool, stream: bool, include_usage: bool, return_ids: bool,
-                 window: int) -> None:
-        self.prompt = prompt
-        self.context = list(prompt)
-        self.max_tokens = max_tokens
-        self.seed = seed
-        self.stop_ids = stop_ids
-        self.ignore_eos = ignore_eos
-        self.stream = stream
-        self.include_usage = include_usage
-        self.return_ids = return_ids
-        self.window = window
-        self.finish: str | None = None
-        self.stop_reason: int | None = None
-        self.created = int(time.time())
-        self.id = f"cmpl-{random.getrandbits(64):016x}"
+    prompt: list[int]
+    max_tokens: int
+    seed: int
+    stop_ids: set[int]
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+    return_ids: bool
+    window: int
+    context: list[int] = field(init=False)
+    finish: str | None = None
+    stop_reason: int | None = None
+    created: int = field(default_factory=lambda: int(time.time()))
+    id: str = field(default_factory=lambda: f"cmpl-{random.getrandbits(64):016x}")
+
+    def __post_init__(self) -> None:
+        self.context = list(self.prompt)
 
     @classmethod
     def parse(cls, body: dict[str, Any], fake: FakeVLLM) -> _Generation:
@@ -371,7 +373,7 @@ class _Generation:
         elif seed is None:
             seed = random.getrandbits(63)
         options = body.get("stream_options") or {}
-        return cls(list(prompt), max_tokens=max_tokens, seed=int(seed),
+        return cls(prompt=list(prompt), max_tokens=max_tokens, seed=int(seed),
                    stop_ids=set(body.get("stop_token_ids") or ()),
                    ignore_eos=bool(body.get("ignore_eos")), stream=bool(body.get("stream")),
                    include_usage=bool(options.get("include_usage")),

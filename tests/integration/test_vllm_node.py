@@ -26,6 +26,7 @@ from engine.runtimes.mock import EOS, IM_END, MockTokenizer, next_token
 from engine.service import Shoal
 from engine.settings import DiscoverySettings, HeadSettings, NodeSettings, Settings
 from tests.fake_vllm import KV_METRIC, LEGACY_KV_METRIC, FakeVLLM, running_fake_vllm
+from tests.integration.test_service import running
 from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(90)
@@ -71,15 +72,6 @@ def token_file(home: Path) -> Path:
     path.write_text(TOKEN.hex())
     path.chmod(0o600)
     return path
-
-
-@contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[Shoal]:
-    shoal = await Shoal.start(settings)
-    try:
-        yield shoal
-    finally:
-        await shoal.stop(drain=1)
 
 
 def vllm_node(home: Path, upstream: str, *, lanes: int = 2, identity: str = "gpu",
@@ -352,32 +344,26 @@ async def test_a_client_cancel_aborts_the_upstream_request(tmp_path: Path):
         await until(lambda: d.fake.in_flight == 0, "nothing left running at vLLM")
 
 
-async def test_an_upstream_that_dies_mid_stream_fails_over_with_identical_text(
-        tmp_path: Path):
+@pytest.mark.parametrize("fault", ["dies", "hangs"])
+async def test_an_upstream_that_fails_mid_stream_fails_over_with_identical_text(
+        tmp_path: Path, fault: str):
+    """Killed (connections cut) or frozen (connections open, nothing sent): either way
+    the session moves to the mock node within the hung bound, nothing twice, none lost."""
     async with desk(tmp_path, with_mock=True) as d:
         assert d.desk is not None
         progress: asyncio.Queue[int] = asyncio.Queue()
         task = asyncio.create_task(chat_stream(d.api, progress=progress, max_tokens=300))
         await wait_chunks(progress, 20)
         await d.desk.pause_serving(False)
-        await d.fake.die()
-        text, finish = await asyncio.wait_for(task, HUNG_BOUND_S)
-        assert text == expected_text(300) and finish == "length"  # nothing twice, none lost
-        assert node_view(d.head, "desk").sessions_total == 1  # type: ignore[union-attr]
-
-
-async def test_an_upstream_that_hangs_mid_stream_is_seen_and_fails_over(tmp_path: Path):
-    async with desk(tmp_path, with_mock=True) as d:
-        assert d.desk is not None
-        progress: asyncio.Queue[int] = asyncio.Queue()
-        task = asyncio.create_task(chat_stream(d.api, progress=progress, max_tokens=300))
-        await wait_chunks(progress, 20)
-        await d.desk.pause_serving(False)
-        d.fake.hang()
+        if fault == "dies":
+            await d.fake.die()
+        else:
+            d.fake.hang()
         text, finish = await asyncio.wait_for(task, HUNG_BOUND_S)
         assert text == expected_text(300) and finish == "length"
         assert node_view(d.head, "desk").sessions_total == 1  # type: ignore[union-attr]
-        await d.fake.revive()  # let the hung handlers end before the fake closes
+        if fault == "hangs":
+            await d.fake.revive()  # its hung handlers end before it closes
 
 
 async def test_an_upstream_that_comes_back_is_used_again(tmp_path: Path):
