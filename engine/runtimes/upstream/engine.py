@@ -7,9 +7,10 @@ Bounds, each one named here so that the node fails over instead of waiting:
 
 - Start: every request answers within ``REQUEST_S``; an upstream that does not
   fails the start in one line naming it and the fix.
-- Stream: the first event within ``STALL_S`` plus the prompt priced at
-  ``PREFILL_FLOOR_TPS`` (at most ``FIRST_EVENT_MAX_S``), every later event within
-  ``STALL_S`` of the one before (the head's hung-node bound). A stream that is
+- Stream: the first token within ``FIRST_TOKEN_S`` plus the prompt priced at
+  ``PREFILL_FLOOR_TPS`` (at most ``FIRST_EVENT_MAX_S``; the head allows the same:
+  one lease plus the prompt at that rate), every later event within ``STALL_S``
+  of the one before (the head's hung-node bound). A stream that is
   silent longer, breaks, or answers with an error raises
   :class:`UpstreamFailed`: the node reports the session failed and the head
   fails it over, the tokens already delivered kept as context.
@@ -58,6 +59,7 @@ REQUEST_S = 10.0
 POLL_S = 1.0
 POLL_TIMEOUT_S = 2.0
 STALL_S = 3.0  # = the head's stall bound (engine.head.fleet.attempt.Limits.stall_s)
+FIRST_TOKEN_S = 10.0  # = the head's lease: a busy CPU box takes seconds to start a prompt
 PREFILL_FLOOR_TPS = 50.0  # = the head's price of a prompt at an unmeasured node
 FIRST_EVENT_MAX_S = 600.0
 MAX_ANSWER = 4 << 20
@@ -345,7 +347,7 @@ class UpstreamGeneration:
         dialect = eng.dialect
         clock = eng._clock
         started = clock()
-        first_by = started + min(STALL_S + len(req.prompt) / PREFILL_FLOOR_TPS,
+        first_by = started + min(FIRST_TOKEN_S + len(req.prompt) / PREFILL_FLOOR_TPS,
                                  FIRST_EVENT_MAX_S)
         body = dialect.completion_body(req, model=eng.model_id,
                                        slot=self._lane.seq if dialect.uses_slots else None)
@@ -408,9 +410,9 @@ class UpstreamGeneration:
                         yield out
             except TimeoutError:
                 if not self._cancelled:
-                    what = "a first token" if not produced else "a token"
-                    raise UpstreamFailed(f"{eng._what()} sent no {what} in time; treating it "
-                                         "as hung") from None
+                    what = "the first token" if not produced else "the next token"
+                    raise UpstreamFailed(f"{eng._what()} did not send {what} in time; "
+                                         "treating it as hung") from None
             except (aiohttp.ClientError, OSError) as exc:
                 if not self._cancelled:
                     eng._broken(_why(exc))

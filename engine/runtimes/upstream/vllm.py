@@ -20,8 +20,8 @@ Shapes followed (vLLM 0.10.2 and later):
 - ``GET /metrics``: ``vllm:num_requests_running``, ``vllm:num_requests_waiting``,
   ``vllm:kv_cache_usage_perc`` (a fraction, 0-1; before v0.10: ``vllm:gpu_cache_usage_perc``),
   and ``vllm:cache_config_info`` whose labels carry ``num_gpu_blocks`` and ``block_size``.
-  ``max_num_seqs`` is read from any ``*_info`` metric that has it as a label; vLLM does not
-  show it by default, so the node is told (``--max-batch``).
+  vLLM shows nowhere how many sequences it runs at once (``--max-num-seqs``), so the node
+  is told (``--max-batch``).
 - ``GET /health``: 200 with an empty body once the engine runs.
 """
 
@@ -86,18 +86,15 @@ class Vllm:
         usage = prometheus.total(samples, KV_USAGE)
         if usage is None:
             usage = prometheus.total(samples, KV_USAGE_OLD)
-        shown_lanes = 0
         kv_total = 0
         for s in samples:
             if s.name == CACHE_INFO:
-                blocks = _int_label(s.labels, "num_gpu_blocks")
-                size = _int_label(s.labels, "block_size")
-                kv_total = blocks * size
-            shown_lanes = shown_lanes or _int_label(s.labels, "max_num_seqs")
-        kv_total = kv_total or context_window * max(lanes, shown_lanes)
+                kv_total = _int_label(s.labels, "num_gpu_blocks") * _int_label(s.labels,
+                                                                              "block_size")
+        kv_total = kv_total or context_window * lanes
         fraction = min(max(usage or 0.0, 0.0), 1.0)
         return Load(running=running, waiting=waiting, kv_used=int(fraction * kv_total),
-                    kv_total=kv_total, lanes=shown_lanes,
+                    kv_total=kv_total,
                     missing="" if usage is not None else f"{KV_USAGE} in /metrics")
 
     def tokenize_body(self, model: str, text: str, *, special: bool) -> dict[str, object]:
