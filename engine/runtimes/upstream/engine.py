@@ -9,8 +9,11 @@ Bounds, each one named here so that the node fails over instead of waiting:
   fails the start in one line naming it and the fix.
 - Stream: the first token within ``FIRST_TOKEN_S`` plus the prompt priced at
   ``PREFILL_FLOOR_TPS`` (at most ``FIRST_EVENT_MAX_S``; the head allows the same:
-  one lease plus the prompt at that rate), every later event within ``STALL_S``
-  of the one before (the head's hung-node bound). A stream that is
+  one lease plus the prompt at that rate), every later event within ``TOKEN_GAP_S``
+  of the one before (the head's bound for a node that answers but makes no
+  progress). A hung upstream is seen sooner, by the poller: ``/health`` not
+  answering within ``POLL_TIMEOUT_S`` fails every stream at once, about
+  ``POLL_S + POLL_TIMEOUT_S`` (3 s, the head's hung-node bound) after it hung. A stream that is
   silent longer, breaks, or answers with an error raises
   :class:`UpstreamFailed`: the node reports the session failed and the head
   fails it over, the tokens already delivered kept as context.
@@ -48,7 +51,7 @@ from engine.runtimes.base import (
     GenerationResult,
     RuntimeUnavailable,
 )
-from engine.runtimes.lanes import Lane, pick_lane
+from engine.runtimes.lanes import Lane, common_prefix, pick_lane
 from engine.runtimes.probe import PROBE_TEXTS
 from engine.runtimes.upstream.dialect import Dialect, Layout, Load, UpstreamAnswerError
 from engine.runtimes.upstream.sse import SseParser, SseTooLarge
@@ -58,7 +61,7 @@ log = logging.getLogger("shoal.node")
 REQUEST_S = 10.0
 POLL_S = 1.0
 POLL_TIMEOUT_S = 2.0
-STALL_S = 3.0  # = the head's stall bound (engine.head.fleet.attempt.Limits.stall_s)
+TOKEN_GAP_S = 10.0  # = the head's lease: a loaded CPU box can take seconds per token
 FIRST_TOKEN_S = 10.0  # = the head's lease: a busy CPU box takes seconds to start a prompt
 PREFILL_FLOOR_TPS = 50.0  # = the head's price of a prompt at an unmeasured node
 FIRST_EVENT_MAX_S = 600.0
@@ -96,6 +99,7 @@ class UpstreamEngine:
         self._recent: deque[tuple[float, float, float]] = deque(maxlen=_RECENT)
         self._session: aiohttp.ClientSession | None = None
         self._poller: asyncio.Task[None] | None = None
+        self._live: set[UpstreamGeneration] = set()  # streams under way
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -250,6 +254,8 @@ class UpstreamEngine:
         if why != self._down:
             log.warning("%s; taking no session until it answers", why)
         self._down = why
+        for generation in list(self._live):  # a hung upstream: fail over now, not later
+            generation.abort(why)
 
     async def _renew_session(self) -> None:
         """Fresh connections after an outage: the pooled ones went with the old process."""
@@ -275,10 +281,14 @@ class UpstreamEngine:
         if lane is None:
             raise RuntimeError(f"all {len(self._lanes)} lanes are busy")
         self._busy.add(lane.seq)
+        # what the slot's cache holds of this prompt: what the upstream reuses, as long as
+        # nobody else used that slot (its own count, when it says it, wins)
+        reuse = common_prefix(lane.tokens, request.prompt) if self.dialect.uses_slots else 0
         lane.session = request.session
         lane.last_used = self._clock()
         lane.tokens = list(request.prompt)
-        return UpstreamGeneration(self, request, lane)
+        return UpstreamGeneration(self, request, lane,
+                                  reuse=min(reuse, len(request.prompt) - 1))
 
     def stats(self) -> EngineStats:
         load = self._load
@@ -309,13 +319,16 @@ class UpstreamEngine:
 class UpstreamGeneration:
     """One completion streamed from the upstream (see the module's docstring)."""
 
-    def __init__(self, engine: UpstreamEngine, request: GenerationRequest, lane: Lane) -> None:
+    def __init__(self, engine: UpstreamEngine, request: GenerationRequest, lane: Lane, *,
+                 reuse: int = 0) -> None:
         self._engine = engine
+        self._reuse = reuse  # prompt tokens the slot is expected to hold already
         self._request = request
         self._lane = lane
         self._stop = request.stop_ids | engine.eos_ids
         self._response: aiohttp.ClientResponse | None = None
         self._cancelled = False
+        self._failed = ""  # why the engine gave up on this stream (the upstream is down)
         self._freed = False
         self._result = GenerationResult("cancelled", len(request.prompt), 0)
         self._ttft_ms = 0.0
@@ -331,6 +344,12 @@ class UpstreamGeneration:
         if self._response is not None:
             self._response.close()  # the upstream sees the client go and stops
         self._free()
+
+    def abort(self, why: str) -> None:
+        """Fail the stream (it raises UpstreamFailed): its upstream stopped answering."""
+        self._failed = why
+        if self._response is not None:
+            self._response.close()
 
     def _free(self) -> None:
         if not self._freed:
@@ -353,8 +372,9 @@ class UpstreamGeneration:
                                        slot=self._lane.seq if dialect.uses_slots else None)
         produced = 0
         finish: FinishReason | None = None
-        cached: int | None = None
+        cached: int | None = None  # as the upstream says (it may not: a stop id cut it short)
         first_at = last_at = 0.0
+        eng._live.add(self)
         try:
             if self._cancelled or eng._session is None:
                 return
@@ -374,12 +394,14 @@ class UpstreamGeneration:
                 while not done and not self._cancelled:
                     async with asyncio.timeout_at(deadline):
                         data = await resp.content.readany()
+                    if self._failed:
+                        raise UpstreamFailed(self._failed)
                     if not data:
                         if finish is None and not self._cancelled:
                             raise UpstreamFailed(f"{eng._what()} ended the stream before the "
                                                  "generation ended")
                         break
-                    deadline = loop.time() + STALL_S if produced else deadline
+                    deadline = loop.time() + TOKEN_GAP_S if produced else deadline
                     out: list[int] = []
                     for event in parser.feed(data):
                         chunk = dialect.chunk(event)
@@ -403,7 +425,7 @@ class UpstreamGeneration:
                         now = clock()
                         if not produced:
                             first_at = now
-                            deadline = loop.time() + STALL_S
+                            deadline = loop.time() + TOKEN_GAP_S
                         last_at = now
                         produced += len(out)
                         self._lane.tokens.extend(out)
@@ -414,6 +436,8 @@ class UpstreamGeneration:
                     raise UpstreamFailed(f"{eng._what()} did not send {what} in time; "
                                          "treating it as hung") from None
             except (aiohttp.ClientError, OSError) as exc:
+                if self._failed:
+                    raise UpstreamFailed(self._failed) from None
                 if not self._cancelled:
                     eng._broken(_why(exc))
                     raise UpstreamFailed(f"{eng._what()} broke off the generation "
@@ -421,11 +445,14 @@ class UpstreamGeneration:
             except (UpstreamAnswerError, SseTooLarge) as exc:
                 raise UpstreamFailed(f"{eng._what()}: {exc}") from None
         finally:
+            eng._live.discard(self)
             if self._response is not None:
                 self._response.close()  # a stop id or a cancel: the upstream stops too
             if first_at:
                 self._ttft_ms = (first_at - started) * 1000
-                fresh = len(req.prompt) - (cached or 0)
+                if cached is None:
+                    cached = self._reuse
+                fresh = len(req.prompt) - cached
                 self._prefill_tps = fresh / max(first_at - started, 1e-6) if fresh > 0 else 0.0
                 if produced > 1 and last_at > first_at:
                     self._decode_tps = (produced - 1) / (last_at - first_at)
