@@ -428,3 +428,16 @@ async def test_a_tokenizer_mismatch_is_refused_in_one_line(tmp_path: Path,
     lines = [r.getMessage() for r in caplog.records if "tokeniz" in r.getMessage().lower()]
     assert lines and all("\n" not in line for line in lines)
 
+
+
+async def test_a_vllm_without_token_ids_fails_the_request_in_one_line(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture):
+    """vLLM before 0.10.2 ignores return_token_ids: the node cannot relay ids it never gets,
+    fails the generation and says why (the client gets the head's 5xx)."""
+    caplog.set_level(logging.INFO)
+    async with desk(tmp_path, return_token_ids=False) as d, aiohttp.ClientSession() as http:
+        async with http.post(f"{d.api}/v1/chat/completions", json=chat_body()) as r:
+            body = await r.json()
+        assert r.status >= 500 and "error" in body, body
+    why = [rec.getMessage() for rec in caplog.records if "0.10.2" in rec.getMessage()]
+    assert why and all("\n" not in line for line in why), caplog.text
