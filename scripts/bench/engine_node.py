@@ -235,8 +235,10 @@ class Sides:
 class Run:
     tps: list[float] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)
-    cpu_head: float = 0.0  # s of the head and node processes during this side's rounds
+    failed: list[str] = field(default_factory=list)  # why requests failed, one line each
+    cpu_head: float = 0.0  # s of CPU of the head, the node, the engine in this side's rounds
     cpu_node: float = 0.0
+    cpu_engine: float = 0.0
 
     @property
     def tps_median(self) -> float:
@@ -252,19 +254,29 @@ class Run:
 
 
 async def round_of(send: Callable[[list[dict[str, str]]], Awaitable[Reply]],
-                   batch: list[list[dict[str, str]]]) -> tuple[float, list[Reply]]:
+                   batch: list[list[dict[str, str]]]
+                   ) -> tuple[float, list[Reply], list[str]]:
+    """Tokens/s of the round, the answers, and why any request failed (counted apart)."""
     t0 = time.perf_counter()
-    replies = await asyncio.wait_for(asyncio.gather(*(send(p) for p in batch)),
-                                     REQUEST_TIMEOUT)
-    return sum(r.tokens for r in replies) / (time.perf_counter() - t0), list(replies)
+    got = await asyncio.wait_for(asyncio.gather(*(send(p) for p in batch),
+                                                return_exceptions=True), REQUEST_TIMEOUT)
+    wall = time.perf_counter() - t0
+    replies = [r for r in got if isinstance(r, Reply)]
+    failed = [str(r)[:300] for r in got if not isinstance(r, Reply)]
+    for r in got:
+        if isinstance(r, BaseException) and not isinstance(r, RuntimeError | aiohttp.ClientError):
+            raise r
+    return sum(r.tokens for r in replies) / wall, replies, failed
 
 
 async def level(sides: Sides, n: int, rounds: int, first: int,
-                pids: tuple[int, int]) -> tuple[Run, Run, int]:
+                pids: tuple[int, int, int]) -> tuple[Run, Run, int]:
     """Warm-up, then ``rounds`` rounds of ``n`` streams each side; new prompts every time."""
     direct, through = Run(), Run()
     nxt = first
-    conn = aiohttp.TCPConnector(limit=0)
+    # a new connection per request on both sides: llama-server closes a connection after a
+    # streamed answer (while announcing keep-alive), so a pooled one can be dead on reuse
+    conn = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=conn,
                                      timeout=aiohttp.ClientTimeout(total=None)) as http:
         order: list[tuple[Callable[[list[dict[str, str]]], Awaitable[Reply]], Run]] = [
@@ -276,12 +288,15 @@ async def level(sides: Sides, n: int, rounds: int, first: int,
             for send, run in order if r % 2 == 0 else order[::-1]:
                 batch = [prompt_messages(nxt + i) for i in range(n)]
                 nxt += n
-                c0 = cpu_seconds(pids[0]), cpu_seconds(pids[1])
-                tps, replies = await round_of(send, batch)
-                run.cpu_head += cpu_seconds(pids[0]) - c0[0]
-                run.cpu_node += cpu_seconds(pids[1]) - c0[1]
+                c0 = [cpu_seconds(p) for p in pids]
+                tps, replies, failed = await round_of(send, batch)
+                c1 = [cpu_seconds(p) for p in pids]
+                run.cpu_head += c1[0] - c0[0]
+                run.cpu_node += c1[1] - c0[1]
+                run.cpu_engine += c1[2] - c0[2]
                 run.tps.append(tps)
                 run.replies.extend(replies)
+                run.failed.extend(failed)
     return direct, through, nxt
 
 
@@ -291,6 +306,7 @@ class Turns:
     second: list[float] = field(default_factory=list)
     prompt1: list[int] = field(default_factory=list)
     prompt2: list[int] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
@@ -302,14 +318,19 @@ class Turns:
 async def turns(sides: Sides, convs: list[list[dict[str, str]]], tokens: int) -> Turns:
     """Two turns of each conversation through the head, one session each."""
     out = Turns()
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)) as http:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT),
+                                     connector=aiohttp.TCPConnector(force_close=True)) as http:
         for i, messages in enumerate(convs):
             session = f"bench-turns-{os.getpid()}-{i}"
-            r1 = await sides.head(http, messages, max_tokens=tokens, session=session)
+            try:
+                r1 = await sides.head(http, messages, max_tokens=tokens, session=session)
+                follow = [*messages, {"role": "assistant", "content": r1.text},
+                          {"role": "user", "content": FOLLOW_UP}]
+                r2 = await sides.head(http, follow, max_tokens=tokens, session=session)
+            except (RuntimeError, aiohttp.ClientError) as exc:
+                out.failed.append(str(exc)[:300])
+                continue
             out.first.append(r1.ttft)
-            follow = [*messages, {"role": "assistant", "content": r1.text},
-                      {"role": "user", "content": FOLLOW_UP}]
-            r2 = await sides.head(http, follow, max_tokens=tokens, session=session)
             out.second.append(r2.ttft)
             out.prompt1.append(len(sides.model.render(messages, tools=None)))
             out.prompt2.append(len(sides.model.render(follow, tools=None)))
@@ -397,19 +418,27 @@ def main() -> None:
         rows = []
         nxt = 0
         for n in levels:
+            engine_pid = server.pid if server is not None else 0
             direct, through, nxt = asyncio.run(level(sides, n, args.rounds, nxt,
-                                                     (head.proc.pid, node.proc.pid)))
+                                                     (head.proc.pid, node.proc.pid,
+                                                      engine_pid)))
             rows.append({"n": n, "direct": direct, "head": through})
             print(f"{n} streams: direct {direct.tps_median:,.1f} tok/s TTFT "
                   f"{direct.ttft_median * 1000:,.0f} ms; through head and node "
                   f"{through.tps_median:,.1f} tok/s TTFT {through.ttft_median * 1000:,.0f} ms; "
                   f"ratio {through.tps_median / direct.tps_median:.3f}; head+node CPU "
-                  f"{cpu_per_k(through):.2f} s per 1k tokens", flush=True)
+                  f"{cpu_per_k(through):.2f} s per 1k tokens; engine CPU per 1k tokens direct "
+                  f"{engine_per_k(direct):.1f} s, through {engine_per_k(through):.1f} s; "
+                  f"load {os.getloadavg()[0]:.2f}", flush=True)
+            print("  rounds tok/s direct: " + " ".join(f"{x:.0f}" for x in direct.tps)
+                  + "; through: " + " ".join(f"{x:.0f}" for x in through.tps)
+                  + f"; failed direct {len(direct.failed)}, through {len(through.failed)}"
+                  + (f" ({through.failed[0]})" if through.failed else ""), flush=True)
         convs = [conversation(model, seed, args.turn_tokens) for seed in range(CONVERSATIONS)]
         turn = asyncio.run(turns(sides, convs, args.tokens))
-        print(f"second turn: first {statistics.median(turn.first) * 1000:,.0f} ms, second "
-              f"{statistics.median(turn.second) * 1000:,.0f} ms, ratio {turn.ratio:.3f}",
-              flush=True)
+        print(f"second turn: first {statistics.median(turn.first or [0]) * 1000:,.0f} ms, "
+              f"second {statistics.median(turn.second or [0]) * 1000:,.0f} ms, ratio "
+              f"{turn.ratio:.3f}; failed {len(turn.failed)}", flush=True)
         load = (load0, os.getloadavg()[0])
     finally:
         for proc in reversed(procs):
@@ -436,6 +465,10 @@ def cpu_per_k(run: Run) -> float:
     return (run.cpu_head + run.cpu_node) / max(run.tokens, 1) * 1000
 
 
+def engine_per_k(run: Run) -> float:
+    return run.cpu_engine / max(run.tokens, 1) * 1000
+
+
 # ---------------------------------------------------------------------------- report
 
 
@@ -451,9 +484,10 @@ def report(rows: list[dict[str, Any]], turn: Turns, args: argparse.Namespace, *,
             if engine == "llama-server" else f"vLLM at {args.upstream}")
     lines = [
         f"{HEADING} (`scripts/bench/engine_node.py`)", "",
-        f"The same engine, {what} on SmolLM2-135M-Instruct Q4_1, called directly against "
-        "called through a head and a node (`shoal serve MODEL --fleet NODE` and `shoal node "
-        f"--runtime {engine} --upstream URL`, processes on 127.0.0.1, encrypted link), on "
+        f"The same engine, {what} on SmolLM2-135M-Instruct Q4_1, called directly, "
+        "against the same engine called through a head and a node (`shoal serve MODEL "
+        f"--fleet NODE` and `shoal node --runtime {engine} --upstream URL`, processes on "
+        "127.0.0.1, encrypted link), on "
         f"the same {os.cpu_count()}-core machine ({cpu_name()}; 1-minute load average "
         f"{load[0]:.2f} at the start, {load[1]:.2f} at the end: other work shares these "
         "cores). Both sides get the same chat prompts (directly as the token ids the head's "
@@ -462,13 +496,17 @@ def report(rows: list[dict[str, Any]], turn: Turns, args: argparse.Namespace, *,
         f"warm-up round each, then {args.rounds} rounds each, alternating which side goes "
         "first. Tokens/s: completion tokens over a round's wall time (median of rounds); "
         "TTFT: from sending to the first token (median of requests). Head+node CPU: "
-        "seconds of CPU the two Shoal processes used per thousand tokens relayed.", "",
+        "seconds of CPU the two Shoal processes used per thousand tokens relayed (the same "
+        "as ms per token); engine CPU likewise for llama-server. The machine is shared with "
+        "other work, so single rounds can be several times slower than their neighbours "
+        "(min-max column): read the medians and ratios with that spread in mind.", "",
         f"Target: through head and node at least {TARGET_TPS}x direct tokens/s at every "
         f"level; second-turn TTFT with affinity at most {TARGET_TURN}x the first's.", "",
         "| streams | direct tok/s | through tok/s | ratio | | direct TTFT ms | through "
         "TTFT ms | TTFT ratio | tokens/request direct / through | head+node CPU s per 1k "
-        "tokens |",
-        "|---:|---:|---:|---:|:--|---:|---:|---:|:--|---:|",
+        "tokens | engine CPU s per 1k tokens direct / through | rounds tok/s min-max "
+        "direct / through | failed direct / through |",
+        "|---:|---:|---:|---:|:--|---:|---:|---:|:--|---:|:--|:--|:--|",
     ]
     misses = []
     for row in rows:
@@ -478,15 +516,25 @@ def report(rows: list[dict[str, Any]], turn: Turns, args: argparse.Namespace, *,
                                   else float("nan"))
         if not tr >= TARGET_TPS:
             misses.append(f"tokens/s at {row['n']} streams")
-        per = (f"{med(r.tokens for r in d.replies):.0f} / "
-               f"{med(r.tokens for r in h.replies):.0f}")
+        per = (f"{med(r.tokens for r in d.replies or [Reply(0, 0)]):.0f} / "
+               f"{med(r.tokens for r in h.replies or [Reply(0, 0)]):.0f}")
         lines.append(
             f"| {row['n']} | {d.tps_median:,.1f} | {h.tps_median:,.1f} | {tr:.3f} | "
             f"{verdict(tr >= TARGET_TPS)} | {d.ttft_median * 1000:,.1f} | "
-            f"{h.ttft_median * 1000:,.1f} | {lr:.2f} | {per} | {cpu_per_k(h):.2f} |")
+            f"{h.ttft_median * 1000:,.1f} | {lr:.2f} | {per} | {cpu_per_k(h):.2f} | "
+            f"{engine_per_k(d):.1f} / {engine_per_k(h):.1f} | "
+            f"{min(d.tps):.0f}-{max(d.tps):.0f} / {min(h.tps):.0f}-{max(h.tps):.0f} | "
+            f"{len(d.failed)} / {len(h.failed)} |")
+        if h.failed:
+            misses.append(f"{len(h.failed)} failed requests through the head at {row['n']} "
+                          f"streams ({h.failed[0]})")
     ok_turn = turn.ratio <= TARGET_TURN
     if not ok_turn:
         misses.append("second-turn TTFT")
+    if turn.failed:
+        misses.append(f"{len(turn.failed)} failed conversations ({turn.failed[0]})")
+    if not turn.first:
+        turn.first, turn.second, turn.prompt1, turn.prompt2 = [0.0], [0.0], [0], [0]
     lines += [
         "",
         f"Second turn through the head ({len(turn.first)} conversations, `X-Session-Id`, "
@@ -498,12 +546,33 @@ def report(rows: list[dict[str, Any]], turn: Turns, args: argparse.Namespace, *,
         f"({verdict(ok_turn)}).",
     ]
     if misses:
-        lines += ["", "Missed: " + ", ".join(misses) + "."]
+        lines += ["", "Missed: " + ", ".join(misses) + ". " + explain(rows)]
     text = "\n".join(lines) + "\n" + plot(rows, turn, args)
     print("\n".join(lines), flush=True)
     if str(args.out) != "-":
         replace_section(args.out, HEADING, text)
         print(f"wrote {args.out}")
+
+
+def explain(rows: list[dict[str, Any]]) -> str:
+    """What the measures say about a missed tokens/s target: the relay's own CPU against
+    the engine's, and how far rounds of the same side spread."""
+    parts = []
+    for row in rows:
+        if row["ratio"] >= TARGET_TPS:
+            continue
+        d, h = row["direct"], row["head"]
+        share = cpu_per_k(h) / engine_per_k(h) if engine_per_k(h) else float("nan")
+        spread = min(max(d.tps) / min(d.tps), max(h.tps) / min(h.tps))
+        parts.append(
+            f"At {row['n']} streams the head and node used {cpu_per_k(h):.2f} ms of CPU per "
+            f"token, {share:.1%} of the engine's {engine_per_k(h):.1f} ms (direct: "
+            f"{engine_per_k(d):.1f} ms, so the relay does not make the engine work more); "
+            "with the engine's threads on both cores that CPU is taken from them, which "
+            f"accounts for a ratio of about {1 / (1 + share):.2f}; the rest is within the "
+            f"spread of rounds of one side (fastest/slowest {spread:.1f}x) from other work "
+            "on the machine.")
+    return " ".join(parts)
 
 
 def plot(rows: list[dict[str, Any]], turn: Turns, args: argparse.Namespace) -> str:
