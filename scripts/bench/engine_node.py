@@ -603,17 +603,17 @@ def plot(rows: list[dict[str, Any]], turn: Turns, args: argparse.Namespace) -> s
         for i in idx:
             ax.annotate(f"{h[i] / d[i]:.2f}x" if d[i] else "", (i, max(d[i], h[i])),
                         ha="center", va="bottom", fontsize=8)
-        ax.margins(y=0.12)
+        ax.margins(y=0.25)
         ax.set_xticks(idx, xs)
         ax.set_xlabel("concurrent streams")
         ax.set_ylabel(unit)
         ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left")
     med = statistics.median
     ax3.bar([0, 1], [med(turn.first) * 1000, med(turn.second) * 1000], 0.5)
     ax3.set_xticks([0, 1], ["turn 1", "turn 2"])
     ax3.set_ylabel("ms")
-    ax3.set_title(f"TTFT through the head, {int(med(turn.prompt1))}-token chat", fontsize=10)
+    ax3.set_title(f"Affinity: TTFT, {int(med(turn.prompt1))}-token chat", fontsize=10)
     fig.suptitle(f"{args.engine}, SmolLM2-135M Q4_1, {args.tokens} tokens/request", fontsize=9)
     fig.tight_layout()
     args.plot.parent.mkdir(parents=True, exist_ok=True)
