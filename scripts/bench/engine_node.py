@@ -33,7 +33,6 @@ import contextlib
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -58,6 +57,7 @@ from scripts.bench.node_lanes import (  # noqa: E402
     cpu_name,
     replace_section,
     server_version,
+    stop_process,
 )
 from scripts.lib.llama_server import BuildFailed, ensure_llama_server  # noqa: E402
 from tests.llama_server_proc import LlamaServer  # noqa: E402
@@ -114,21 +114,9 @@ def start_shoal(args: list[str], env: dict[str, str], ready: str, log: Path) -> 
         m = re.search(ready, seen)
         if m:
             return Started(proc, int(m.group(1)))
-    stop(proc)
+    stop_process(proc)  # type: ignore[arg-type]
     raise SystemExit(f"shoal {args[0]} did not start: {seen.strip()[-300:]} "
                      f"{log.read_text(errors='replace').strip()[-500:]}")
-
-
-def stop(proc: subprocess.Popen[Any] | None) -> None:
-    """SIGTERM to a process this script started, by its pid; SIGKILL if it lingers."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(15)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -442,7 +430,7 @@ def main() -> None:
         load = (load0, os.getloadavg()[0])
     finally:
         for proc in reversed(procs):
-            stop(proc)
+            stop_process(proc)  # type: ignore[arg-type]
         if server is not None:
             server.stop_sync()
     report(rows, turn, args, engine=args.engine, version=version, load=load)
