@@ -465,9 +465,12 @@ class UpstreamGeneration:
 
 
 def _new_session() -> aiohttp.ClientSession:
+    # a connection per request: llama-server (0.3.36's llama.cpp) closes the connection
+    # after a streamed /completion while announcing keep-alive, so a pooled one can be
+    # dead when the next generation writes its request ("Can not write request body")
     return aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=REQUEST_S),
-        connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+        connector=aiohttp.TCPConnector(limit=0, force_close=True), auto_decompress=False)
 
 
 async def _read_bounded(content: aiohttp.StreamReader, cap: int) -> bytes:
