@@ -21,6 +21,8 @@ from engine.errors import ShoalError, StartError
 from engine.secrets import TokenError
 from engine.service import Shoal
 from engine.settings import (
+    LANES_DEFAULT,
+    UPSTREAM_RUNTIMES,
     DiscoverySettings,
     HeadSettings,
     JoinSettings,
@@ -68,11 +70,20 @@ def _allow_hosts(specs: list[str]) -> tuple[str, ...]:
 
 
 def _node(args: argparse.Namespace, *, listen: str | None) -> NodeSettings:
-    if not args.model:
+    fronts = args.runtime in UPSTREAM_RUNTIMES
+    if fronts and not args.upstream:
+        raise StartError(f"--runtime {args.runtime} fronts an engine you run; give its "
+                         "address with --upstream http://HOST:PORT")
+    if args.upstream and not fronts:
+        raise StartError("--upstream names an engine you run; say which with --runtime "
+                         "llama-server or --runtime vllm")
+    if not args.model and not fronts:
         raise StartError("say which model to serve with --model (a GGUF path or "
                          "org/repo[:QUANT])")
-    return NodeSettings(model=args.model, runtime=args.runtime, model_name=args.model_name,
-                        max_context=args.max_context, lanes=args.max_batch,
+    lanes = args.max_batch or (0 if fronts else LANES_DEFAULT)  # 0: as the upstream says
+    return NodeSettings(model=None if fronts else args.model, runtime=args.runtime,
+                        model_name=args.model_name, upstream=args.upstream,
+                        max_context=args.max_context, lanes=lanes,
                         identity=args.identity, listen=listen,
                         insecure_no_auth=args.insecure_no_auth,
                         handshake_timeout_s=args.handshake_timeout_ms / 1000,
@@ -94,7 +105,8 @@ def serve_settings(args: argparse.Namespace, home: Path) -> Settings:
         node_port=args.node_port)
     embedded = not (args.fleet or args.fleet_listen) or args.local_node
     node = NodeSettings(model=args.model, runtime=args.runtime, max_context=args.max_context,
-                        lanes=args.max_batch, mock_speed=args.mock_speed) if embedded else None
+                        lanes=args.max_batch or LANES_DEFAULT,
+                        mock_speed=args.mock_speed) if embedded else None
     return Settings(home=home, head=head, node=node, discovery=_discovery(args, home),
                     auth_file=args.fleet_auth, offline=args.offline)
 

@@ -49,17 +49,21 @@ def _node_options(p: argparse.ArgumentParser, *, listen: bool, again: bool = Fal
             kw["default"] = argparse.SUPPRESS
         p.add_argument(*names, **kw)
 
-    add("--model", help="a GGUF path or org/repo[:QUANT]")
+    add("--model", help="a GGUF path or org/repo[:QUANT] (not with --upstream)")
     if listen:
         add("--listen", default="0.0.0.0:8455", help="ADDR:PORT where heads dial this node "
             "(default 0.0.0.0:8455)")
-    add("--runtime", choices=["llamacpp", "mlx", "mock"],
-        help="what runs the model (default llamacpp; mlx on Apple silicon; mock for tests)")
-    add("--model-name", help="the name heads match on (default: the model's id)")
+    add("--runtime", choices=["llamacpp", "mlx", "mock", "llama-server", "vllm"],
+        help="what runs the model (default llamacpp; mlx on Apple silicon; mock for tests; "
+        "llama-server or vllm: an engine you run, at --upstream)")
+    add("--upstream", metavar="URL", help="with --runtime llama-server or vllm: where that "
+        "engine serves, e.g. http://127.0.0.1:8080 (Shoal never starts it)")
+    add("--model-name", help="the name heads match on (default: the model's id, or the "
+        "name the upstream engine serves it under)")
     add("--max-context", type=_positive, help="tokens one session can hold (default: what "
         "the model and this device allow)")
-    add("--max-batch", type=_positive, default=8, help="lanes: sessions generated at once "
-        "(default 8)")
+    add("--max-batch", type=_positive, default=None, help="lanes: sessions generated at "
+        "once (default 8; llama-server: its slots; vllm: give its --max-num-seqs)")
     add("--identity", help="the name in the heads' logs (default: host name)")
     add("--offline", action="store_true", help="pull nothing; fail if the model is not "
         "in the cache")

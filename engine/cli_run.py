@@ -18,7 +18,7 @@ from pathlib import Path
 
 from engine.events import Notice, PullProgress, ShoalEvent, Subscription
 from engine.service import Shoal
-from engine.settings import Settings
+from engine.settings import UPSTREAM_RUNTIMES, Settings
 from engine.snapshot import LocalNodeSnapshot
 
 log = logging.getLogger("shoal")
@@ -106,6 +106,8 @@ def node_lines(node: LocalNodeSnapshot) -> list[str]:
     how = "pinned by --max-context" if node.window_pinned else "sized for this device"
     if node.runtime == "mock":
         how = "mock engine, for tests"
+    elif node.runtime in UPSTREAM_RUNTIMES:
+        how = "as the engine there says" if not node.window_pinned else how
     link = "encrypted" if node.encrypted else "plaintext, loopback only"
     return [f"runtime {node.runtime} serves {node.path}: context window "
             f"{node.context_window} tokens ({how}), {node.lanes} lanes",

@@ -105,7 +105,7 @@ _Kinds = dict[str, type | tuple[type, ...]]
 HEAD_KEYS: _Kinds = {"http": str, "fleet_listen": str, "queue_timeout_s": (int, float),
                      "keys": str, "cors_allow": list, "allow_hosts": list, "policy": str}
 NODE_KEYS: _Kinds = {"model": str, "runtime": str, "lanes": int, "max_context": int,
-                     "paused": bool, "identity": str}
+                     "paused": bool, "identity": str, "upstream": str}
 FLEET_KEYS: _Kinds = {"name": str, "member": bool, "head": str, "listen": str}
 
 

@@ -226,13 +226,19 @@ class Shoal:
         same = (hs is not None and (hs.model is None or hs.model == ns.model)
                 and (hs.runtime is None or hs.runtime == ns.runtime))
         # the head read this very model (or the caller made it ready): no second pull
-        if resolved is not None:
-            model = resolved
-        elif head_model is not None and same:
-            model = head_model
+        if ns.upstream is not None:
+            # an engine the user runs: it names its model itself unless --model-name does
+            model = await self._resolve(ns.upstream, ns.runtime)
+            name = ns.model_name or ""
         else:
-            model = await self._resolve(ns.model, ns.runtime)
-        name = ns.model_name or announced or (head_model.name if head_model else model.name)
+            if resolved is not None:
+                model = resolved
+            elif head_model is not None and same:
+                model = head_model
+            else:
+                model = await self._resolve(ns.model, ns.runtime)
+            name = ns.model_name or announced or (head_model.name if head_model
+                                                  else model.name)
         if ns.identity is None and self._head is not None and ns.listen is None:
             ns = replace(ns, identity=f"{socket.gethostname()} (local)")
         self._node = await LocalNode.start(ns, model, name=name, psk=self._psk,

@@ -21,6 +21,8 @@ HTTP_DEFAULT = "127.0.0.1:8453"
 FLEET_PORT = 8454  # where heads take nodes that join
 NODE_PORT = 8455  # where listening nodes take heads that dial
 LANES_DEFAULT = 8
+# runtimes that front a serving engine the user runs, reached at NodeSettings.upstream
+UPSTREAM_RUNTIMES = ("llama-server", "vllm")
 
 
 def default_home() -> Path:
@@ -32,10 +34,11 @@ class NodeSettings:
     """This machine's node: which model it serves and how."""
 
     model: str | None = None  # a GGUF path, org/repo[:QUANT], an MLX folder; None: embedded
-    runtime: str | None = None  # llamacpp | mlx | mock; None: by the model's format
+    runtime: str | None = None  # llamacpp | mlx | mock | llama-server | vllm; None: by format
     model_name: str | None = None  # the name heads match on; None: the model's own
     max_context: int | None = None  # tokens per lane; None: sized for this device
-    lanes: int = LANES_DEFAULT
+    lanes: int = LANES_DEFAULT  # 0 with an upstream: as many as it says it runs
+    upstream: str | None = None  # http://HOST:PORT of the engine llama-server / vllm front
     identity: str | None = None  # the name in heads' logs; None: the host name
     listen: str | None = None  # HOST:PORT where heads dial it; None: no listener
     insecure_no_auth: bool = False  # listen off loopback without a token

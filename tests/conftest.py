@@ -6,6 +6,7 @@ import asyncio
 import inspect
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -50,3 +51,18 @@ def _no_blocked_loop(request: pytest.FixtureRequest) -> None:
     node = request.node
     if not node.get_closest_marker("blocking_ok") and not node.get_closest_marker("processes"):
         request.getfixturevalue("loop_watch")
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary() -> Path:
+    """llama.cpp's llama-server for the installed llama-cpp-python, built once per machine
+    by scripts/test (scripts/lib/llama_server.py). Missing is a failure, not a skip: the
+    tests of ``--runtime llama-server`` must run wherever the suite runs."""
+    from scripts.lib.llama_server import binary_path, find_llama_server
+
+    found = find_llama_server()
+    if found is None:
+        pytest.fail(f"llama-server is not built at {binary_path()}; run scripts/test, which "
+                    "builds it once for this machine (about 30 minutes on 2 cores)",
+                    pytrace=False)
+    return found

@@ -21,6 +21,9 @@ _Text = Annotated[str, msgspec.Meta(max_length=4096)]
 _Ids = Annotated[list[Annotated[int, msgspec.Meta(ge=0, lt=1 << 31)]],
                  msgspec.Meta(max_length=MAX_TOKENS_PER_RECORD)]
 _Count = Annotated[int, msgspec.Meta(ge=0, lt=1 << 40)]
+_Probe = Annotated[list[Annotated[list[Annotated[int, msgspec.Meta(ge=0, lt=1 << 31)]],
+                                  msgspec.Meta(max_length=256)]],
+                   msgspec.Meta(max_length=16)]
 _Rate = Annotated[float, msgspec.Meta(ge=0.0)]
 
 
@@ -47,6 +50,10 @@ class HeadHello(msgspec.Struct, frozen=True, array_like=True, tag="head_hello", 
     model: _Name  # the model the head announces
     protocol: int = PROTOCOL_VERSION
     listen_port: Annotated[int, msgspec.Meta(ge=0, lt=65536)] = 0  # its fleet listener, if any
+    # the head's ids for engine.runtimes.probe.PROBE_TEXTS; a node fronting an engine
+    # checks that engine tokenizes alike. Last, with a default: an older peer leaves it
+    # out, and an older node ignores it (array-like records drop extra trailing fields)
+    probe: _Probe = msgspec.field(default_factory=list)
 
 
 class SamplingParams(msgspec.Struct, frozen=True, array_like=True):
@@ -123,7 +130,10 @@ class AliasSync(msgspec.Struct, frozen=True, array_like=True, tag="alias_sync", 
     serial: _Count = 0  # echoed in the reply, so the asker knows which push it answers
 
 
-ErrorCode = Literal["busy", "bad_request", "context_length_exceeded", "internal", "shutdown"]
+# wrong_model: a node refusing a head whose model tokenizes otherwise (sent only to a
+# head that sent a probe, so only to heads that know the code)
+ErrorCode = Literal["busy", "bad_request", "context_length_exceeded", "internal", "shutdown",
+                    "wrong_model"]
 
 
 class Error(msgspec.Struct, frozen=True, array_like=True, tag="error", tag_field="t"):

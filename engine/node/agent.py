@@ -2,7 +2,13 @@
 
 One connection carries one generation at a time. The agent, not the
 connection, counts lanes: a node never runs more generations than its lanes,
-whichever heads ask, and refuses a session at once when it is full.
+whichever heads ask, and refuses a session at once when it is full (or when its
+engine is down: an upstream engine that stopped answering).
+
+A node given ``probe`` (the ids its engine makes of
+:data:`engine.runtimes.probe.PROBE_TEXTS`: an engine it fronts, whose tokenizer it
+did not load) refuses a head that announces the same model but tokenizes those
+strings otherwise, with a ``wrong_model`` error, and closes the link.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine.link import messages as m
@@ -23,6 +29,7 @@ from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.transport import Link, LinkClosed, accept
 from engine.node import leases
 from engine.runtimes.base import Engine, EngineStats, Generation, GenerationRequest, Sampling
+from engine.runtimes.probe import mismatch
 
 log = logging.getLogger("shoal.node")
 
@@ -38,8 +45,11 @@ class _HeadLinks:
 class NodeAgent:
     def __init__(self, engine: Engine, *, identity: str, psk: bytes | None,
                  handshake_timeout_s: float = 10.0, idle_timeout_s: float = 120.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 probe: Sequence[Sequence[int]] = (), probe_source: str = "") -> None:
         self.engine = engine
+        self.probe = probe  # the engine's ids for PROBE_TEXTS; () when not checked
+        self.probe_source = probe_source  # how a refusal names the engine
         self.identity = identity
         self.psk = psk
         self.handshake_timeout_s = handshake_timeout_s
@@ -142,21 +152,46 @@ class NodeAgent:
             self._told.add((address, what))
             log.log(level, message, *args)
 
-    async def serve_link(self, link: Link, *, responder: bool) -> None:
-        """Run one head connection until it closes. Used for dialed and joined links."""
+    async def serve_link(self, link: Link, *, responder: bool) -> bool:
+        """Run one head connection until it closes. Used for dialed and joined links.
+        False when this node refused the head (another tokenizer under the same name)."""
         try:
             try:
-                head = await exchange_hellos(link, self._hello(), responder=responder,
-                                             expect=m.HeadHello,
+                # as the initiator, the node reads the head's hello before saying its own,
+                # so that a head it refuses never takes it for a node
+                head = await exchange_hellos(link, self._hello() if responder else None,
+                                             responder=responder, expect=m.HeadHello,
                                              timeout_s=self.handshake_timeout_s)
             except WrongPeer:
                 log.warning("head at %s did not say hello; closing", link.peer)
-                return
+                return True
+            refusal = self._refusal(head)
+            if refusal is not None:
+                self._once(f"head:{head.model}", refusal, logging.WARNING, "refused the head "
+                           "at %s: %s", link.peer, refusal)
+                link.send(m.Error(code="wrong_model", message=refusal[:4000]))
+                with contextlib.suppress(LinkClosed):
+                    await link.drain()
+                return False
+            if not responder:
+                link.send(self._hello())
             await self._serve(link, head.head_id)
         except (LinkClosed, TimeoutError):
             pass
         finally:
             link.close()
+        return True
+
+    def _refusal(self, head: m.HeadHello) -> str | None:
+        """Why this node refuses ``head``: the same model name, another tokenizer."""
+        if not self.probe or head.model != self.engine.info.model:
+            return None
+        found = mismatch(head.probe, self.probe)
+        if found is None:
+            return None
+        return (f"{self.probe_source or 'the engine'} tokenizes differently from the head's "
+                f"model '{head.model}' ({found.describe()}, engine vs head); run the same "
+                "model on both, or give this node another --model-name")
 
     def _hello(self) -> m.NodeHello:
         info = self.engine.info
@@ -225,6 +260,10 @@ class NodeAgent:
             return None
         if self.paused:  # heads take it as full and try the next node
             link.send(m.Error(code="busy", message="serving is paused on this node"))
+            return None
+        down = self.engine.stats().down
+        if down:  # an upstream that stopped answering: heads place elsewhere
+            link.send(m.Error(code="busy", message=down[:4000]))
             return None
         if len(gen.prompt) >= info.context_window:
             link.send(m.Error(code="context_length_exceeded",
@@ -323,7 +362,7 @@ class NodeAgent:
 
     def stats_record(self) -> m.Stats:
         st = self.engine.stats()
-        busy = self.lanes if self.paused else self._busy
+        busy = self.lanes if self.paused or st.down else self._busy
         return m.Stats(lanes=self.lanes, lanes_busy=busy, kv_used=st.kv_used,
                        kv_total=st.kv_total, rates=_rates(st), sessions=self._busy,
                        peak_busy=self._peak)

@@ -140,12 +140,15 @@ class Joiner:
             self.linked[head] = self.linked.get(head, 0) + 1
             self.changed.set()
             try:
-                await self.agent.serve_link(link, responder=False)
+                served = await self.agent.serve_link(link, responder=False)
             finally:
                 self.linked[head] = max(0, self.linked.get(head, 1) - 1)
                 self.changed.set()
                 with contextlib.suppress(Exception):
                     link.close()
+            if not served:  # this node refused the head (the agent said why): ask rarely
+                await asyncio.sleep(BACKOFF_MAX_S * (0.8 + 0.4 * self._rng.random()))
+                continue
             if slot == 0:
                 log.info("the link with the head at %s dropped; dialing again", head)
             await asyncio.sleep(BACKOFF_MIN_S * self._rng.random())

@@ -31,6 +31,7 @@ from engine.head.head import Head
 from engine.head.naming import aliases as al
 from engine.head.prompt.model import HeadModel
 from engine.roles.sockets import bound_address, parse_address
+from engine.runtimes.probe import head_probe
 from engine.settings import FLEET_PORT, NODE_PORT, DiscoverySettings, HeadSettings
 from engine.snapshot import FleetSnapshot
 
@@ -138,7 +139,7 @@ class HeadRole:
         main = models[0]
         fleet = Fleet(model=main.name, head_id=secrets.token_hex(8), psk=psk,
                       conns_per_node=hs.conns_per_node, also=tuple(m.name for m in models[1:]),
-                      clock=clock, emit=emit)
+                      clock=clock, emit=emit, probe=head_probe(main.vocab))
         runner = SessionRunner(fleet, policy=hs.policy, pool_high=hs.pool_high,
                                queue_timeout_s=hs.queue_timeout_s, clock=clock)
         aliases_path = home / al.FILE_NAME

@@ -18,6 +18,7 @@ from engine.node.agent import NodeAgent
 from engine.roles.loading import Resolved, load_engine
 from engine.roles.sockets import bind, bound_address, parse_address
 from engine.runtimes.base import Engine
+from engine.runtimes.upstream.engine import UpstreamEngine
 from engine.settings import NODE_PORT, DiscoveryMode, NodeSettings
 from engine.snapshot import LocalNodeSnapshot, ServingState
 
@@ -46,17 +47,23 @@ class LocalNode:
             sock = bind("127.0.0.1", 0, what="the local node's")
         host, port = bound_address(sock)
         closers: list[Callable[[], Awaitable[None]]] = []
+        engine: Engine | None = None
         try:
             engine = await load_engine(model, name=name, lanes=settings.lanes,
                                        max_context=settings.max_context,
                                        mock_speed=settings.mock_speed)
+            # an engine it fronts has its own tokenizer: check it against each head's
+            probe = engine.probe if isinstance(engine, UpstreamEngine) else []
             agent = NodeAgent(engine, identity=settings.identity or socket.gethostname(),
                               psk=psk, handshake_timeout_s=settings.handshake_timeout_s,
-                              idle_timeout_s=settings.idle_timeout_s)
+                              idle_timeout_s=settings.idle_timeout_s, probe=probe,
+                              probe_source=f"the {engine.info.runtime} at {engine.info.path}")
             agent.paused = settings.paused
             await agent.listen_on(sock)
         except BaseException:
             sock.close()
+            if engine is not None:
+                await engine.close()
             raise
         node = cls(settings, model, engine, agent, host, port, closers)
         if settings.listen is not None and not is_loopback(host) and discovery != "none":

@@ -64,12 +64,15 @@ class EngineStats:
     prefill_tps: float  # measured, 0.0 until measured
     decode_tps: float  # per lane, measured, 0.0 until measured
     ttft_ms: float  # median of recent, 0.0 until measured
+    # why the engine takes no generation now (an upstream that stopped answering); "" when
+    # it does. The node then refuses sessions as busy and reports every lane busy.
+    down: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class EngineInfo:
     model: str  # the model's name as the node announces it
-    runtime: str  # "llamacpp" | "mlx" | "mock"
+    runtime: str  # "llamacpp" | "mlx" | "mock" | "llama-server" | "vllm"
     context_window: int  # tokens one session can hold (per lane)
     lanes: int
     path: str = ""  # the file it serves, for the start-up line

@@ -5,7 +5,9 @@ spec names, how to make a node's engine, and how to load the head's vocabulary.
 Adding a runtime is adding one :class:`Runtime` to ``_RUNTIMES``.
 
 Which runtime serves a model: the one the user named, else llama.cpp (the
-default for every model spec today); ``mock`` only when named.
+default for every model spec today); ``mock`` only when named. ``llama-server`` and
+``vllm`` front an engine the user runs (:mod:`engine.runtimes.upstream`): their
+"model" is the engine's URL, and a head cannot read its vocabulary through them.
 
 Errors carry one line naming the cause and the fix: :class:`UnknownRuntime`
 (an id not in the table), :class:`~engine.runtimes.base.RuntimeUnavailable`
@@ -21,6 +23,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from engine.runtimes import llamacpp, mlx, mock
 from engine.runtimes.base import Engine, RuntimeUnavailable, Tokenizer
+from engine.runtimes.upstream import llama_server, vllm
+from engine.runtimes.upstream.dialect import Dialect
+from engine.runtimes.upstream.engine import UpstreamEngine
 
 if TYPE_CHECKING:
     from engine.models import Cancel, Progress
@@ -36,9 +41,9 @@ class UnknownRuntime(RuntimeUnavailable):
 class EngineSpec:
     """What a node's engine is made from."""
 
-    path: str  # what the runtime loads: ResolvedModel.path
-    model_name: str  # the model's name on the link
-    lanes: int = 8
+    path: str  # what the runtime loads: ResolvedModel.path (an upstream's URL)
+    model_name: str  # the model's name on the link ("" for an upstream: its own)
+    lanes: int = 8  # 0 for an upstream: as many as it says
     max_context: int | None = None  # None: sized for this device
     mock_speed: float = 0.0  # the mock runtime's tokens/s per lane (0: unlimited)
 
@@ -120,6 +125,36 @@ def _mock_vocab(path: str) -> Tokenizer:
     return mock.MockTokenizer()
 
 
+# -- llama-server, vllm: an engine the user runs, reached at a URL ------------------------
+
+
+def _upstream_model(spec: str | None, home: Path, offline: bool, progress: Progress | None,
+                    cancel: Cancel | None) -> ResolvedModel:
+    """The spec is the upstream's URL; its model's name comes from the engine at start."""
+    from urllib.parse import urlsplit
+
+    url = urlsplit(spec or "")
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise RuntimeUnavailable(f"'{spec or ''}' is not the address of a serving engine; "
+                                 "give --upstream http://HOST:PORT")
+    return ResolvedModel((spec or "").rstrip("/"), "")
+
+
+def _upstream_engine(dialect: Dialect) -> Callable[[EngineSpec], Engine]:
+    def make(spec: EngineSpec) -> Engine:
+        return UpstreamEngine(dialect, spec.path, model_name=spec.model_name, lanes=spec.lanes,
+                              max_context=spec.max_context)
+    return make
+
+
+def _no_vocab(runtime: str) -> Callable[[str], Tokenizer]:
+    def refuse(path: str) -> Tokenizer:
+        raise RuntimeUnavailable(f"a head reads its model's vocabulary from the GGUF or MLX "
+                                 f"files, not from a {runtime} engine; give the head the model "
+                                 "file (--runtime llamacpp or mlx)")
+    return refuse
+
+
 _RUNTIMES: dict[str, Runtime] = {
     r.id: r
     for r in (
@@ -127,6 +162,10 @@ _RUNTIMES: dict[str, Runtime] = {
                 llamacpp.LlamaCppVocab),
         Runtime("mlx", mlx.check_available, _mlx_model, _mlx_engine, mlx.MlxVocab),
         Runtime("mock", _no_check, _mock_model, _mock_engine, _mock_vocab),
+        Runtime("llama-server", _no_check, _upstream_model,
+                _upstream_engine(llama_server.DIALECT), _no_vocab("llama-server")),
+        Runtime("vllm", _no_check, _upstream_model, _upstream_engine(vllm.DIALECT),
+                _no_vocab("vLLM")),
     )
 }
 

@@ -7,7 +7,7 @@ through the model's chat template) and the same number of generated tokens:
 
   * ours: ``LlamaCppEngine`` in this process with ``lanes=N``;
   * llama-server built from the llama.cpp that the installed llama-cpp-python
-    sdist carries (see ``llama_server.py``), ``--parallel N``, streamed over
+    sdist carries (see ``scripts/lib/llama_server.py``), ``--parallel N``, streamed over
     HTTP on 127.0.0.1 (``/completion`` with the prompt as ids).
 
 For each N both are loaded and take turns, never generating at the same time
@@ -60,15 +60,14 @@ import aiohttp
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from llama_server import DEFAULT_CACHE, BuildFailed, ensure_llama_server  # noqa: E402
 
 from engine.head.prompt.model import HeadModel, load_head_model  # noqa: E402
 from engine.models import ensure_embedded_default  # noqa: E402
 from engine.runtimes.base import GenerationRequest, Sampling  # noqa: E402
 from engine.runtimes.llamacpp import N_BATCH_MAX, LlamaCppEngine  # noqa: E402
+from scripts.lib.llama_server import BuildFailed, ensure_llama_server  # noqa: E402
 
+DEFAULT_CACHE = Path(os.environ.get("SHOAL_BENCH_CACHE", "~/.cache/shoal-bench")).expanduser()
 LEVELS = (1, 2, 4, 8)
 HEADING = "## Node lanes against llama-server"
 TARGET_TPS = 0.9  # ours / llama-server aggregate tokens/s, at least
@@ -487,7 +486,7 @@ def main() -> None:
                     help="length of the first turn of the conversation")
     ap.add_argument("--lanes", default=",".join(map(str, LEVELS)))
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
-                    help="where the llama-server build, the model and the logs go")
+                    help="where the model and the logs go")
     ap.add_argument("--llama-server", type=Path, default=None,
                     help="use this llama-server binary instead of building one")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
@@ -503,7 +502,7 @@ def main() -> None:
         binary = args.llama_server
     else:
         try:
-            binary = ensure_llama_server(args.cache)
+            binary = ensure_llama_server()
         except BuildFailed as exc:
             raise SystemExit(f"llama-server: {exc}") from None
     print(f"model: extracting or reusing the embedded default under {args.cache / 'home'}",

@@ -1,5 +1,6 @@
 # Sourced by scripts/test and scripts/run: the Debian packages Shoal needs on a fresh machine.
-#   cmake, build-essential  build llama.cpp (llama-cpp-python from source)
+#   cmake, build-essential  build llama.cpp (llama-cpp-python from source, and llama-server
+#                           for the tests: scripts/lib/llama_server.py; tar is Python's own)
 #   iproute2                network namespaces for the multi-host tests
 #   dbus, gnome-keyring, libsecret-tools   a real Secret Service for the keychain tests
 # The desktop app (Qt's xcb platform plugin; PySide6's wheels bring Qt, not these):

@@ -38,7 +38,8 @@ def test_a_verb_without_the_option_keeps_the_default() -> None:
     assert parse("alias", "--head", "h:1", "ls").head == "h:1"
     assert parse("alias", "--head", "h:1", "ls", "--head", "h:2").head == "h:2"
     joined = parse("node", "join")
-    assert joined.max_batch == 8 and joined.model is None and joined.offline is False
+    # None: 8 lanes, or as many as an upstream engine says (engine.cli._node)
+    assert joined.max_batch is None and joined.model is None and joined.offline is False
     assert joined.discovery is None and joined.handshake_timeout_ms == 10_000
 
 

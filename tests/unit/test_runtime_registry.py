@@ -16,21 +16,22 @@ from engine.runtimes.registry import ResolvedModel, UnknownRuntime
 
 
 def test_ids_default_first() -> None:
-    assert registry.runtime_ids() == ("llamacpp", "mlx", "mock")
+    assert registry.runtime_ids() == ("llamacpp", "mlx", "mock", "llama-server", "vllm")
 
 
 @pytest.mark.parametrize("call", [
-    lambda: registry.get_runtime("vllm"),
-    lambda: registry.check_runtime("vllm"),
-    lambda: registry.pick_runtime("vllm", "m"),
-    lambda: registry.make_engine("vllm", "m", model_name="m"),
-    lambda: registry.load_vocab("vllm", "m"),
-    lambda: registry.resolve_model("vllm", "m", home=Path("/nowhere"), offline=True),
+    lambda: registry.get_runtime("sglang"),
+    lambda: registry.check_runtime("sglang"),
+    lambda: registry.pick_runtime("sglang", "m"),
+    lambda: registry.make_engine("sglang", "m", model_name="m"),
+    lambda: registry.load_vocab("sglang", "m"),
+    lambda: registry.resolve_model("sglang", "m", home=Path("/nowhere"), offline=True),
 ])
 def test_unknown_id_is_refused_in_one_line_naming_the_known(call: object) -> None:
     with pytest.raises(UnknownRuntime) as info:
         call()  # type: ignore[operator]
-    assert str(info.value) == "unknown runtime 'vllm'; use llamacpp, mlx or mock"
+    assert str(info.value) == ("unknown runtime 'sglang'; use llamacpp, mlx, mock, "
+                               "llama-server or vllm")
     assert isinstance(info.value, RuntimeUnavailable)  # callers that refuse those refuse it
 
 
@@ -120,3 +121,17 @@ def test_mlx_has_no_default_model(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     assert registry.resolve_model("mlx", "/models/qwen-4bit", home=tmp_path, offline=True) == \
         ("/models/qwen-4bit", "qwen-4bit")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("runtime", ["llama-server", "vllm"])
+def test_an_upstream_runtime_takes_a_url_and_refuses_to_be_a_heads_vocabulary(
+        runtime: str) -> None:
+    found = registry.resolve_model(runtime, "http://127.0.0.1:8080/", home=Path("/nowhere"),
+                                   offline=True)
+    assert found == ResolvedModel("http://127.0.0.1:8080", "")  # named by the engine itself
+    with pytest.raises(RuntimeUnavailable, match="is not the address of a serving engine; "
+                       "give --upstream http://HOST:PORT"):
+        registry.resolve_model(runtime, "/models/x.gguf", home=Path("/nowhere"), offline=True)
+    with pytest.raises(RuntimeUnavailable, match="a head reads its model's vocabulary from the "
+                       "GGUF or MLX files"):
+        registry.load_vocab(runtime, "http://127.0.0.1:8080")

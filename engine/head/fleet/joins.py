@@ -16,7 +16,7 @@ from engine.head.fleet.peers import HeadPeers
 from engine.link import messages as m
 from engine.link.admission import PRE_HANDSHAKE_S, PendingHandshakes
 from engine.link.connection import LinkError
-from engine.link.hello import exchange_hellos
+from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.transport import LinkClosed, accept, peer_is_loopback
 
 log = logging.getLogger("shoal.head")
@@ -66,13 +66,19 @@ class JoinListener:
                 self._pending.release(address)
             hello = await exchange_hellos(
                 link, m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
-                                  listen_port=self.listen_port),
+                                  listen_port=self.listen_port, probe=self.fleet.probe),
                 responder=True, expect=(m.NodeHello, m.HeadHello),
                 timeout_s=self.handshake_timeout_s)
         except LinkError as exc:
             self._warn_once(where.rsplit(":", 1)[0],
                             f"refused a node joining from {where}: {exc}; pair it again "
                             "(`shoal fleet pair` here, `shoal node join --code` there)")
+            return
+        except WrongPeer as exc:
+            if isinstance(exc.got, m.Error) and exc.got.code == "wrong_model":
+                self._warn_once(f"{where.rsplit(':', 1)[0]}:wrong_model",
+                                f"the node joining from {where} refused this head: "
+                                f"{exc.got.message}")
             return
         except (TimeoutError, OSError, LinkClosed):
             return  # not a peer of this fleet, or gone: the link is closed

@@ -60,6 +60,8 @@ class NodeConn:
                     self.pool.on_stats(rec)
                 elif isinstance(rec, m.Pong):
                     continue
+                elif isinstance(rec, m.Error) and rec.code == "wrong_model":
+                    self.pool.on_refused(rec.message)
                 elif self.inbox is not None:
                     self.inbox.put_nowait(rec)
         except LinkClosed as exc:
@@ -110,6 +112,7 @@ class NodePool:
         self.task: asyncio.Task[None] | None = None
         self._announced = False
         self.instance = ""
+        self.refused_at = -RETRY_S  # when the node last refused this head (wrong_model)
 
     @property
     def state(self) -> NodeState:
@@ -150,6 +153,14 @@ class NodePool:
             self.full_until = 0.0
         if st.lanes_busy < before:
             self.fleet.capacity_changed()
+
+    def on_refused(self, why: str) -> None:
+        """The node refused this head (it serves another model under this name): say so
+        once, and dial it again only every RETRY_S."""
+        if why != self.last_error:
+            log.warning("fleet node %s refused this head: %s", self.address, why)
+        self.last_error = why
+        self.refused_at = self.fleet.clock()
 
     @property
     def reported_busy(self) -> int:
@@ -250,6 +261,13 @@ class NodePool:
         """Keep target_conns() connections open; redial every RETRY_S when unreachable."""
         while True:
             self.wake.clear()
+            wait = self.refused_at + RETRY_S - self.fleet.clock()
+            if wait > 0:  # refused by the node: no dial storm
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self.fleet.stopping.wait()
+                if self.fleet.stopping.is_set():
+                    return
             if self.conns < self.target_conns() or self.state != "ready":
                 ok = await self._fill()
                 if not ok and self.discovered and self.conns == 0 and \
@@ -274,7 +292,8 @@ class NodePool:
                 link = await dial(self.host, self.port, psk=self.fleet.psk,
                                   timeout_s=self.fleet.handshake_timeout_s)
                 hello = await exchange_hellos(
-                    link, m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model),
+                    link, m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
+                                      probe=self.fleet.probe),
                     responder=False, expect=m.NodeHello,
                     timeout_s=self.fleet.handshake_timeout_s)
             except (OSError, TimeoutError, LinkError, LinkClosed) as exc:
@@ -371,8 +390,9 @@ class Fleet:
                  conns_per_node: int = 0, handshake_timeout_s: float = 10.0,
                  also: tuple[str, ...] = (),
                  clock: Callable[[], float] = time.monotonic,
-                 emit: ev.Emit = ev.ignore) -> None:
+                 emit: ev.Emit = ev.ignore, probe: list[list[int]] | None = None) -> None:
         self.clock = clock
+        self.probe = probe or []  # ids of PROBE_TEXTS in the head's vocabulary, sent in hellos
         self.emit = emit  # where the fleet's changes go (the service's event bus)
         self.model = model  # announced to joining nodes
         self.models = (model, *also)  # every model this head has a tokenizer for

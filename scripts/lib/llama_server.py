@@ -1,23 +1,34 @@
-"""Build (once) and locate llama.cpp's ``llama-server`` for the benchmarks.
+"""Build (once per machine) and locate llama.cpp's ``llama-server``, for tests and benchmarks.
 
 The source is the llama.cpp that the installed llama-cpp-python's sdist carries
-(``vendor/llama.cpp``), so the server runs the same kernels as our runtime.
-Steps, each skipped when its result is already in the cache folder:
+(``vendor/llama.cpp``), so the server runs the same kernels as our runtime. The
+binary is native (``-DGGML_NATIVE=ON``), so it is kept in a folder keyed by the
+llama-cpp-python version, the machine kind and the CPU's instruction-set flags:
+a binary built on another CPU is never taken for this one. That folder sits in
+pip's cache folder (``$PIP_CACHE_DIR`` or ``~/.cache/pip``, like the portable
+wheel of ``scripts/lib/llama_wheel.sh``), which CI keeps between runs.
+
+Steps, each skipped when its result is already there (the work folder stays
+until a build succeeds, so an interrupted build resumes):
 
   1. ``pip download --no-deps --no-binary :all: llama-cpp-python==<installed>``
   2. extract ``vendor/llama.cpp`` only
   3. ``cmake`` configure (CPU, native, static, no curl/openssl, no tests/examples)
-  4. ``cmake --build --target llama-server -j2`` under ``nice``
-  5. copy the binary to ``<cache>/bin/llama-server-<version>``
+  4. ``cmake --build --target llama-server -j2`` under ``nice`` (about 30 min on 2 cores)
+  5. copy the binary into the keyed folder, check it runs, drop the work folder
 
-Run on its own: .venv/bin/python scripts/bench/llama_server.py [--cache DIR]
+Run on its own (``scripts/test`` does, before pytest):
+    .venv/bin/python scripts/lib/llama_server.py [--jobs N] [--check]
+Prints the binary's path; ``--check`` only says whether it is there (exit 1 if not).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -27,7 +38,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-DEFAULT_CACHE = Path(os.environ.get("SHOAL_BENCH_CACHE", "~/.cache/shoal-bench")).expanduser()
 PACKAGE = "llama-cpp-python"
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -39,6 +49,7 @@ CMAKE_FLAGS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_BUILD_SERVER=ON",
 )
+NEEDED_TOOLS = ("cmake", "c++", "make")  # Debian: cmake, build-essential (scripts/lib/apt.sh)
 DOWNLOAD_TIMEOUT = 900  # s
 CONFIGURE_TIMEOUT = 600
 BUILD_TIMEOUT = 3 * 3600
@@ -51,21 +62,53 @@ class BuildFailed(RuntimeError):
 
 
 def _say(msg: str) -> None:
-    print(f"[llama-server] {msg}", flush=True)
+    print(f"[llama-server] {msg}", file=sys.stderr, flush=True)
 
 
 def installed_version() -> str:
     try:
         return importlib.metadata.version(PACKAGE)
     except importlib.metadata.PackageNotFoundError:
-        raise BuildFailed(f"{PACKAGE} is not installed in this environment") from None
+        raise BuildFailed(f"{PACKAGE} is not installed in this environment; "
+                          "run scripts/test to set up .venv") from None
 
 
-def binary_path(cache: Path, version: str) -> Path:
-    return cache / "bin" / f"llama-server-{version}"
+def cache_root() -> Path:
+    """``<pip's cache>/shoal-llama-server``; ``SHOAL_LLAMA_SERVER_CACHE`` overrides."""
+    if own := os.environ.get("SHOAL_LLAMA_SERVER_CACHE"):
+        return Path(own).expanduser()
+    pip = os.environ.get("PIP_CACHE_DIR")
+    if not pip:
+        xdg = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+        pip = str(Path(xdg) / "pip")
+    return Path(pip).expanduser() / "shoal-llama-server"
 
 
-def _works(binary: Path) -> bool:
+def cpu_flags() -> str:
+    """The CPU's instruction-set flags, sorted (what a native build depends on)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return " ".join(sorted(set(line.split(":", 1)[1].split())))
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def build_key(version: str) -> str:
+    """The cache folder's name: version plus a hash of machine, CPU flags and options."""
+    digest = hashlib.sha256(
+        "\n".join((version, platform.machine(), platform.system(), cpu_flags(),
+                   *CMAKE_FLAGS)).encode()).hexdigest()[:12]
+    return f"{version}-{digest}"
+
+
+def binary_path(version: str | None = None, root: Path | None = None) -> Path:
+    version = version or installed_version()
+    return (root or cache_root()) / build_key(version) / "llama-server"
+
+
+def works(binary: Path) -> bool:
     if not (binary.is_file() and os.access(binary, os.X_OK)):
         return False
     try:
@@ -73,6 +116,15 @@ def _works(binary: Path) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return r.returncode == 0
+
+
+def find_llama_server() -> Path | None:
+    """The cached binary for the installed llama-cpp-python on this CPU, if it is there."""
+    try:
+        binary = binary_path()
+    except BuildFailed:
+        return None
+    return binary if binary.is_file() and os.access(binary, os.X_OK) else None
 
 
 def _last_error(log: Path) -> str:
@@ -124,8 +176,8 @@ def _run_logged(cmd: list[str], log: Path, timeout: float, say: Say, what: str,
         raise BuildFailed(f"{what} failed (exit {rc}): {_last_error(log)} (log: {log})")
 
 
-def _download(cache: Path, version: str, say: Say) -> Path:
-    sdist_dir = cache / "sdist"
+def _download(work: Path, version: str, say: Say) -> Path:
+    sdist_dir = work / "sdist"
     sdist_dir.mkdir(parents=True, exist_ok=True)
     names = (f"llama_cpp_python-{version}.tar.gz", f"llama-cpp-python-{version}.tar.gz")
     for name in names:
@@ -135,15 +187,15 @@ def _download(cache: Path, version: str, say: Say) -> Path:
     say(f"downloading the {PACKAGE}=={version} sdist into {sdist_dir}")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
            "--disable-pip-version-check", "-d", str(sdist_dir), f"{PACKAGE}=={version}"]
-    _run_logged(cmd, cache / "download.log", DOWNLOAD_TIMEOUT, say, "download")
+    _run_logged(cmd, work / "download.log", DOWNLOAD_TIMEOUT, say, "download")
     for name in names:
         if (sdist_dir / name).is_file():
             return sdist_dir / name
     raise BuildFailed(f"download failed: pip saved no {names[0]} in {sdist_dir}")
 
 
-def _extract(sdist: Path, cache: Path, version: str, say: Say) -> Path:
-    src = cache / f"src-{version}" / "llama.cpp"
+def _extract(sdist: Path, work: Path, version: str, say: Say) -> Path:
+    src = work / "src" / "llama.cpp"
     if (src / "CMakeLists.txt").is_file() and (src / ".extracted").is_file():
         return src
     say(f"extracting vendor/llama.cpp into {src}")
@@ -172,51 +224,71 @@ def _extract(sdist: Path, cache: Path, version: str, say: Say) -> Path:
     return src
 
 
-def ensure_llama_server(cache: Path = DEFAULT_CACHE, *, version: str | None = None,
+def ensure_llama_server(*, version: str | None = None, root: Path | None = None,
                         jobs: int = 2, say: Say = _say) -> Path:
     """The path of a working ``llama-server`` for the installed llama-cpp-python."""
     version = version or installed_version()
-    cache = cache.expanduser()
-    binary = binary_path(cache, version)
-    if _works(binary):
-        say(f"using cached {binary}")
+    binary = binary_path(version, root)
+    if works(binary):
         return binary
-    for tool in ("cmake", "c++"):
-        if shutil.which(tool) is None:
-            raise BuildFailed(f"build failed: {tool} is not on PATH")
-    cache.mkdir(parents=True, exist_ok=True)
-    sdist = _download(cache, version, say)
-    src = _extract(sdist, cache, version, say)
-    build = cache / f"build-{version}"
+    missing = [tool for tool in NEEDED_TOOLS if shutil.which(tool) is None]
+    if missing:
+        raise BuildFailed(f"cannot build: {', '.join(missing)} not on PATH; "
+                          "install them (apt install build-essential cmake) and run again")
+    work = binary.parent.parent / f"work-{version}"
+    work.mkdir(parents=True, exist_ok=True)
+    say(f"building llama-server {version} once for this machine into {binary.parent} "
+        f"(about 30 minutes on 2 cores; work folder {work})")
+    sdist = _download(work, version, say)
+    src = _extract(sdist, work, version, say)
+    build = work / "build"
     nice = ["nice", "-n", "10"] if shutil.which("nice") else []
     if not (build / "CMakeCache.txt").is_file():
         say(f"configuring in {build}")
         _run_logged([*nice, "cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS],
-                    cache / "configure.log", CONFIGURE_TIMEOUT, say, "configure")
-    say(f"building llama-server with -j{jobs} (several minutes on 2 cores; "
-        f"log: {cache / 'build.log'})")
+                    work / "configure.log", CONFIGURE_TIMEOUT, say, "configure")
+    say(f"building with -j{jobs} (log: {work / 'build.log'})")
     _run_logged([*nice, "cmake", "--build", str(build), "--target", "llama-server",
-                 "-j", str(jobs)], cache / "build.log", BUILD_TIMEOUT, say, "build")
+                 "-j", str(jobs)], work / "build.log", BUILD_TIMEOUT, say, "build")
     built = build / "bin" / "llama-server"
     if not built.is_file():
         raise BuildFailed(f"build failed: no {built} after a successful build")
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    tmp = binary.with_suffix(".tmp")
-    shutil.copy2(built, tmp)
-    tmp.replace(binary)
-    if not _works(binary):
-        raise BuildFailed(f"build failed: {binary} does not run `--version`")
+    install(built, binary)
+    shutil.rmtree(work, ignore_errors=True)
     say(f"built {binary}")
     return binary
 
 
+def install(built: Path, binary: Path) -> None:
+    """Copy a built binary into its keyed folder atomically, and check that it runs."""
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    tmp = binary.with_suffix(".tmp")
+    shutil.copy2(built, tmp)
+    tmp.replace(binary)
+    if not works(binary):
+        binary.unlink(missing_ok=True)
+        raise BuildFailed(f"build failed: {built} does not run `--version`")
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
-    ap.add_argument("-j", "--jobs", type=int, default=2)
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--check", action="store_true",
+                    help="only say whether the binary is built (exit 1 if not)")
+    ap.add_argument("--adopt", type=Path, default=None,
+                    help="take this already built llama-server (same version, this machine) "
+                         "as the cached one instead of building")
     args = ap.parse_args()
     try:
-        print(ensure_llama_server(args.cache, jobs=args.jobs))
+        if args.check:
+            found = find_llama_server()
+            if found is None:
+                raise SystemExit(f"llama-server: not built yet (expected at {binary_path()})")
+            print(found)
+            return
+        if args.adopt is not None:
+            install(args.adopt.expanduser(), binary_path())
+        print(ensure_llama_server(jobs=args.jobs))
     except BuildFailed as exc:
         raise SystemExit(f"llama-server: {exc}") from None
 
