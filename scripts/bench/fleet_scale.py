@@ -405,6 +405,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(args.engine_root).resolve() if args.engine_root else ROOT
     py = sys.executable
     home = Path(tempfile.mkdtemp(prefix="shoal-scale-"))
+    # FLEET_SCALE_EXTRA_PATH (":/some/dir"): more of the fleet's PYTHONPATH, for a probe
+    # such as a sitecustomize.py that counts garbage collections in the heads
     env = {**os.environ, "SHOAL_HOME": str(home),
            "PYTHONPATH": str(root) + os.environ.get("FLEET_SCALE_EXTRA_PATH", "")}
     sys.path.insert(0, str(ROOT))
@@ -486,7 +488,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             spy = subprocess.Popen(
                 [str(Path(sys.executable).parent / "py-spy"), "record", "-p",
                  str(groups[0][0].pid if args.profile_node else heads[0][0].pid), "-d",
-                 str(int(w1 - w0)), "-f", "raw", "-o", str(args.profile), "-r", "200", "--nonblocking"],
+                 str(int(w1 - w0)), "-f", "raw", "-o", str(args.profile), "-r", "200",
+                 "--nonblocking"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(max(0.0, w1 - time.monotonic()))
         cpu1 = {k: sum(cpu_s(pid) for pid in v) for k, v in watched.items()}
@@ -651,7 +654,7 @@ def plot(summary: dict[str, dict[str, float]], configs: list[tuple[str, str]],
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(10, 3.4))
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.6))
     panels = (("tokens_per_s", "relayed tokens/s", 1.0),
               ("head_cpu_s_per_1k", "head CPU us/token", 1000.0),
               ("added_ms_p50", "median added ms/token (log)", 1.0))
@@ -662,7 +665,9 @@ def plot(summary: dict[str, dict[str, float]], configs: list[tuple[str, str]],
             vals = [summary.get(f"{side}-{c}", {}).get(key, float("nan")) * scale
                     for c, _ in configs]
             ax.bar([x + (k - 0.5) * width for x in xs], vals, width, label=side)
-        ax.set_xticks(list(xs), [name for _, name in configs], fontsize=8)
+        ax.set_xticks(list(xs), [name.replace(" / ", "\n") for _, name in configs],
+                      fontsize=7)
+        ax.set_xlabel("streams", fontsize=8)
         ax.set_title(title, fontsize=9)
         if key == "added_ms_p50":
             ax.set_yscale("log")
