@@ -24,8 +24,10 @@ Lost or duplicated tokens: the mock is a pure function of seed and context
 (``engine.runtimes.mock.next_token``), so every stream's expected text is computed
 here and compared with what the client received.
 
-Run: .venv/bin/python scripts/bench/fleet_scale.py [--heads 1] [--duration 30]
-     [--engine-root PATH] [--json out.json]
+Run: .venv/bin/python scripts/bench/fleet_scale.py [--heads 1] [--streams 800]
+     [--duration 30] [--engine-root PATH] [--json runs.jsonl --label after-800-h1]
+     [--profile out.txt]   (py-spy on the head: pip install py-spy, not a dependency)
+then: .venv/bin/python scripts/bench/fleet_scale.py summary runs.jsonl [--plot out.png]
 ``--engine-root`` runs the nodes and heads from another checkout (a worktree of
 main, for a before/after comparison); the client and the analysis are this file's.
 """
@@ -41,6 +43,7 @@ import marshal
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -560,6 +563,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         lat.append((t - prod[j]) * 1000)
                 j += 1
     lat.sort()
+    shutil.rmtree(home, ignore_errors=True)  # the fleet token, the stamps, the clients' files
     cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
     out.update({
         "streams_run": len(results), "failures": len(failures), "failure_sample": failures[:5],
