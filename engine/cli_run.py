@@ -18,6 +18,7 @@ from pathlib import Path
 
 from engine.events import Notice, PullProgress, ShoalEvent, Subscription
 from engine.service import Shoal
+from engine.serving_gc import pace_for_serving
 from engine.settings import UPSTREAM_RUNTIMES, Settings
 from engine.snapshot import LocalNodeSnapshot
 
@@ -68,6 +69,7 @@ async def run(settings: Settings, banner: Callable[[Shoal], Awaitable[list[str]]
     state_file = node_state_path(settings.home) if state is not None else None
     try:
         await shoal.open()
+        pace_for_serving()
         for line in await banner(shoal):
             print(line, flush=True)
         if state_file is not None and state is not None:

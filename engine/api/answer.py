@@ -29,7 +29,7 @@ from engine.api.metrics import METRICS
 from engine.errors import RequestError, ShoalError
 from engine.head.head import Head
 from engine.head.prompt.tools import TextDelta
-from engine.head.prompt.turn import ChatEvent, ChatFinal, EventPump, Turn
+from engine.head.prompt.turn import ChatEvent, ChatFinal, Turn
 
 log = logging.getLogger("shoal.api")
 KEEPALIVE_S = 5.0
@@ -167,7 +167,7 @@ async def answer(request: web.Request, head: Head, turn: Turn, wire: Wire,
     metrics = request.app[METRICS]
     clock = wire.clock
     pace = Pace(commit_at=wire.arrived + commit_s(head), keepalive_s=keepalive_s(head))
-    pump = EventPump(turn.events())
+    pump = turn.reader()
     resp: web.StreamResponse | None = None
     last_write = clock()
     begun = False

@@ -104,6 +104,11 @@ def _fleet(out: _Writer, head: Any) -> None:
     out.family("shoal_session_moves_total", "counter",
                "sessions moved to another node after a node failed")
     out.sample("shoal_session_moves_total", runner.moves_total)
+    out.family("shoal_placement_seconds", "summary",
+               "time the head spent deciding where sessions go (views of every node and "
+               "the policy)")
+    out.sample("shoal_placement_seconds_sum", runner.placement_s)
+    out.sample("shoal_placement_seconds_count", runner.placements)
     pools = list(head.fleet.pools.values())
     rows = [(p, p.describe()) for p in pools]
     gauges = (("shoal_node_up", "gauge", "1 when the node is ready to take sessions"),

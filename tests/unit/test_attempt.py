@@ -172,3 +172,33 @@ def test_a_final_state_ignores_everything_after() -> None:
     state, _ = run(fresh(), (0.1, at.GotDone()))
     assert state.final
     assert at.step(state, at.GotTokens(0, 1), 0.2, L) == (state, ())
+
+
+def test_the_fast_path_for_tokens_in_order_decides_as_the_general_path() -> None:
+    """step() takes a shortcut for the common case (tokens in order, no timer due); over
+    random sequences of token records, times and limits, it decides as the general path."""
+    import random
+
+    rng = random.Random(7)
+    fast_taken = 0
+    for _ in range(300):
+        limits = at.Limits(lease_s=rng.choice([0.5, 10.0]), stall_s=rng.choice([0.2, 3.0]),
+                           ping_s=rng.choice([0.1, 1.0]))
+        state = at.start(0.0, prompt_tokens=10, prefill_tps=0.0,
+                         wall_deadline=rng.choice([2.0, 600.0]), limits=limits)
+        slow = state
+        now = 0.0
+        for k in range(40):
+            now += rng.choice([0.0, 0.01, 0.2, 0.4, 1.5])
+            event: at.Event
+            if k == 0 and rng.random() < 0.8:
+                event = at.GotAccepted()
+            else:
+                index = slow.expected + rng.choice([0, 0, 0, 0, 1, -1])
+                event = at.GotTokens(index, rng.randint(1, 3))
+            fast_taken += (type(event) is at.GotTokens and event.index == slow.expected
+                           and not slow.final and now < slow.renew_at)
+            state, actions = at.step(state, event, now, limits)
+            slow, slow_actions = at._step(slow, event, now, limits)
+            assert (state, actions) == (slow, slow_actions)
+    assert fast_taken > 200  # the shortcut was taken often enough to be tested

@@ -465,10 +465,16 @@ class Fleet:
         from engine.head.fleet.placement import has_free_lane
 
         now = self.clock()
-        views = [v for v in self.views() if v.model == model and v.idle_conns + v.own_sessions]
-        if not views:
-            return None
-        return any(has_free_lane(v, now) for v in views)
+        serving = False
+        for pool in self.pools.values():  # every request asks: stop at the first free node
+            if not pool.info.identity or pool.info.model != model:
+                continue
+            view = pool.view()
+            if view.idle_conns + view.own_sessions:
+                serving = True
+                if has_free_lane(view, now):
+                    return True
+        return False if serving else None
 
     async def close(self) -> None:
         self.stopping.set()

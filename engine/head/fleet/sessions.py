@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
@@ -133,6 +134,8 @@ class SessionRunner:
         self._affinity: OrderedDict[str, tuple[str, int]] = OrderedDict()
         fleet.on_capacity = self.gate.notify
         self.moves_total = 0
+        self.placements = 0  # decisions made, and the seconds they took (the fleet's views
+        self.placement_s = 0.0  # and the policy): /metrics shows them
         self._live: set[Session] = set()
         self._stopping: str | None = None  # why sessions are refused: the head is stopping
 
@@ -157,8 +160,11 @@ class SessionRunner:
                                pin_host=job.pin_host, prefer=job.prefer)
         now = self.clock()
         while True:
+            t0 = time.perf_counter()
             decision = place(req, self.fleet.views(), now=now, policy=self.policy,
                              pool_high=self.pool_high, cursor=self._cursor)
+            self.placement_s += time.perf_counter() - t0  # what one decision costs the head
+            self.placements += 1
             if isinstance(decision, Refusal):
                 return decision
             assert isinstance(decision, Placement)
@@ -402,7 +408,13 @@ class Session:
     async def next(self) -> list[int] | Finish:
         """The next batch of ids (every batch already waiting, as one) or the Finish.
         Raises the session's RequestError."""
-        item = await self._out.get()
+        return self._merged(await self._out.get())
+
+    def take(self) -> list[int] | Finish | None:
+        """:meth:`next` when something is waiting, else None, without suspending."""
+        return None if self._out.empty() else self._merged(self._out.get_nowait())
+
+    def _merged(self, item: list[int] | Finish | RequestError) -> list[int] | Finish:
         if isinstance(item, RequestError):
             raise item
         if isinstance(item, list):

@@ -7,8 +7,8 @@ sampling parameters and stops, and the events back into JSON or SSE.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import secrets
+from collections import deque
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
@@ -95,89 +95,126 @@ class Turn:
         lane or for its tokens, not for a node that may never come (see Session)."""
         return self._running is not None and self._running.committable
 
+    def reader(self) -> TurnReader:
+        """Start the generation; read its events with :meth:`TurnReader.get`."""
+        return TurnReader(self)
+
     async def events(self) -> AsyncGenerator[ChatEvent, None]:
-        detok = Detokenizer(self.model.vocab.token_bytes)
-        stopper = StopMatcher(self._stops)
-        parser = self._parser
-        r = self.routing
-        job = Job(session=self.session, model=self.model.name, prompt=self.prompt,
-                  max_tokens=self.max_tokens, sampling=self.sampling,
-                  stop_ids=sorted(self.model.stop_ids), affinity=r.affinity,
-                  first_turn=r.first_turn, pin_host=r.pin_host, prefer=r.prefer)
-        calls: list[dict[str, Any]] = []
-
-        def emit(text: str) -> list[TextDelta | ToolCallDelta]:
-            if not text:
-                return []
-            if parser is None:
-                return [TextDelta(text)]
-            return parser.feed(text)
-
-        session = self._running = self.runner.start(job)
-        produced = 0
-        clock = self.runner.clock
-        started = clock()
-        first_at = 0.0
-        final: ChatFinal | None = None
-        error: str | None = None
-        moves = 0
+        """The turn's events, until the final one (a reader without a timeout)."""
+        reader = self.reader()
         try:
-            while True:
-                try:
-                    item = await session.next()
-                except RequestError as exc:
-                    error = str(exc)
-                    raise
-                if not first_at:
-                    first_at = clock()
-                if isinstance(item, Finish):
-                    moves = item.moves
-                    tail, _ = stopper.feed(detok.flush())
-                    out = emit(tail + stopper.flush())
-                    if parser is not None:
-                        out += parser.finish()
-                    for ev in out:
-                        _collect(calls, ev)
-                        yield ev
-                    reason = item.reason if item.reason in ("stop", "length") else "stop"
-                    if calls:
-                        reason = "tool_calls"
-                    final = ChatFinal(finish_reason=reason, prompt_tokens=item.prompt_tokens,
-                                      completion_tokens=item.completion_tokens,
-                                      cached_tokens=item.cached_tokens, node=item.node,
-                                      tool_calls=calls)
-                    yield final
-                    return
-                produced += len(item)
-                text, hit = stopper.feed(detok.feed(item))
-                for ev in emit(text):
-                    _collect(calls, ev)
-                    yield ev
-                if hit:
-                    out = parser.finish() if parser is not None else []
-                    for ev in out:
-                        _collect(calls, ev)
-                        yield ev
-                    final = ChatFinal(finish_reason="tool_calls" if calls else "stop",
-                                      prompt_tokens=len(self.prompt),
-                                      completion_tokens=produced, cached_tokens=0,
-                                      node=session.node, tool_calls=calls,
-                                      stop_sequence=stopper.matched)
-                    yield final
-                    return
+            while (ev := await reader.get(None)) is not None:
+                yield ev
         finally:
-            await session.close()
-            now = clock()
-            self.runner.fleet.emit(SessionFinished(
-                session=self.session, model=self.model.name, requested=self.requested,
-                node=final.node if final else session.node,
-                prompt_tokens=len(self.prompt),
-                completion_tokens=final.completion_tokens if final else produced,
-                cached_tokens=final.cached_tokens if final else 0,
-                ttft_ms=(first_at - started) * 1000 if first_at else 0.0,
-                duration_ms=(now - started) * 1000, moves=moves,
-                finish_reason=final.finish_reason if final else "cancelled",
-                error=error if final is None else None))
+            await reader.close()
+
+
+class TurnReader:
+    """A running turn: the session's token batches turned into text and tool-call deltas
+    and a final, in the task that reads them (the HTTP handler's). ``get`` waits for the
+    next event at most ``wait_s`` (TimeoutError; the generation goes on), re-raises the
+    session's RequestError, and returns None once the final event was read. ``close``
+    stops the session (freeing its lane) unless it has ended, and reports the turn."""
+
+    def __init__(self, turn: Turn) -> None:
+        self.turn = turn
+        model = turn.model
+        self._detok = Detokenizer(model.vocab.token_bytes)
+        self._stopper = StopMatcher(turn._stops)
+        self._parser = turn._parser
+        r = turn.routing
+        job = Job(session=turn.session, model=model.name, prompt=turn.prompt,
+                  max_tokens=turn.max_tokens, sampling=turn.sampling,
+                  stop_ids=sorted(model.stop_ids), affinity=r.affinity,
+                  first_turn=r.first_turn, pin_host=r.pin_host, prefer=r.prefer)
+        self._calls: list[dict[str, Any]] = []
+        self._clock = turn.runner.clock
+        self._started = self._clock()
+        self._first_at = 0.0
+        self._produced = 0
+        self._moves = 0
+        self._final: ChatFinal | None = None
+        self._error: str | None = None
+        self._ready: deque[ChatEvent] = deque()
+        self._ended = False  # the final event is among the ready ones, or was read
+        self._closed = False
+        self.session = turn._running = turn.runner.start(job)
+
+    async def get(self, wait_s: float | None) -> ChatEvent | None:
+        deadline = None if wait_s is None else asyncio.get_running_loop().time() + wait_s
+        while not self._ready and not self._ended:
+            try:
+                item = self.session.take()
+                if item is None:  # nothing waiting: wait, without losing what comes
+                    async with asyncio.timeout_at(deadline):
+                        item = await self.session.next()
+            except RequestError as exc:
+                self._error = str(exc)
+                self._ended = True
+                raise
+            self._feed(item)
+        return self._ready.popleft() if self._ready else None
+
+    def _emit(self, text: str) -> None:
+        if not text:
+            return
+        parser = self._parser
+        for ev in [TextDelta(text)] if parser is None else parser.feed(text):
+            _collect(self._calls, ev)
+            self._ready.append(ev)
+
+    def _end(self, final: ChatFinal) -> None:
+        if self._parser is not None:
+            for ev in self._parser.finish():
+                _collect(self._calls, ev)
+                self._ready.append(ev)
+        if self._calls:
+            final.finish_reason = "tool_calls"
+        final.tool_calls = self._calls
+        self._final = final
+        self._ready.append(final)
+        self._ended = True
+
+    def _feed(self, item: list[int] | Finish) -> None:
+        if not self._first_at:
+            self._first_at = self._clock()
+        stopper = self._stopper
+        if isinstance(item, Finish):
+            self._moves = item.moves
+            tail, _ = stopper.feed(self._detok.flush())
+            self._emit(tail + stopper.flush())
+            self._end(ChatFinal(
+                finish_reason=item.reason if item.reason in ("stop", "length") else "stop",
+                prompt_tokens=item.prompt_tokens, completion_tokens=item.completion_tokens,
+                cached_tokens=item.cached_tokens, node=item.node))
+            return
+        self._produced += len(item)
+        text, hit = stopper.feed(self._detok.feed(item))
+        self._emit(text)
+        if hit:
+            self._end(ChatFinal(finish_reason="stop", prompt_tokens=len(self.turn.prompt),
+                                completion_tokens=self._produced, cached_tokens=0,
+                                node=self.session.node, stop_sequence=stopper.matched))
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        session = self.session
+        await session.close()
+        turn = self.turn
+        final = self._final
+        now = self._clock()
+        turn.runner.fleet.emit(SessionFinished(
+            session=turn.session, model=turn.model.name, requested=turn.requested,
+            node=final.node if final else session.node,
+            prompt_tokens=len(turn.prompt),
+            completion_tokens=final.completion_tokens if final else self._produced,
+            cached_tokens=final.cached_tokens if final else 0,
+            ttft_ms=(self._first_at - self._started) * 1000 if self._first_at else 0.0,
+            duration_ms=(now - self._started) * 1000, moves=self._moves,
+            finish_reason=final.finish_reason if final else "cancelled",
+            error=self._error if final is None else None))
 
 
 async def render_prompt(model: HeadModel, messages: list[dict[str, Any]], *,
@@ -277,58 +314,6 @@ def completion_prompt_ids(model: HeadModel, prompt: str, suffix: str | None) -> 
     head = _strip_bos(vocab.encode(prompt, special=False), bos)
     tail = _strip_bos(vocab.encode(suffix, special=False), bos)
     return [*bos, pre, *head, suf, *tail, mid]
-
-
-_END: Any = object()
-
-
-class EventPump:
-    """Runs a turn's events in a task of its own so that the HTTP side can wait for the
-    next one with a timeout (keepalives) without cancelling the generation.
-
-    ``get`` raises TimeoutError when nothing came in time, re-raises what the turn
-    raised, and returns None once the turn has ended. ``close`` stops the turn (the
-    node's lane is released) when it has not ended."""
-
-    def __init__(self, events: AsyncGenerator[ChatEvent, None], *, depth: int = 256) -> None:
-        self._events = events
-        self._queue: asyncio.Queue[Any] = asyncio.Queue(depth)
-        self._task = asyncio.create_task(self._run(), name="turn-events")
-        self.done = False
-
-    async def _run(self) -> None:
-        try:
-            async for ev in self._events:
-                await self._queue.put(ev)
-            await self._queue.put(_END)
-        except Exception as exc:
-            await self._queue.put(_Failed(exc))
-        finally:
-            await self._events.aclose()
-
-    async def get(self, wait_s: float | None) -> ChatEvent | None:
-        if self.done:
-            return None
-        async with asyncio.timeout(wait_s):
-            item = await self._queue.get()
-        if item is _END:
-            self.done = True
-            return None
-        if isinstance(item, _Failed):
-            self.done = True
-            raise item.exc
-        return item  # type: ignore[no-any-return]
-
-    async def close(self) -> None:
-        if not self._task.done():
-            self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-
-
-@dataclass(slots=True)
-class _Failed:
-    exc: Exception
 
 
 def _collect(calls: list[dict[str, Any]], ev: TextDelta | ToolCallDelta) -> None:
