@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 from engine.head.prompt.model import HeadModel, load_head_model  # noqa: E402
 from engine.models import ensure_embedded_default  # noqa: E402
 from engine.secrets import ensure_token, token_path  # noqa: E402
+from scripts.bench import node_lanes  # noqa: E402
 from scripts.bench.node_lanes import (  # noqa: E402
     DEFAULT_CACHE,
     conversation,
@@ -289,18 +290,10 @@ async def level(sides: Sides, n: int, rounds: int, first: int,
 
 
 @dataclass
-class Turns:
-    first: list[float] = field(default_factory=list)
-    second: list[float] = field(default_factory=list)
-    prompt1: list[int] = field(default_factory=list)
-    prompt2: list[int] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
+class Turns(node_lanes.Turns):
+    """node_lanes' two-turn figures, plus the requests that failed."""
 
-    @property
-    def ratio(self) -> float:
-        if not self.first or not self.second:
-            return float("nan")
-        return statistics.median(self.second) / statistics.median(self.first)
+    failed: list[str] = field(default_factory=list)
 
 
 async def turns(sides: Sides, convs: list[list[dict[str, str]]], tokens: int) -> Turns:
