@@ -110,6 +110,11 @@ class LinkConnection:
             return
         self._inbox += data
 
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet handed out as records."""
+        return len(self._inbox) + len(self._plain)
+
     def next_event(self) -> Event | NeedData:
         """The next event, or NEED_DATA; raises LinkError on a broken peer."""
         if self.state is State.CLOSED:

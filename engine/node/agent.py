@@ -26,7 +26,7 @@ from engine.link import messages as m
 from engine.link.admission import PRE_HANDSHAKE_S, PendingHandshakes
 from engine.link.connection import LinkError
 from engine.link.hello import WrongPeer, exchange_hellos
-from engine.link.transport import Link, LinkClosed, accept
+from engine.link.transport import Incoming, Link, LinkClosed, accept, serve
 from engine.node import leases
 from engine.runtimes.base import Engine, EngineStats, Generation, GenerationRequest, Sampling
 from engine.runtimes.probe import mismatch
@@ -74,7 +74,7 @@ class NodeAgent:
         return self.engine.info.lanes
 
     async def listen(self, host: str, port: int) -> tuple[str, int]:
-        server = await asyncio.start_server(self._on_accept, host, port, limit=1 << 16)
+        server = await serve(self._on_accept, host, port)
         self._servers.append(server)
         self._ensure_stats()
         sock = server.sockets[0].getsockname()
@@ -82,7 +82,7 @@ class NodeAgent:
 
     async def listen_on(self, sock: socket.socket) -> None:
         """Serve on a socket bound earlier (bound before the model loaded)."""
-        server = await asyncio.start_server(self._on_accept, sock=sock, limit=1 << 16)
+        server = await serve(self._on_accept, sock=sock)
         self._servers.append(server)
         self._ensure_stats()
 
@@ -114,29 +114,26 @@ class NodeAgent:
 
     # -- connections -------------------------------------------------------------
 
-    async def _on_accept(self, reader: asyncio.StreamReader,
-                         writer: asyncio.StreamWriter) -> None:
+    def _on_accept(self, incoming: Incoming) -> None:
         # the connection runs in a task the agent owns, so close() can cancel it
-        # without asyncio's stream callback reporting the cancellation as an error
-        self._spawn(self._handle(reader, writer), "node-conn")
+        self._spawn(self._handle(incoming), "node-conn")
 
-    async def _handle(self, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
-        address = _peer(writer).rpartition(":")[0]
+    async def _handle(self, incoming: Incoming) -> None:
+        address = incoming.peer_host
         if not self._pending.admit(address):
-            writer.close()  # a flood of connections that have not shown the token
+            incoming.close()  # a flood of connections that have not shown the token
             return
         try:
-            link = await accept(reader, writer, psk=self.psk,
+            link = await accept(incoming, psk=self.psk,
                                 timeout_s=min(self.handshake_timeout_s, PRE_HANDSHAKE_S))
         except LinkError as exc:
             self._once(address, exc.kind.name, logging.WARNING, "refused a head at %s: %s; %s",
-                       _peer(writer), exc, _fix(exc))
+                       incoming.peer, exc, _fix(exc))
             return
-        except (TimeoutError, OSError, asyncio.IncompleteReadError):
+        except (TimeoutError, OSError):
             self._once(address, "slow", logging.INFO,
                        "a connection from %s did not finish the handshake in time",
-                       _peer(writer))
+                       incoming.peer)
             return
         finally:
             self._pending.release(address)
@@ -412,11 +409,6 @@ def _request(gen: m.Generate) -> GenerationRequest:
 
 def _rates(st: EngineStats) -> m.Rates:
     return m.Rates(prefill_tps=st.prefill_tps, decode_tps=st.decode_tps, ttft_ms=st.ttft_ms)
-
-
-def _peer(writer: asyncio.StreamWriter) -> str:
-    name = writer.get_extra_info("peername")
-    return f"{name[0]}:{name[1]}" if name else "?"
 
 
 def _fix(exc: LinkError) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import random
 import statistics
 import time
@@ -183,8 +184,7 @@ class MockGeneration:
                 if stop:
                     reason = "stop"
                     break
-                delay = due - time.monotonic()
-                await asyncio.sleep(delay if delay > 0 else 0)
+                await eng.step_at(due)
         finally:
             elapsed = time.monotonic() - start
             eng.lane_leave(len(context), ttft, produced, elapsed)
@@ -205,6 +205,34 @@ class MockEngine:
         self._kv = 0
         self._ttfts: deque[float] = deque(maxlen=32)
         self._decode_tps = 0.0
+        # decode steps on a grid of 1/speed, shared by every lane: a batching engine makes
+        # each running lane's next token in the same step, so lanes wake on one timer. The
+        # grid's phase is random, as separate machines' steps are: engines made together
+        # (a benchmark's hundred nodes) do not all step at the same instants
+        self._grid_t0 = time.monotonic() + random.random() / speed if speed > 0 else 0.0
+        self._steps: dict[int, list[asyncio.Future[None]]] = {}
+
+    async def step_at(self, due: float) -> None:
+        """Wait for the first decode step at or after ``due`` (time.monotonic)."""
+        now = time.monotonic()
+        if due <= now or self.speed <= 0:
+            await asyncio.sleep(0)
+            return
+        period = 1.0 / self.speed
+        k = math.ceil((due - self._grid_t0) / period)
+        loop = asyncio.get_running_loop()
+        waiters = self._steps.get(k)
+        if waiters is None:
+            waiters = self._steps[k] = []
+            loop.call_later(self._grid_t0 + k * period - now, self._step, k)
+        fut: asyncio.Future[None] = loop.create_future()  # one per lane: a lane
+        waiters.append(fut)  # cancelled while it waits cancels only its own
+        await fut
+
+    def _step(self, k: int) -> None:
+        for fut in self._steps.pop(k, ()):
+            if not fut.done():
+                fut.set_result(None)
 
     async def start(self) -> None:
         return None

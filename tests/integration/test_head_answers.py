@@ -84,5 +84,8 @@ async def test_a_long_prompt_is_tokenized_off_the_loop(loop_watch: LoopWatch):
                                        chat_body("word " * 1_200_000, max_tokens=3))
         ticker.cancel()
         assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
-        assert ticks > 20  # the loop kept turning while the prompt was tokenized
+        # the loop kept turning while the prompt was tokenized (a few tenths of a second,
+        # sharing the GIL with the tokenizer's thread); tokenized on the loop, the ticker
+        # would not have run more than once or twice
+        assert ticks >= 5, ticks
     assert loop_watch.stalls == [], loop_watch.report()

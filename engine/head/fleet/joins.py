@@ -17,7 +17,7 @@ from engine.link import messages as m
 from engine.link.admission import PRE_HANDSHAKE_S, PendingHandshakes
 from engine.link.connection import LinkError
 from engine.link.hello import WrongPeer, exchange_hellos
-from engine.link.transport import LinkClosed, accept, peer_is_loopback
+from engine.link.transport import Incoming, LinkClosed, accept, serve
 
 log = logging.getLogger("shoal.head")
 
@@ -36,31 +36,29 @@ class JoinListener:
 
     async def listen_on(self, sock: socket.socket) -> None:
         self.listen_port = int(sock.getsockname()[1])
-        self._server = await asyncio.start_server(self._on_accept, sock=sock, limit=1 << 16)
+        self._server = await serve(self._on_accept, sock=sock)
 
-    async def _on_accept(self, reader: asyncio.StreamReader,
-                         writer: asyncio.StreamWriter) -> None:
-        task = asyncio.create_task(self._handle(reader, writer), name="join")
+    def _on_accept(self, incoming: Incoming) -> None:
+        task = asyncio.create_task(self._handle(incoming), name="join")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = writer.get_extra_info("peername")
-        where = f"{peer[0]}:{peer[1]}" if peer else "?"
-        if self.fleet.psk is None and not peer_is_loopback(writer):
-            self._warn_once(str(peer[0]) if peer else "?",
+    async def _handle(self, incoming: Incoming) -> None:
+        where = incoming.peer
+        if self.fleet.psk is None and not incoming.loopback:
+            self._warn_once(incoming.peer_host or "?",
                             f"refused a node joining from {where}: a head with no fleet token "
                             "takes nodes from its own machine only; make one with "
                             "`shoal fleet token` and pair the node")
-            writer.close()
+            incoming.close()
             return
-        address = str(peer[0]) if peer else "?"
+        address = incoming.peer_host or "?"
         if not self._pending.admit(address):
-            writer.close()  # a flood of connections that have not shown the token
+            incoming.close()  # a flood of connections that have not shown the token
             return
         try:
             try:
-                link = await accept(reader, writer, psk=self.fleet.psk,
+                link = await accept(incoming, psk=self.fleet.psk,
                                     timeout_s=min(self.handshake_timeout_s, PRE_HANDSHAKE_S))
             finally:
                 self._pending.release(address)

@@ -1,8 +1,9 @@
 """The head's links to its nodes: connection pools, hellos, stats, keepalives, redials.
 
-Each connection has exactly one reader task. It files stats and pongs with the
-node's pool and passes everything else to the session that holds the
-connection, so a session never reads the socket itself.
+Each connection's records are handed over as the transport reads them (no reader
+task): stats and pongs go to the node's pool, everything else to the sink of the
+session attempt that holds the connection. A session never reads the socket itself,
+and a token reaches the HTTP side without another task to wake in between.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ FULL_HOLD_S = 1.0  # after a "busy" refusal, skip the node until fresh stats or 
 
 
 class ConnClosed:
-    """Put in a session's inbox when its connection is gone."""
+    """Handed to a session's sink when its connection is gone."""
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
@@ -39,39 +40,41 @@ class ConnClosed:
 
 CLOSED_NOTE = "connection closed"
 Inbound = m.Record | ConnClosed
+Sink = Callable[[Inbound], None]
 
 
 class NodeConn:
     def __init__(self, pool: NodePool, link: Link) -> None:
         self.pool = pool
         self.link = link
-        self.inbox: asyncio.Queue[Inbound] | None = None  # set while a session holds it
+        self.sink: Sink | None = None  # set while a session attempt holds the connection
         self.last_rx = pool.fleet.clock()
         self.closed = False
-        self.reader: asyncio.Task[None] | None = None
+        self.close_reason = CLOSED_NOTE
 
-    async def read_loop(self) -> None:
-        reason = CLOSED_NOTE
-        try:
-            while True:
-                rec = await self.link.recv()
-                self.last_rx = self.pool.fleet.clock()
-                if isinstance(rec, m.Stats):
-                    self.pool.on_stats(rec)
-                elif isinstance(rec, m.Pong):
-                    continue
-                elif isinstance(rec, m.Error) and rec.code == "wrong_model":
-                    self.pool.on_refused(rec.message)
-                elif self.inbox is not None:
-                    self.inbox.put_nowait(rec)
-        except LinkClosed as exc:
-            reason = str(exc)
-        finally:
-            self.closed = True
-            self.link.close()
-            if self.inbox is not None:
-                self.inbox.put_nowait(ConnClosed(reason))
-            self.pool.on_conn_closed(self)
+    def start(self) -> None:
+        """Take the connection's records as they are read (no reader task: see
+        :meth:`engine.link.transport.Link.deliver_to`)."""
+        self.link.deliver_to(self._on_record, self._on_closed)
+
+    def _on_record(self, rec: m.Record) -> None:
+        self.last_rx = self.pool.fleet.clock()
+        if isinstance(rec, m.Stats):
+            self.pool.on_stats(rec)
+        elif isinstance(rec, m.Pong):
+            return
+        elif isinstance(rec, m.Error) and rec.code == "wrong_model":
+            self.pool.on_refused(rec.message)
+        elif self.sink is not None:
+            self.sink(rec)
+
+    def _on_closed(self, reason: str) -> None:
+        self.closed = True
+        self.close_reason = reason
+        self.link.close()
+        if self.sink is not None:
+            self.sink(ConnClosed(reason))
+        self.pool.on_conn_closed(self)
 
     def abort(self) -> None:
         self.link.abort()
@@ -182,8 +185,8 @@ class NodePool:
 
     def add_conn(self, link: Link) -> NodeConn:
         conn = NodeConn(self, link)
-        conn.reader = self.fleet.spawn(conn.read_loop(), f"read-{self.key}")
         self.idle.append(conn)
+        conn.start()
         return conn
 
     # -- sessions ----------------------------------------------------------------
@@ -193,7 +196,6 @@ class NodePool:
             conn = self.idle.pop()
             if conn.closed:
                 continue
-            conn.inbox = asyncio.Queue()
             self.busy.add(conn)
             self.own_sessions += 1
             self.sessions_total += 1
@@ -203,7 +205,7 @@ class NodePool:
     def release(self, conn: NodeConn, *, reusable: bool) -> None:
         self.own_sessions -= 1
         self.busy.discard(conn)
-        conn.inbox = None
+        conn.sink = None
         if reusable and not conn.closed:
             self.idle.append(conn)
         else:

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Callable
@@ -271,14 +272,20 @@ class SessionRunner:
         finally:
             await session.close()
 
-    async def _generate(self, job: Job,
-                        session: Session) -> AsyncGenerator[list[int] | Finish, None]:
+    async def _generate(self, job: Job, session: Session) -> None:
         """The session's work, driven by its own task (see :class:`Session`): place, run
-        one attempt, then carry out what :func:`failover.after` decides."""
+        one attempt, then carry out what :func:`failover.after` decides. Token batches
+        reach the session's reader straight from the connection's reader task (through
+        :meth:`Session.put`); this task only waits for each attempt to end."""
         started = self.clock()
         wall_deadline = started + self.max_wall_s
         delivered: list[int] = []
         progress = fo.begin(started, self.queue_timeout_s)
+
+        def deliver(ids: list[int]) -> None:
+            delivered.extend(ids)
+            session.put(ids)
+
         while True:
             remaining = job.max_tokens - len(delivered)
             # no copy of a long prompt on the loop until tokens were delivered
@@ -304,11 +311,10 @@ class SessionRunner:
                                                  node=node, reason=reason))
             if job.affinity:
                 self._remember(job.affinity, pool.key, len(context))
-            attempt = _Attempt(self, pool, conn, job, context, remaining, wall_deadline)
+            attempt = _Attempt(self, pool, conn, job, context, remaining, wall_deadline,
+                               deliver)
             try:
-                async for ids in attempt.stream():
-                    delivered.extend(ids)
-                    yield ids
+                await attempt.run()
             finally:
                 attempt.release()
             done = attempt.done
@@ -325,7 +331,7 @@ class SessionRunner:
             if isinstance(decision, fo.End):
                 if job.affinity:  # the node parks the whole conversation so far
                     self._remember(job.affinity, pool.key, len(job.prompt) + len(delivered))
-                yield dataclasses.replace(ending, reason=decision.reason)
+                session.put(dataclasses.replace(ending, reason=decision.reason))
                 return
             if isinstance(decision, fo.NextNode):
                 log.info("node '%s' is full (%s); trying the next node", node, decision.message)
@@ -336,13 +342,13 @@ class SessionRunner:
             if isinstance(decision, fo.Ceiling):
                 log.warning("session %s reached the %d s ceiling; ending it", job.session,
                             int(self.max_wall_s))
-                yield ending
+                session.put(ending)
                 return
             if isinstance(decision, fo.Replace | fo.GiveUp):
                 log.warning("session %s lost node '%s' at %s: %s", job.session, node,
                             pool.address, decision.why)
                 if isinstance(decision, fo.GiveUp):
-                    yield ending
+                    session.put(ending)
                     return
                 continue
             assert_never(decision)
@@ -370,7 +376,12 @@ class Session:
         self.job = job
         self.state: SessionState = "placing"
         self.node = ""
-        self._out: asyncio.Queue[list[int] | Finish | RequestError] = asyncio.Queue()
+        self._out: deque[list[int] | Finish | RequestError] = deque()
+        self._loop = asyncio.get_running_loop()
+        self._waiter: asyncio.Future[None] | None = None  # the reader, waiting for _out
+        # one alarm for the reader's successive deadlines (see next_by), set for _alarm_at
+        self._alarm: asyncio.Handle | None = None
+        self._alarm_at = math.inf
         self._task = asyncio.create_task(self._run(), name=f"session-{job.session}")
 
     def on_end(self, callback: Callable[[Session], None]) -> None:
@@ -383,17 +394,30 @@ class Session:
         if self._task.done():
             return
         self._task.cancel()
-        self._out.put_nowait(error)
+        self._put(error)
+
+    def put(self, item: list[int] | Finish) -> None:
+        """What the session produced, for its reader (from the transport's read callback
+        or the session's own task)."""
+        self._put(item)
+
+    def _put(self, item: list[int] | Finish | RequestError) -> None:
+        self._out.append(item)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def _run(self) -> None:
         try:
-            async for item in self.runner._generate(self.job, self):
-                self._out.put_nowait(item)
+            await self.runner._generate(self.job, self)
         except RequestError as exc:
-            self._out.put_nowait(exc)
+            self._put(exc)
         except Exception:
             log.exception("session %s failed", self.job.session)
-            self._out.put_nowait(RequestError(
+            self._put(RequestError(
                 "internal error; the head's log has the details", code="internal_error"))
         finally:
             self.state = "ended"
@@ -408,47 +432,78 @@ class Session:
     async def next(self) -> list[int] | Finish:
         """The next batch of ids (every batch already waiting, as one) or the Finish.
         Raises the session's RequestError."""
-        return self._merged(await self._out.get())
+        while not self._out:
+            await self._wait()
+        return self._merged(self._out.popleft())
+
+    async def next_by(self, deadline: float) -> list[int] | Finish:
+        """:meth:`next`, or TimeoutError at ``deadline`` (the loop's time).
+
+        A reader that waits once per token with a deadline a little later each time (the
+        next keepalive) would set and cancel a timer per token; here one alarm serves
+        them all, moved only when a deadline comes earlier than the one it is set for.
+        An alarm that rings before the reader's deadline is set again."""
+        while not self._out:
+            if self._loop.time() >= deadline:
+                raise TimeoutError
+            if self._alarm is None or self._alarm_at > deadline:
+                if self._alarm is not None:
+                    self._alarm.cancel()
+                self._alarm_at = deadline
+                self._alarm = self._loop.call_at(deadline, self._ring)
+            await self._wait()
+        return self._merged(self._out.popleft())
+
+    def _ring(self) -> None:
+        self._alarm = None
+        self._alarm_at = math.inf
+        self._wake()
+
+    async def _wait(self) -> None:
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
 
     def take(self) -> list[int] | Finish | None:
         """:meth:`next` when something is waiting, else None, without suspending."""
-        return None if self._out.empty() else self._merged(self._out.get_nowait())
+        return self._merged(self._out.popleft()) if self._out else None
 
     def _merged(self, item: list[int] | Finish | RequestError) -> list[int] | Finish:
         if isinstance(item, RequestError):
             raise item
         if isinstance(item, list):
-            while not self._out.empty():
-                more = self._out._queue[0]  # type: ignore[attr-defined]  # the Queue's deque
-                if not isinstance(more, list):
-                    break
-                item.extend(self._out.get_nowait())  # type: ignore[arg-type]
+            out = self._out
+            while out and isinstance(out[0], list):
+                item.extend(out.popleft())  # type: ignore[arg-type]  # a list, checked
         return item
 
     async def close(self) -> None:
         """Stop the session (cancelling it on its node) unless it has ended."""
+        if self._alarm is not None:
+            self._alarm.cancel()
+            self._alarm = None
         if not self._task.done():
             self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
 
 
-def _take_following(queue: asyncio.Queue[Inbound], index: int) -> list[int]:
-    """The ids of the token records already waiting that continue at ``index``, taken out
-    of the queue; a record out of order stays for the attempt's machine to judge."""
-    waiting = queue._queue  # type: ignore[attr-defined]  # asyncio.Queue's own deque
-    ids: list[int] = []
-    while waiting and isinstance(waiting[0], m.Tokens) and waiting[0].index == index + len(ids):
-        rec: m.Tokens = queue.get_nowait()  # type: ignore[assignment]
-        ids.extend(rec.ids)
-    return ids
-
-
 class _Attempt:
-    """One try of a session on one node: the IO around :mod:`engine.head.fleet.attempt`."""
+    """One try of a session on one node: the IO around :mod:`engine.head.fleet.attempt`.
+
+    The connection's reader task hands each record to :meth:`_on_record` as it reads it,
+    which steps the machine and gives tokens to ``deliver`` there and then: a token
+    crosses one task switch at the head (the link's reader to the HTTP handler), not
+    two. One timer per attempt wakes the machine when nothing arrives; it is moved only
+    when the machine's next deadline comes earlier than the one it is set for (a timer
+    that fires early steps a Tick that changes nothing, and is set again).
+    """
 
     def __init__(self, runner: SessionRunner, pool: NodePool, conn: NodeConn, job: Job,
-                 context: list[int], max_tokens: int, wall_deadline: float) -> None:
+                 context: list[int], max_tokens: int, wall_deadline: float,
+                 deliver: Callable[[list[int]], None]) -> None:
         self.runner = runner
         self.pool = pool
         self.conn = conn
@@ -458,71 +513,111 @@ class _Attempt:
         self.wall_deadline = wall_deadline
         self.final: at.Final | None = None
         self.done: m.Done | None = None
+        self._deliver = deliver
         self._released = False
+        self._loop = asyncio.get_running_loop()
+        self._ended: asyncio.Future[None] = self._loop.create_future()
+        self._state: at.AttemptState | None = None
+        # the deadline is kept here: under qasync's loop call_later returns a Handle
+        # without when()
+        self._timer: asyncio.Handle | None = None
+        self._timer_at = math.inf
 
-    async def stream(self) -> AsyncGenerator[list[int], None]:
+    async def run(self) -> None:
+        """Send the generation and wait until the attempt ends (``final`` says how)."""
         job = self.job
-        link = self.conn.link
-        inbox = self.conn.inbox
-        assert inbox is not None
-        clock = self.runner.clock
-        limits = self.runner.limits
         try:
-            link.send(m.Generate(session=job.session, lease_ms=self.runner.lease_ms,
-                                 prompt=self.context, max_tokens=self.max_tokens,
-                                 sampling=job.sampling, stop_ids=job.stop_ids))
+            self.conn.link.send(m.Generate(session=job.session, lease_ms=self.runner.lease_ms,
+                                           prompt=self.context, max_tokens=self.max_tokens,
+                                           sampling=job.sampling, stop_ids=job.stop_ids))
         except LinkClosed as exc:
             self.final = at.Failover(str(exc), drop=False)
             return
         stats = self.pool.stats
-        state = at.start(clock(), prompt_tokens=len(self.context),
-                         prefill_tps=stats.rates.prefill_tps if stats else 0.0,
-                         wall_deadline=self.wall_deadline, limits=limits)
-        while True:
-            rec: Inbound | None = None
-            wait = at.next_deadline(state, limits) - clock()
-            if not inbox.empty() or wait <= 0:
-                rec = inbox.get_nowait() if not inbox.empty() else None
+        self._state = at.start(self.runner.clock(), prompt_tokens=len(self.context),
+                               prefill_tps=stats.rates.prefill_tps if stats else 0.0,
+                               wall_deadline=self.wall_deadline, limits=self.runner.limits)
+        self.conn.sink = self._on_record
+        if self.conn.closed:  # closed before the sink was in place: nobody will call it
+            self._on_record(ConnClosed(self.conn.close_reason))
+        else:
+            self._arm()
+        await self._ended
+
+    def _on_record(self, rec: Inbound) -> None:
+        if self.final is not None:
+            return
+        if type(rec) is m.Tokens:
+            self._step(at.GotTokens(rec.index, len(rec.ids)), rec.ids)
+            return
+        event: at.Event
+        if isinstance(rec, ConnClosed):
+            event = at.Lost(rec.reason)
+        elif isinstance(rec, m.Accepted):
+            event = at.GotAccepted()
+        elif isinstance(rec, m.Done):
+            self.done = rec
+            event = at.GotDone()
+        elif isinstance(rec, m.Error):
+            event = at.GotError(rec.code, rec.message)
+        else:
+            return
+        self._step(event, None)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at = math.inf
+        if self.final is None:
+            assert self._state is not None
+            if self.runner.clock() < at.next_deadline(self._state, self.runner.limits):
+                self._arm()  # set for a deadline that records since have moved on
+                return
+            self._step(at.Tick(self.conn.last_rx), None)
+
+    def _step(self, event: at.Event, ids: list[int] | None) -> None:
+        assert self._state is not None
+        limits = self.runner.limits
+        self._state, actions = at.step(self._state, event, self.runner.clock(), limits)
+        for action in actions:
+            if isinstance(action, at.Deliver):
+                assert ids is not None
+                self._deliver(ids)
+            elif isinstance(action, at.SendRenew):
+                with contextlib.suppress(LinkClosed):
+                    self.conn.link.send(m.Renew(session=self.job.session,
+                                                lease_ms=self.runner.lease_ms))
+            elif isinstance(action, at.SendPing):
+                with contextlib.suppress(LinkClosed):
+                    self.conn.link.send(m.Ping(nonce=action.nonce))
             else:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):
-                        rec = await inbox.get()
-            ids: list[int] = []
-            event: at.Event
-            if rec is None:
-                event = at.Tick(self.conn.last_rx)
-            elif isinstance(rec, ConnClosed):
-                event = at.Lost(rec.reason)
-            elif isinstance(rec, m.Accepted):
-                event = at.GotAccepted()
-            elif isinstance(rec, m.Tokens):
-                # when the head falls behind, relay every waiting token record in order
-                # as one batch: one detokenize and one HTTP write instead of many
-                ids = [*rec.ids, *_take_following(inbox, rec.index + len(rec.ids))]
-                event = at.GotTokens(rec.index, len(ids))
-            elif isinstance(rec, m.Done):
-                self.done = rec
-                event = at.GotDone()
-            elif isinstance(rec, m.Error):
-                event = at.GotError(rec.code, rec.message)
-            else:
-                continue
-            state, actions = at.step(state, event, clock(), limits)
-            for action in actions:
-                if isinstance(action, at.SendRenew):
-                    with contextlib.suppress(LinkClosed):
-                        link.send(m.Renew(session=job.session, lease_ms=self.runner.lease_ms))
-                elif isinstance(action, at.SendPing):
-                    with contextlib.suppress(LinkClosed):
-                        link.send(m.Ping(nonce=action.nonce))
-                elif isinstance(action, at.Deliver):
-                    yield ids
-                else:
-                    self._carry_out(action)
-                    return
+                self._carry_out(action)
+                return
+        self._arm()
+
+    def _arm(self) -> None:
+        assert self._state is not None
+        due = at.next_deadline(self._state, self.runner.limits)
+        if self._timer is not None:
+            if self._timer_at <= due:
+                return
+            self._timer.cancel()
+        self._timer_at = due
+        self._timer = self._loop.call_later(max(0.0, due - self.runner.clock()),
+                                            self._on_timer)
+
+    def _stop(self) -> None:
+        """Take the attempt off its connection and its timer."""
+        if self.conn.sink == self._on_record:
+            self.conn.sink = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._ended.done():
+            self._ended.set_result(None)
 
     def _carry_out(self, final: at.Final) -> None:
         self.final = final
+        self._stop()
         if isinstance(final, at.Failover):
             if final.hung:
                 self.pool.mark_unresponsive(final.reason)
@@ -540,6 +635,7 @@ class _Attempt:
         if self._released:
             return
         self._released = True
+        self._stop()
         final = self.final
         reusable = isinstance(final, at.Finished | at.Busy | at.Refused) or (
             isinstance(final, at.Failover) and not final.drop and not final.hung)

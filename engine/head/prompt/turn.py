@@ -146,8 +146,8 @@ class TurnReader:
             try:
                 item = self.session.take()
                 if item is None:  # nothing waiting: wait, without losing what comes
-                    async with asyncio.timeout_at(deadline):
-                        item = await self.session.next()
+                    item = await (self.session.next() if deadline is None
+                                  else self.session.next_by(deadline))
             except RequestError as exc:
                 self._error = str(exc)
                 self._ended = True
