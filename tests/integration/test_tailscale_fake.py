@@ -61,10 +61,12 @@ async def test_online_peer_leads_to_a_link(fake: web.AppRunner, sock: Path) -> N
     psk = secrets.token_bytes(32)
     accepted: list[transport.Link] = []
 
-    async def on_conn(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        accepted.append(await transport.accept(reader, writer, psk=psk, timeout_s=5))
+    async def accept(incoming: transport.Incoming) -> None:
+        accepted.append(await transport.accept(incoming, psk=psk, timeout_s=5))
 
-    server = await asyncio.start_server(on_conn, "127.0.0.1", 0)
+    tasks: set[asyncio.Task[None]] = set()
+    server = await transport.serve(lambda incoming: tasks.add(asyncio.create_task(
+        accept(incoming))), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
         [(name, ip)] = online_peer_addresses(await status(str(sock)))

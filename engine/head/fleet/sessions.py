@@ -6,10 +6,12 @@ the tokens already delivered become part of the prompt and the session is placed
 again on the next capable node, asking only for what is left. Token indices from
 the node let the head check that nothing arrives twice or goes missing.
 
-Each session runs in a task of its own that reads the node, renews the lease and
-pings, and files the tokens in the session's buffer; the HTTP side reads that
-buffer at its own pace. A client that stops reading costs only its buffer (at
-most the tokens it asked for), never a lease, a lane or a node.
+Each session has a task of its own that places it and waits for each attempt to
+end. An attempt runs where its connection's records are read (the transport's read
+callback): it renews the lease and pings from its timer, and files the tokens in
+the session's buffer as they arrive; the HTTP side reads that buffer at its own
+pace. A client that stops reading costs only its buffer (at most the tokens it
+asked for), never a lease, a lane or a node.
 """
 
 from __future__ import annotations
