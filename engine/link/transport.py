@@ -199,7 +199,13 @@ class _Socket(asyncio.Protocol):
                 return
             if isinstance(event, HandshakeDone | NeedData):
                 continue
-            on_record(event)
+            try:
+                on_record(event)
+            except Exception:  # a receiver's bug: drop the link rather than leave it
+                log.exception("dropped the link with %s: its receiver failed", self.peer)
+                self.abort()
+                self._closed("the receiver of the link's records failed")
+                return
 
     def _closed(self, reason: str) -> None:
         if self._push is not None and not self._told_closed:

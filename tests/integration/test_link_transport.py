@@ -118,6 +118,24 @@ async def test_a_broken_record_on_a_delivered_link_closes_it_and_says_why(
         await server.wait_closed()
 
 
+async def test_a_receiver_that_fails_drops_the_link_and_hears_its_end(
+        caplog: pytest.LogCaptureFixture):
+    async with linked() as (node, head):
+        ends: list[str] = []
+
+        def fail(rec: m.Record) -> None:
+            raise ValueError(f"cannot take {rec}")
+
+        with caplog.at_level(logging.ERROR, logger="shoal.link"):
+            head.deliver_to(fail, ends.append)
+            node.send(m.Ping(nonce=1))
+            node.send(m.Ping(nonce=2))
+            await until(lambda: ends, "the end of the link")
+            await until(lambda: node._sock.lost, "the node to see the link dropped")
+        assert len(ends) == 1 and "receiver" in ends[0]
+        assert "its receiver failed" in caplog.text
+
+
 async def test_a_link_nobody_reads_stops_reading_and_the_sender_waits():
     records = [m.Tokens(ids=[i % 100] * 20_000, index=i) for i in range(300)]  # 6 MB
     async with linked() as (node, head):
