@@ -235,7 +235,12 @@ if [ "$action" = uninstall ]; then
     rm -rf "$opt"
     rm -f "$bin/shoal" "$share/applications/shoal.desktop"
     rm -f "$share"/icons/hicolor/*/apps/shoal.png "$share"/icons/hicolor/scalable/apps/shoal.svg
-    refresh
+    if [ -n "$(find "$share/icons/hicolor" -type f ! -name icon-theme.cache 2>/dev/null |
+               head -n 1)" ]; then
+        refresh  # other programs' icons are there: their cache, without ours
+    else
+        rm -f "$share/icons/hicolor/icon-theme.cache"  # ours alone: leave no cache behind
+    fi
     echo "Shoal is removed. Your models, token and settings stay in ${SHOAL_HOME:-$HOME/.shoal}."
     exit 0
 fi
