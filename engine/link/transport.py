@@ -33,6 +33,7 @@ from engine.link.connection import (
     LinkError,
     LinkErrorKind,
     NeedData,
+    State,
 )
 
 _READ_LIMIT = 1 << 16
@@ -111,9 +112,7 @@ class _Socket(asyncio.Protocol):
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
         if self._push is not None:
-            self._pump()  # whatever was read before the end, then the end
-            self._closed(f"connection lost: {exc}" if exc is not None
-                         else "the peer closed the connection")
+            self._pump_or_close()  # whatever was read before the end, then the end
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -167,7 +166,7 @@ class _Socket(asyncio.Protocol):
     def _pump_or_close(self) -> None:
         self._pump()
         if self.lost is not None:
-            self._closed(self.lost)
+            self._closed(f"connection lost: {self.lost}")
 
     def next_event(self) -> Event | NeedData:
         """The LinkConnection's next event; a peer that broke the protocol is told in the
@@ -374,13 +373,26 @@ async def dial(host: str, port: int, *, psk: bytes | None, timeout_s: float = 10
     loop = asyncio.get_running_loop()
     async with asyncio.timeout(timeout_s):
         _, sock = await loop.create_connection(_Socket, host, port)
-    conn = LinkConnection(initiator=True, psk=psk)
+    return await _open(sock, LinkConnection(initiator=True, psk=psk), timeout_s,
+                       f"{host}:{port}")
+
+
+async def accept(incoming: Incoming, *, psk: bytes | None, timeout_s: float = 10.0) -> Link:
+    """Complete the handshake as the responder on an accepted connection."""
+    sock = incoming._sock
+    return await _open(sock, LinkConnection(initiator=False, psk=psk), timeout_s, sock.peer)
+
+
+async def _open(sock: _Socket, conn: LinkConnection, timeout_s: float, peer: str) -> Link:
+    """The handshake on ``sock`` (the dialer speaks first), within ``timeout_s``; the
+    connection is closed when it fails (a connection lost in it is an OSError)."""
     sock.attach(conn)
     try:
         async with asyncio.timeout(timeout_s):
-            sock.write(conn.initiate())
-            await sock.drain()
-            if conn.encrypted:
+            if conn.initiator:
+                sock.write(conn.initiate())
+                await sock.drain()
+            if conn.state is State.HANDSHAKE:  # a plaintext dialer is open at once
                 await _handshake(conn, sock)
     except LinkClosed as exc:
         sock.close()
@@ -388,24 +400,7 @@ async def dial(host: str, port: int, *, psk: bytes | None, timeout_s: float = 10
     except BaseException:
         sock.close()
         raise
-    return Link(conn, sock, f"{host}:{port}")
-
-
-async def accept(incoming: Incoming, *, psk: bytes | None, timeout_s: float = 10.0) -> Link:
-    """Complete the handshake as the responder on an accepted connection."""
-    sock = incoming._sock
-    conn = LinkConnection(initiator=False, psk=psk)
-    sock.attach(conn)
-    try:
-        async with asyncio.timeout(timeout_s):
-            await _handshake(conn, sock)
-    except LinkClosed as exc:
-        sock.close()
-        raise OSError(str(exc)) from exc
-    except BaseException:
-        sock.close()
-        raise
-    return Link(conn, sock, sock.peer)
+    return Link(conn, sock, peer)
 
 
 def is_loopback(host: str) -> bool:

@@ -277,7 +277,7 @@ class SessionRunner:
     async def _generate(self, job: Job, session: Session) -> None:
         """The session's work, driven by its own task (see :class:`Session`): place, run
         one attempt, then carry out what :func:`failover.after` decides. Token batches
-        reach the session's reader straight from the connection's reader task (through
+        reach the session's reader straight from the transport's read callback (through
         :meth:`Session.put`); this task only waits for each attempt to end."""
         started = self.clock()
         wall_deadline = started + self.max_wall_s
@@ -495,12 +495,12 @@ class Session:
 class _Attempt:
     """One try of a session on one node: the IO around :mod:`engine.head.fleet.attempt`.
 
-    The connection's reader task hands each record to :meth:`_on_record` as it reads it,
+    The transport's read callback hands each record to :meth:`_on_record` as it is read,
     which steps the machine and gives tokens to ``deliver`` there and then: a token
-    crosses one task switch at the head (the link's reader to the HTTP handler), not
-    two. One timer per attempt wakes the machine when nothing arrives; it is moved only
-    when the machine's next deadline comes earlier than the one it is set for (a timer
-    that fires early steps a Tick that changes nothing, and is set again).
+    wakes one task at the head (the HTTP handler), not three. One timer per attempt
+    wakes the machine when nothing arrives; it is moved only when the machine's next
+    deadline comes earlier than the one it is set for (a timer that rings before the
+    deadline that records have since moved on is set again, without a step).
     """
 
     def __init__(self, runner: SessionRunner, pool: NodePool, conn: NodeConn, job: Job,
