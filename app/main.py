@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import signal
@@ -32,6 +31,7 @@ from app.bridge import ShoalBridge, describe
 from app.collector import MainThreadCollector
 from app.icons import app_icon, tray_icon
 from app.instance import SingleInstance
+from app.loop import make_loop
 from app.notify import Notifier, say
 from app.prefs import ConfigWriter, Prefs, load, with_
 from app.tray import Phase, Tray, TrayView
@@ -390,17 +390,6 @@ def _on_signals(quit_: Callable[[], None]) -> None:
             loop.add_signal_handler(sig, quit_)
         except (NotImplementedError, RuntimeError, ValueError):
             signal.signal(sig, lambda *_: loop.call_soon_threadsafe(quit_))
-
-
-def make_loop(qapp: QApplication) -> asyncio.AbstractEventLoop:
-    """The qasync loop on ``qapp``, with a plain thread pool for work moved off it."""
-    import qasync
-
-    loop: asyncio.AbstractEventLoop = qasync.QEventLoop(qapp)
-    # a plain pool, named as asyncio names its own, instead of qasync's QThreads
-    loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(
-        thread_name_prefix="asyncio"))
-    return loop
 
 
 def application() -> QApplication:
