@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Callable
@@ -31,6 +30,7 @@ from engine import events as ev
 from engine.errors import RequestError
 from engine.head.fleet import attempt as at
 from engine.head.fleet import failover as fo
+from engine.head.fleet.alarm import Alarm
 from engine.head.fleet.links import ConnClosed, Fleet, Inbound, NodeConn, NodePool
 from engine.head.fleet.placement import Placement, PlacementRequest, Policy, Refusal, place
 from engine.link import messages as m
@@ -381,9 +381,7 @@ class Session:
         self._out: deque[list[int] | Finish | RequestError] = deque()
         self._loop = asyncio.get_running_loop()
         self._waiter: asyncio.Future[None] | None = None  # the reader, waiting for _out
-        # one alarm for the reader's successive deadlines (see next_by), set for _alarm_at
-        self._alarm: asyncio.Handle | None = None
-        self._alarm_at = math.inf
+        self._alarm = Alarm(self._loop.time, self._wake)  # the reader's deadlines (next_by)
         self._task = asyncio.create_task(self._run(), name=f"session-{job.session}")
 
     def on_end(self, callback: Callable[[Session], None]) -> None:
@@ -448,18 +446,9 @@ class Session:
         while not self._out:
             if self._loop.time() >= deadline:
                 raise TimeoutError
-            if self._alarm is None or self._alarm_at > deadline:
-                if self._alarm is not None:
-                    self._alarm.cancel()
-                self._alarm_at = deadline
-                self._alarm = self._loop.call_at(deadline, self._ring)
+            self._alarm.set_by(deadline)
             await self._wait()
         return self._merged(self._out.popleft())
-
-    def _ring(self) -> None:
-        self._alarm = None
-        self._alarm_at = math.inf
-        self._wake()
 
     async def _wait(self) -> None:
         self._waiter = self._loop.create_future()
@@ -483,9 +472,7 @@ class Session:
 
     async def close(self) -> None:
         """Stop the session (cancelling it on its node) unless it has ended."""
-        if self._alarm is not None:
-            self._alarm.cancel()
-            self._alarm = None
+        self._alarm.cancel()
         if not self._task.done():
             self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -520,10 +507,7 @@ class _Attempt:
         self._loop = asyncio.get_running_loop()
         self._ended: asyncio.Future[None] = self._loop.create_future()
         self._state: at.AttemptState | None = None
-        # the deadline is kept here: under qasync's loop call_later returns a Handle
-        # without when()
-        self._timer: asyncio.Handle | None = None
-        self._timer_at = math.inf
+        self._timer = Alarm(runner.clock, self._on_timer)
 
     async def run(self) -> None:
         """Send the generation and wait until the attempt ends (``final`` says how)."""
@@ -567,8 +551,6 @@ class _Attempt:
         self._step(event, None)
 
     def _on_timer(self) -> None:
-        self._timer = None
-        self._timer_at = math.inf
         if self.final is None:
             assert self._state is not None
             if self.runner.clock() < at.next_deadline(self._state, self.runner.limits):
@@ -598,22 +580,13 @@ class _Attempt:
 
     def _arm(self) -> None:
         assert self._state is not None
-        due = at.next_deadline(self._state, self.runner.limits)
-        if self._timer is not None:
-            if self._timer_at <= due:
-                return
-            self._timer.cancel()
-        self._timer_at = due
-        self._timer = self._loop.call_later(max(0.0, due - self.runner.clock()),
-                                            self._on_timer)
+        self._timer.set_by(at.next_deadline(self._state, self.runner.limits))
 
     def _stop(self) -> None:
         """Take the attempt off its connection and its timer."""
         if self.conn.sink == self._on_record:
             self.conn.sink = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer.cancel()
         if not self._ended.done():
             self._ended.set_result(None)
 
