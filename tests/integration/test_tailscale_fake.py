@@ -59,27 +59,22 @@ async def test_peer_going_offline_is_seen(fake: web.AppRunner, sock: Path) -> No
 async def test_online_peer_leads_to_a_link(fake: web.AppRunner, sock: Path) -> None:
     """The address tailscaled gives is dialed, and the Noise handshake completes there."""
     psk = secrets.token_bytes(32)
-    accepted: list[transport.Link] = []
-
-    async def accept(incoming: transport.Incoming) -> None:
-        accepted.append(await transport.accept(incoming, psk=psk, timeout_s=5))
-
-    tasks: set[asyncio.Task[None]] = set()
-    server = await transport.serve(lambda incoming: tasks.add(asyncio.create_task(
-        accept(incoming))), "127.0.0.1", 0)
+    accepts: list[asyncio.Task[transport.Link]] = []
+    server = await transport.serve(lambda incoming: accepts.append(asyncio.create_task(
+        transport.accept(incoming, psk=psk, timeout_s=5))), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
         [(name, ip)] = online_peer_addresses(await status(str(sock)))
         link = await transport.dial(ip, port, psk=psk, timeout_s=5)
         assert (name, link.encrypted) == ("desk", True)
-        for _ in range(50):
-            if accepted:
-                break
-            await asyncio.sleep(0.02)
-        assert accepted and accepted[0].encrypted
+        [accepted] = accepts  # the dial returned: the listener has its connection
+        served = await accepted
+        assert served.encrypted
         link.close()
-        accepted[0].close()
+        served.close()
     finally:
+        for task in accepts:
+            task.cancel()
         server.close()
         await server.wait_closed()
 
