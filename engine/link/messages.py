@@ -43,6 +43,7 @@ class NodeHello(msgspec.Struct, frozen=True, array_like=True, tag="node_hello", 
     rates: Rates = Rates()
     protocol: int = PROTOCOL_VERSION
     instance: _Name = ""  # random per node process: tells a restart from a namesake
+    channels: bool = False  # it can carry a head's sessions as channels of one link
 
 
 class HeadHello(msgspec.Struct, frozen=True, array_like=True, tag="head_hello", tag_field="t"):
@@ -54,6 +55,9 @@ class HeadHello(msgspec.Struct, frozen=True, array_like=True, tag="head_hello", 
     # checks that engine tokenizes alike. Last, with a default: an older peer leaves it
     # out, and an older node ignores it (array-like records drop extra trailing fields)
     probe: _Probe = msgspec.field(default_factory=list)
+    # this head, which dialed, carries all its sessions to the node over this one link
+    # (engine.link.mux) if the node said it can; otherwise one generation per connection
+    channels: bool = False
 
 
 class SamplingParams(msgspec.Struct, frozen=True, array_like=True):
@@ -141,8 +145,28 @@ class Error(msgspec.Struct, frozen=True, array_like=True, tag="error", tag_field
     message: _Text
 
 
+class End(msgspec.Struct, frozen=True, array_like=True, tag="end", tag_field="t"):
+    """A channel of a multiplexed link is closed (engine.link.mux); its id is not reused."""
+
+    reason: _Text
+
+
+# what a channel carries: what one connection carries, and its end
+ChannelRecord = (Generate | Accepted | Tokens | Done | Renew | Cancel | Ping | Pong | Stats
+                 | Error | End)
+MAX_BATCH = 4096
+_Channel = Annotated[int, msgspec.Meta(ge=1, lt=1 << 31)]
+
+
+class Batch(msgspec.Struct, frozen=True, array_like=True, tag="batch", tag_field="t"):
+    """Records of a multiplexed link's channels, each with its channel, in order: what
+    one step of the sender's loop sent, as one record (one frame, one encryption)."""
+
+    items: Annotated[list[tuple[_Channel, ChannelRecord]], msgspec.Meta(max_length=MAX_BATCH)]
+
+
 Record = (NodeHello | HeadHello | Generate | Accepted | Tokens | Done | Renew | Cancel
-          | Ping | Pong | Stats | Error | AliasSync)
+          | Ping | Pong | Stats | Error | AliasSync | End | Batch)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)

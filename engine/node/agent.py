@@ -1,6 +1,7 @@
 """The node agent: admits sessions onto lanes, streams tokens, fences lapsed leases.
 
-One connection carries one generation at a time. The agent, not the
+One connection (or one channel of a link a head dialed: :mod:`engine.link.mux`)
+carries one generation at a time. The agent, not the
 connection, counts lanes: a node never runs more generations than its lanes,
 whichever heads ask, and refuses a session at once when it is full (or when its
 engine is down: an upstream engine that stopped answering).
@@ -26,6 +27,7 @@ from engine.link import messages as m
 from engine.link.admission import PRE_HANDSHAKE_S, PendingHandshakes
 from engine.link.connection import LinkError
 from engine.link.hello import WrongPeer, exchange_hellos
+from engine.link.mux import Carrier, Channel, Mux
 from engine.link.transport import Incoming, Link, LinkClosed, accept, serve
 from engine.node import leases
 from engine.runtimes.base import Engine, EngineStats, Generation, GenerationRequest, Sampling
@@ -39,10 +41,12 @@ _TOLD_MAX = 1024
 
 @dataclass
 class _HeadLinks:
-    links: set[Link] = field(default_factory=set)
+    links: set[Carrier] = field(default_factory=set)
 
 
 class NodeAgent:
+    offers_channels = True  # off only in tests, to stand in for a node from before channels
+
     def __init__(self, engine: Engine, *, identity: str, psk: bytes | None,
                  handshake_timeout_s: float = 10.0, idle_timeout_s: float = 120.0,
                  clock: Callable[[], float] = time.monotonic,
@@ -172,7 +176,10 @@ class NodeAgent:
                 return False
             if not responder:
                 link.send(self._hello())
-            await self._serve(link, head.head_id)
+            if responder and head.channels and self.offers_channels:
+                await self._serve_channels(link, head.head_id)
+            else:
+                await self._serve(link, head.head_id)
         except (LinkClosed, TimeoutError):
             pass
         finally:
@@ -195,9 +202,26 @@ class NodeAgent:
         st = self.engine.stats()
         return m.NodeHello(identity=self.identity, model=info.model, runtime=info.runtime,
                            context_window=info.context_window, lanes=info.lanes,
-                           kv_total=st.kv_total, rates=_rates(st), instance=self.instance)
+                           kv_total=st.kv_total, rates=_rates(st), instance=self.instance,
+                           channels=self.offers_channels)
 
-    async def _serve(self, link: Link, head_id: str) -> None:
+    async def _serve_channels(self, link: Link, head_id: str) -> None:
+        """A head that dialed carries its sessions as channels of this one link: each is
+        served as a connection of its own would be."""
+        def opened(chan: Channel) -> None:
+            self._spawn(self._serve_channel(chan, head_id), "node-channel")
+
+        await Mux(link, on_channel=opened, clock=self._clock).run(self.idle_timeout_s)
+
+    async def _serve_channel(self, chan: Channel, head_id: str) -> None:
+        try:
+            await self._serve(chan, head_id)
+        except (LinkClosed, TimeoutError):
+            pass
+        finally:
+            chan.close()
+
+    async def _serve(self, link: Carrier, head_id: str) -> None:
         heads = self._heads.setdefault(head_id, _HeadLinks())
         heads.links.add(link)
         self._send_stats_to(link)
@@ -245,7 +269,7 @@ class NodeAgent:
 
     # -- generations -----------------------------------------------------------
 
-    def _admit(self, link: Link, gen: m.Generate) -> _Run | None:
+    def _admit(self, link: Carrier, gen: m.Generate) -> _Run | None:
         """Start ``gen`` on a lane, or tell the head why not. The lane is counted busy
         only once the engine has taken the generation, and freed on every path after."""
         info = self.engine.info
@@ -298,7 +322,7 @@ class NodeAgent:
             self._busy -= 1
             self._broadcast_stats()
 
-    async def _generate(self, link: Link, run: _Run) -> None:
+    async def _generate(self, link: Carrier, run: _Run) -> None:
         generation = run.generation
         index = 0
         fenced = False
@@ -336,7 +360,7 @@ class NodeAgent:
                             run.session)
                 link.abort()
 
-    async def _lease_watch(self, link: Link, run: _Run) -> None:
+    async def _lease_watch(self, link: Carrier, run: _Run) -> None:
         while True:
             delay = run.lease.deadline - self._clock()
             await asyncio.sleep(max(delay, 0.0) + 0.01)
@@ -364,7 +388,7 @@ class NodeAgent:
                        kv_total=st.kv_total, rates=_rates(st), sessions=self._busy,
                        peak_busy=self._peak)
 
-    def _send_stats_to(self, link: Link) -> None:
+    def _send_stats_to(self, link: Carrier) -> None:
         with contextlib.suppress(LinkClosed):
             link.send(self.stats_record())
 

@@ -253,8 +253,7 @@ class HeadRole:
         fleet = self.head.fleet
         fleet.psk = psk
         for pool in fleet.pools.values():
-            for conn in [*pool.idle, *pool.busy]:
-                conn.abort()
+            pool.drop_links()
 
     # -- stopping ------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,25 +94,32 @@ def node_group(args: argparse.Namespace) -> None:
     stamps = (array.array("q"), array.array("l"), array.array("l"), array.array("d"))
     seed_of: dict[int, int] = {}  # id(link) -> the seed of the generation it carries
     admit = NodeAgent._admit
-    send = Link.send
 
     def admitted(self: Any, link: Any, gen: Any) -> Any:
         seed_of[id(link)] = gen.sampling.seed or 0
         return admit(self, link, gen)
 
-    def stamped_send(self: Any, record: Any) -> None:
-        # stamped as the agent hands the engine's batch to the link, in the same step of
-        # the loop that produced it (a wrapper around the generation would cost the
-        # nodes, which share the cores, an async generator per token)
-        if type(record) is m.Tokens:
-            stamps[0].append(seed_of.get(id(self), 0))
-            stamps[1].append(record.index)
-            stamps[2].append(len(record.ids))
-            stamps[3].append(time.monotonic())
-        send(self, record)
+    def stamped(send: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
+        def stamped_send(self: Any, record: Any) -> None:
+            # stamped as the agent hands the engine's batch to the link, in the same step
+            # of the loop that produced it (a wrapper around the generation would cost
+            # the nodes, which share the cores, an async generator per token)
+            if type(record) is m.Tokens:
+                stamps[0].append(seed_of.get(id(self), 0))
+                stamps[1].append(record.index)
+                stamps[2].append(len(record.ids))
+                stamps[3].append(time.monotonic())
+            send(self, record)
+        return stamped_send
 
     NodeAgent._admit = admitted  # type: ignore[method-assign]
-    Link.send = stamped_send  # type: ignore[method-assign]
+    Link.send = stamped(Link.send)  # type: ignore[method-assign]
+    try:  # a head that dials carries its sessions as channels of one link (since 2026-12)
+        from engine.link.mux import Channel
+    except ImportError:  # an engine from before channels (--engine-root)
+        pass
+    else:
+        Channel.send = stamped(Channel.send)  # type: ignore[method-assign]
 
     async def run() -> None:
         agents = []
@@ -354,13 +362,14 @@ def sockets(pid: int) -> int:
     return n
 
 
-def wait_linked(pid: int, port: int, lanes: int, timeout_s: float) -> float:
-    """Seconds until the head reports ``lanes`` lanes ready and holds a socket per lane
-    (one link per lane and node; the rest are its listener and the like)."""
+def wait_linked(pid: int, port: int, nodes: int, lanes: int, timeout_s: float) -> float:
+    """Seconds until the head reports ``lanes`` lanes ready and holds a socket per node
+    (a node is ready once every lane has its connection or channel; one link per node,
+    or, with an engine from before channels, one per lane)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout_s:
         with contextlib.suppress(OSError):
-            if metric(metrics_text(port), "shoal_lanes") >= lanes and sockets(pid) >= lanes:
+            if metric(metrics_text(port), "shoal_lanes") >= lanes and sockets(pid) >= nodes:
                 return time.monotonic() - t0
         time.sleep(0.5)
     raise SystemExit(f"the head on {port} did not link {lanes} lanes in {timeout_s:.0f} s")
@@ -452,7 +461,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for _ in range(args.heads):
             heads.append(start_head(py, env, root, fleet, token))
             procs.append(heads[-1][0])
-        link_s = [wait_linked(p.pid, port, args.nodes * args.lanes, 180) for p, port in heads]
+        link_s = [wait_linked(p.pid, port, args.nodes, args.nodes * args.lanes, 180)
+                  for p, port in heads]
         out["link_s"] = link_s
         time.sleep(2.0)
         rss_bare = rss_kib(bare.pid)

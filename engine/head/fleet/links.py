@@ -1,9 +1,12 @@
 """The head's links to its nodes: connection pools, hellos, stats, keepalives, redials.
 
-Each connection's records are handed over as the transport reads them (no reader
-task): stats and pongs go to the node's pool, everything else to the sink of the
-session attempt that holds the connection. A session never reads the socket itself,
-and a token reaches the HTTP side without another task to wake in between.
+A node this head dials (and that can) carries all of this head's sessions over one
+link, as channels (:mod:`engine.link.mux`): a connection here is one channel of it,
+or, to a node that joined or an older node, a connection of its own. Records are
+handed over as the transport reads them (no reader task): stats and pongs go to the
+node's pool, everything else to the sink of the session attempt that holds the
+connection. A session never reads the socket itself, and a token reaches the HTTP side
+without another task to wake in between.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from engine.head.fleet.placement import NodeView
 from engine.link import messages as m
 from engine.link.connection import LinkError, LinkErrorKind
 from engine.link.hello import WrongPeer, exchange_hellos
+from engine.link.mux import Carrier, Mux
 from engine.link.transport import Link, LinkClosed, dial
 
 log = logging.getLogger("shoal.head")
@@ -44,7 +48,7 @@ Sink = Callable[[Inbound], None]
 
 
 class NodeConn:
-    def __init__(self, pool: NodePool, link: Link) -> None:
+    def __init__(self, pool: NodePool, link: Carrier) -> None:
         self.pool = pool
         self.link = link
         self.sink: Sink | None = None  # set while a session attempt holds the connection
@@ -115,6 +119,7 @@ class NodePool:
         self.task: asyncio.Task[None] | None = None
         self._announced = False
         self.instance = ""
+        self.mux: Mux | None = None  # the link whose channels the connections are, if any
         self.refused_at = -RETRY_S  # when the node last refused this head (wrong_model)
 
     @property
@@ -183,7 +188,7 @@ class NodePool:
             log.info("joined node '%s' left; waiting for it to join again", self.info.identity)
             self.fleet.emit(ev.NodeLeft(key=self.key, identity=self.info.identity))
 
-    def add_conn(self, link: Link) -> NodeConn:
+    def add_conn(self, link: Carrier) -> NodeConn:
         conn = NodeConn(self, link)
         self.idle.append(conn)
         conn.start()
@@ -216,11 +221,24 @@ class NodePool:
     def mark_full(self, now: float) -> None:
         self.full_until = now + FULL_HOLD_S
 
+    def drop_links(self) -> None:
+        """Drop every connection to the node, and the link they are channels of."""
+        for conn in [*self.idle, *self.busy]:
+            conn.abort()
+        if self.mux is not None:
+            self.mux.abort()
+            self.mux = None
+
+    def close_links(self) -> None:
+        for conn in [*self.idle, *self.busy]:
+            conn.link.close()
+        if self.mux is not None:
+            self.mux.close()
+
     def mark_unresponsive(self, why: str) -> None:
         """A hung node: drop every connection; the maintainer redials."""
         self.last_error = why
-        for conn in [*self.idle, *self.busy]:
-            conn.abort()
+        self.drop_links()
         self.idle.clear()
         self._apply("hung")
         self.fleet.emit(ev.NodeUnreachable(key=self.key, address=self.address, reason=why))
@@ -290,12 +308,17 @@ class NodePool:
     async def _fill(self) -> bool:
         opened = 0
         while self.conns < self.target_conns():
+            if self.mux is not None and self.mux.ended is None:
+                self.add_conn(self.mux.open())  # one more channel: no dial, no handshake
+                opened += 1
+                continue
+            self.mux = None
             try:
                 link = await dial(self.host, self.port, psk=self.fleet.psk,
                                   timeout_s=self.fleet.handshake_timeout_s)
                 hello = await exchange_hellos(
                     link, m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
-                                      probe=self.fleet.probe),
+                                      probe=self.fleet.probe, channels=True),
                     responder=False, expect=m.NodeHello,
                     timeout_s=self.fleet.handshake_timeout_s)
             except (OSError, TimeoutError, LinkError, LinkClosed) as exc:
@@ -305,6 +328,24 @@ class NodePool:
                 link.close()
                 return False
             self.failures = 0
+            if hello.channels:  # the node carries every session over this link
+                self.mux = mux = Mux(link, clock=self.fleet.clock)
+                mux.start()
+                while self.conns < self.target_conns():
+                    self.add_conn(mux.open())
+                    opened += 1
+                with contextlib.suppress(TimeoutError):  # ready once it serves them
+                    await asyncio.wait_for(asyncio.shield(mux.answered),
+                                           self.fleet.handshake_timeout_s)
+                if mux.ended is not None or not mux.answered.done():
+                    # refused (said and logged in on_refused), gone, or silent
+                    if not mux.answered.done():
+                        self._unreachable(TimeoutError())
+                    mux.abort()
+                    self.mux = None
+                    self._apply("dial_failed")
+                    return False
+                continue
             self.add_conn(link)
             opened += 1
         if self._apply("dial_ok") != "ready":
@@ -442,8 +483,7 @@ class Fleet:
         """Stop keeping a node (its maintainer returns by itself)."""
         pool = self.pools.pop(key, None)
         if pool is not None:
-            for conn in [*pool.idle, *pool.busy]:
-                conn.abort()
+            pool.drop_links()
 
     def capacity_changed(self) -> None:
         if self.on_capacity is not None:
@@ -484,5 +524,4 @@ class Fleet:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for pool in self.pools.values():
-            for conn in [*pool.idle, *pool.busy]:
-                conn.link.close()
+            pool.close_links()
