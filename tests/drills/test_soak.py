@@ -238,7 +238,8 @@ async def test_soak_with_kills_freezes_restarts_and_cuts(cluster: DrillCluster):
         outcome=(f"{outcomes['identical']} identical to the uninterrupted run, "
                  f"{outcomes['clear_error']} ended with a clear error, "
                  f"{outcomes['cut_short']} cut short, {outcomes['wrong']} wrong; "
-                 f"{moves} sessions moved to another node, {hung} nodes found hung"),
+                 f"{moves} sessions moved to another node, {hung} of them from a node "
+                 "they found hung"),
         tokens_lost=lost, failed_clear=outcomes["clear_error"],
         streams=len(results), identical=outcomes["identical"], faults=dict(kinds),
         faults_on_busy_nodes=sum(1 for f in faults if f.busy), moves=moves, hung=hung,

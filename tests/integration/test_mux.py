@@ -11,6 +11,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from engine import events as ev
+from engine.head.fleet.links import Fleet, NodePool
 from engine.link import messages as m
 from engine.link import mux as mx
 from engine.link.mux import Channel, Mux
@@ -231,3 +233,16 @@ async def test_a_head_carries_a_nodes_sessions_over_one_link_or_one_per_lane(
         assert all(a["usage"]["completion_tokens"] >= 1 for a in answers)
         assert live.agents[0]._peak == 4
         assert live.agents[0].busy == 0
+
+
+async def test_a_node_found_hung_by_several_sessions_at_once_is_told_once():
+    """Sessions on one link hear their last tokens in the same record, so they find a
+    frozen node silent at the same moment: one NodeUnreachable, not one per session."""
+    told: list[object] = []
+    fleet = Fleet(model="m", head_id="h", psk=None, emit=told.append)
+    pool = NodePool(fleet, "n", "127.0.0.1", 1, dialed=True)
+    pool._apply("dial_ok")
+    for _ in range(3):
+        pool.mark_unresponsive("no tokens and no pong for 3.0 s")
+    assert [type(e) for e in told] == [ev.NodeLinked, ev.NodeUnreachable]
+    assert pool.state == "unreachable"

@@ -237,6 +237,11 @@ class NodePool:
 
     def mark_unresponsive(self, why: str) -> None:
         """A hung node: drop every connection; the maintainer redials."""
+        if self.state == "unreachable":
+            # the sessions on one link hear their last tokens in the same record, so each
+            # finds the node silent at the same moment: the node is dropped and told once
+            self.drop_links()
+            return
         self.last_error = why
         self.drop_links()
         self.idle.clear()
