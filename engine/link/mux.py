@@ -10,10 +10,9 @@ crosses as one record instead of one per lane (docs/decisions.md, "One link per 
 
 A channel opens at the peer with its first record (a ping, sent as it is opened, so
 ids open in order); closing one tells the other end (``End``); the link ending ends
-every channel.
-The head takes records in the link's read callback (:meth:`Mux.start`); the node reads
-with :meth:`Mux.run`, which stops reading the link while a channel holds too many
-records unread, so that a flooding peer waits in the kernel, not in memory here.
+every channel. The head takes records in the link's read callback (:meth:`Mux.start`);
+the node reads with :meth:`Mux.run`, which stops reading the link while a channel holds
+too many records unread, so that a flooding peer waits in the kernel, not in memory here.
 """
 
 from __future__ import annotations
