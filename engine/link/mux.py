@@ -21,7 +21,6 @@ import asyncio
 import collections
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 
 from engine.link import messages as m
@@ -51,14 +50,12 @@ class Mux:
     channel the peer opens; without it this end opens them (:meth:`open`)."""
 
     def __init__(self, link: Link, *, on_channel: Callable[[Channel], None] | None = None,
-                 max_channels: int = MAX_CHANNELS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 max_channels: int = MAX_CHANNELS) -> None:
         self.link = link
         self.peer = link.peer
         self.encrypted = link.encrypted
         self._on_channel = on_channel
         self._max = max_channels
-        self._clock = clock
         self._channels: dict[int, Channel] = {}
         self._next = 1  # the next id to open, or the lowest a new channel of the peer may have
         self._out: list[tuple[int, m.ChannelRecord]] = []
@@ -67,7 +64,6 @@ class Mux:
         self._full: Channel | None = None  # a channel over MAX_UNREAD (Mux.run waits for it)
         self._readable: asyncio.Future[None] | None = None
         self.ended: str | None = None  # why the link ended; None while it is open
-        self.last_rx = clock()
         # the peer's first record, or the link's end: a node that refuses a head does so
         # before it serves any channel
         self.answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -120,7 +116,6 @@ class Mux:
         return chan
 
     def _on_record(self, rec: m.Record) -> None:
-        self.last_rx = self._clock()
         if not self.answered.done():
             self.answered.set_result(None)
         if type(rec) is m.Error:  # the peer refuses this end as a whole (wrong_model)
@@ -210,10 +205,6 @@ class Mux:
         with contextlib.suppress(LinkClosed):  # the link's end reaches every channel
             self.link.send(m.Batch(items=items))
 
-    async def drain(self) -> None:
-        self._flush()
-        await self.link.drain()
-
     def close(self) -> None:
         self._flush()
         self.link.close()
@@ -242,10 +233,6 @@ class Channel:
     @property
     def closed(self) -> bool:
         return self.ended is not None
-
-    @property
-    def last_rx(self) -> float:
-        return self._mux.last_rx
 
     def send(self, record: m.ChannelRecord) -> None:
         if self.ended is not None:

@@ -211,7 +211,7 @@ class NodeAgent:
         def opened(chan: Channel) -> None:
             self._spawn(self._serve_channel(chan, head_id), "node-channel")
 
-        await Mux(link, on_channel=opened, clock=self._clock).run(self.idle_timeout_s)
+        await Mux(link, on_channel=opened).run(self.idle_timeout_s)
 
     async def _serve_channel(self, chan: Channel, head_id: str) -> None:
         try:

@@ -312,6 +312,7 @@ class NodePool:
 
     async def _fill(self) -> bool:
         opened = 0
+        fresh: Mux | None = None  # a link dialed here whose channels the node must take
         while self.conns < self.target_conns():
             if self.mux is not None and self.mux.ended is None:
                 self.add_conn(self.mux.open())  # one more channel: no dial, no handshake
@@ -334,28 +335,33 @@ class NodePool:
                 return False
             self.failures = 0
             if hello.channels:  # the node carries every session over this link
-                self.mux = mux = Mux(link, clock=self.fleet.clock)
-                mux.start()
-                while self.conns < self.target_conns():
-                    self.add_conn(mux.open())
-                    opened += 1
-                with contextlib.suppress(TimeoutError):  # ready once it serves them
-                    await asyncio.wait_for(asyncio.shield(mux.answered),
-                                           self.fleet.handshake_timeout_s)
-                if mux.ended is not None or not mux.answered.done():
-                    # refused (said and logged in on_refused), gone, or silent
-                    if not mux.answered.done():
-                        self._unreachable(TimeoutError())
-                    mux.abort()
-                    self.mux = None
-                    self._apply("dial_failed")
-                    return False
-                continue
+                self.mux = fresh = Mux(link)
+                fresh.start()
+                continue  # its channels are opened above
             self.add_conn(link)
             opened += 1
+        if fresh is not None and not await self._served(fresh):
+            return False
         if self._apply("dial_ok") != "ready":
             self.fleet.capacity_changed()
         return True
+
+    async def _served(self, mux: Mux) -> bool:
+        """Whether the node answers on a link just dialed (it refuses a head, if it does,
+        before it serves a channel); if not, the link is dropped and the node not ready."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(mux.answered),
+                                   self.fleet.handshake_timeout_s)
+        if mux.ended is None and mux.answered.done():
+            return True
+        silent = not mux.answered.done()
+        mux.abort()
+        self.mux = None
+        if silent:
+            self._unreachable(TimeoutError())
+        else:  # refused (said and logged in on_refused) or gone
+            self._apply("dial_failed")
+        return False
 
     def joined(self, hello: m.NodeHello, link: Link) -> None:
         """A connection a joining node opened to this head."""
