@@ -32,6 +32,7 @@ from engine.link.transport import Incoming, Link, LinkClosed, accept, serve
 from engine.node import leases
 from engine.runtimes.base import Engine, EngineStats, Generation, GenerationRequest, Sampling
 from engine.runtimes.probe import mismatch
+from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal.node")
 
@@ -98,17 +99,11 @@ class NodeAgent:
         self._closing = True
         for server in self._servers:
             server.close()
-        if self._stats_task is not None:
-            self._stats_task.cancel()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._stats_task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._stats_task
+        await cancel_and_wait([*self._tasks, self._stats_task], "the node")
         for server in self._servers:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(server.wait_closed(), 2)
+                async with asyncio.timeout(2):
+                    await server.wait_closed()
 
     def _spawn(self, coro: object, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]

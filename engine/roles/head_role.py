@@ -34,6 +34,7 @@ from engine.roles.sockets import bound_address, parse_address
 from engine.runtimes.probe import head_probe
 from engine.settings import FLEET_PORT, NODE_PORT, DiscoverySettings, HeadSettings
 from engine.snapshot import FleetSnapshot
+from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal")
 
@@ -232,9 +233,7 @@ class HeadRole:
         task = asyncio.create_task(look(), name="head-discovery")
 
         async def stop() -> None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait([task], "the head's discovery")
             await finder.close()
             await node_finder.close()
 

@@ -7,7 +7,6 @@ head that moved is found at its new address).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 from engine.discovery.service import HeadFinder
@@ -16,6 +15,7 @@ from engine.link import messages as m
 from engine.node.agent import NodeAgent
 from engine.node.join import HeadAddress, Joiner, JoinRefused, probe_head
 from engine.settings import DiscoverySettings
+from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal.node")
 
@@ -105,9 +105,6 @@ class Membership:
         self.joiner.psk = psk
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait([self._task], "the fleet membership")
         await self.joiner.close()
         await self.finder.close()

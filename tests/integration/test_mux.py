@@ -246,3 +246,19 @@ async def test_a_node_found_hung_by_several_sessions_at_once_is_told_once():
         pool.mark_unresponsive("no tokens and no pong for 3.0 s")
     assert [type(e) for e in told] == [ev.NodeLinked, ev.NodeUnreachable]
     assert pool.state == "unreachable"
+
+
+async def test_a_head_stopped_as_its_node_answers_a_fresh_link_stops():
+    """The head stops (its pools are cancelled) in the instant a node answers a link just
+    dialed. On Python 3.11, `asyncio.wait_for` returned the answer there and the
+    cancellation was lost: the pool dialed on, and the app's quit waited for it forever
+    (the hang of the UI tests in CI). The pool must end cancelled."""
+    fleet = Fleet(model="m", head_id="h", psk=None, emit=lambda _: None)
+    pool = NodePool(fleet, "n", "127.0.0.1", 1, dialed=True)
+    async with muxed() as (head, _node, _opened):
+        waiting = asyncio.create_task(pool._served(head))
+        await until(lambda: waiting._fut_waiter is not None, "the pool waiting for an answer")
+        head.answered.set_result(None)  # the answer and the stop, in one step of the loop
+        waiting.cancel()
+        await asyncio.wait([waiting])
+        assert waiting.cancelled(), f"the stop was lost: _served returned {waiting.result()}"

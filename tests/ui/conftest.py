@@ -37,6 +37,7 @@ from app.main import Shell, make_loop
 from app.prefs import Prefs
 from engine.service import Shoal
 from engine.settings import DiscoverySettings, HeadSettings, NodeSettings, Settings
+from tests.ui import qtimeout
 from tests.waiting import until
 
 pytestmark = pytest.mark.ui
@@ -76,7 +77,13 @@ def qapp_instance() -> QApplication:
 
 def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict:
     """Async UI tests run on a qasync loop: Qt's events and asyncio's in one thread."""
-    return {"qasync": lambda: make_loop(qapp_instance())}
+    return {"qasync": lambda: qtimeout.track(make_loop(qapp_instance()))}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
+    """A timeout that fails a hung test on the Qt loop (tests/ui/qtimeout.py)."""
+    return qtimeout.set_timer(item, settings)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -18,6 +18,7 @@ from engine.link.admission import PRE_HANDSHAKE_S, PendingHandshakes
 from engine.link.connection import LinkError
 from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.transport import Incoming, LinkClosed, accept, serve
+from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal.head")
 
@@ -97,6 +98,4 @@ class JoinListener:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._tasks), "the join listener")

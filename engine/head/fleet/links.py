@@ -26,6 +26,7 @@ from engine.link.connection import LinkError, LinkErrorKind
 from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.mux import Carrier, Mux
 from engine.link.transport import Link, LinkClosed, dial
+from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal.head")
 
@@ -350,8 +351,8 @@ class NodePool:
         """Whether the node answers on a link just dialed (it refuses a head, if it does,
         before it serves a channel); if not, the link is dropped and the node not ready."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(mux.answered),
-                                   self.fleet.handshake_timeout_s)
+            async with asyncio.timeout(self.fleet.handshake_timeout_s):
+                await asyncio.shield(mux.answered)
         if mux.ended is None and mux.answered.done():
             return True
         silent = not mux.answered.done()
@@ -531,8 +532,6 @@ class Fleet:
 
     async def close(self) -> None:
         self.stopping.set()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._tasks), "the fleet's node links")
         for pool in self.pools.values():
             pool.close_links()

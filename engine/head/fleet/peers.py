@@ -21,6 +21,7 @@ from engine.link import messages as m
 from engine.link.connection import LinkError
 from engine.link.hello import exchange_hellos
 from engine.link.transport import Link, LinkClosed, dial
+from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal.head")
 
@@ -202,9 +203,7 @@ class HeadPeers:
         return held, 1 + self.known()
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(list(self._tasks), "the links to other heads")
         for peer in self.peers.values():
             if peer.link is not None:
                 peer.link.close()

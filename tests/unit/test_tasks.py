@@ -1,0 +1,57 @@
+"""A component's close ends its tasks within a bound (engine.tasks)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from engine.tasks import cancel_and_wait
+from tests.waiting import until
+
+
+async def test_tasks_end_cancelled_and_one_that_raises_does_not_stop_the_close(caplog):
+    loop = asyncio.get_running_loop()
+    waiting = asyncio.create_task(asyncio.Event().wait(), name="waiting")
+
+    async def fail() -> None:
+        raise ValueError("failed before the close")
+
+    failed = asyncio.create_task(fail(), name="failed")
+
+    async def raise_at_cancel() -> None:
+        try:
+            await loop.create_future()
+        except asyncio.CancelledError:
+            raise RuntimeError("raised while closing") from None
+
+    raising = asyncio.create_task(raise_at_cancel(), name="raising")
+    await until(lambda: failed.done(), "a task already ended")
+    await cancel_and_wait([waiting, failed, raising, None], "the test")
+    assert waiting.cancelled()
+    assert isinstance(failed.exception(), ValueError)
+    assert isinstance(raising.exception(), RuntimeError)
+    assert "did not end" not in caplog.text
+
+
+async def test_a_task_that_swallows_its_cancellation_is_named_and_left(caplog):
+    loop = asyncio.get_running_loop()
+    cancels = 0
+    give_in = False
+
+    async def stubborn() -> None:
+        nonlocal cancels
+        while not give_in:
+            try:
+                await loop.create_future()
+            except asyncio.CancelledError:
+                cancels += 1
+
+    task = asyncio.create_task(stubborn(), name="stubborn")
+    await asyncio.sleep(0)
+    with caplog.at_level(logging.ERROR, logger="shoal.tasks"):
+        await cancel_and_wait([task], "the test's owner", bound_s=0.05)
+    assert cancels == 1 and not task.done()
+    assert "the test's owner: the task 'stubborn' did not end 0.05 s after" in caplog.text
+    give_in = True  # the test's own teardown ends it
+    task.cancel()
+    await task
