@@ -25,9 +25,9 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any] | None], owner: str,
     owned = {task for task in tasks if task is not None}
     for task in owned:
         task.cancel()
-    still: set[asyncio.Task[Any]] = set()
-    if owned:
-        _, still = await asyncio.wait(owned, timeout=bound_s)
+    still = {task for task in owned if not task.done()}
+    if still:  # asyncio.wait raises if the caller is cancelled: never swallowed here
+        _, still = await asyncio.wait(still, timeout=bound_s)
     for task in owned - still:
         if not task.cancelled():
             task.exception()  # taken here: the owner is closing, not acting on it

@@ -55,3 +55,26 @@ async def test_a_task_that_swallows_its_cancellation_is_named_and_left(caplog):
     give_in = True  # the test's own teardown ends it
     task.cancel()
     await task
+
+
+async def test_a_close_that_is_itself_cancelled_while_it_waits_ends_cancelled():
+    """What `with suppress(CancelledError): await task` got wrong: the closer's own
+    cancellation was swallowed with the task's, and the closer ran on."""
+    slow_to_end = asyncio.Event()
+
+    async def cleans_up_slowly() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await slow_to_end.wait()
+
+    task = asyncio.create_task(cleans_up_slowly())
+    await asyncio.sleep(0)
+    closer = asyncio.create_task(cancel_and_wait([task], "the test"))
+    await until(lambda: task.cancelling(), "the task cancelled")
+    closer.cancel()
+    await asyncio.wait([closer])
+    assert closer.cancelled()
+    slow_to_end.set()
+    await asyncio.wait([task])
+    assert task.cancelled()

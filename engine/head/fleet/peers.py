@@ -136,9 +136,7 @@ class HeadPeers:
         except LinkClosed:
             pass
         finally:
-            sync.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sync
+            await cancel_and_wait([sync], "a link to another head")
             peer.link = None
             for fut in peer.pending.values():
                 if not fut.done():

@@ -35,6 +35,7 @@ from engine.head.fleet.links import ConnClosed, Fleet, Inbound, NodeConn, NodePo
 from engine.head.fleet.placement import Placement, PlacementRequest, Policy, Refusal, place
 from engine.link import messages as m
 from engine.link.transport import LinkClosed
+from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal.head")
 
@@ -473,10 +474,7 @@ class Session:
     async def close(self) -> None:
         """Stop the session (cancelling it on its node) unless it has ended."""
         self._alarm.cancel()
-        if not self._task.done():
-            self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await cancel_and_wait([self._task], "a session")
 
 
 class _Attempt:

@@ -32,7 +32,6 @@ aborts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import statistics
@@ -55,6 +54,7 @@ from engine.runtimes.lanes import Lane, common_prefix, pick_lane
 from engine.runtimes.probe import PROBE_TEXTS
 from engine.runtimes.upstream.dialect import Dialect, Layout, Load, UpstreamAnswerError
 from engine.runtimes.upstream.sse import SseParser, SseTooLarge
+from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal.node")
 
@@ -159,9 +159,7 @@ class UpstreamEngine:
 
     async def close(self) -> None:
         if self._poller is not None:
-            self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+            await cancel_and_wait([self._poller], "the engine's poller")
             self._poller = None
         if self._session is not None:
             await self._session.close()
