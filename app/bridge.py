@@ -8,7 +8,6 @@ The app holds no fleet logic: it renders `FleetSnapshot`s and `ShoalEvent`s and 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
@@ -19,6 +18,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from engine.errors import ShoalError
 from engine.events import ShoalEvent
 from engine.snapshot import FleetSnapshot
+from engine.tasks import cancel_and_wait
 
 if TYPE_CHECKING:  # the service (and all the engine behind it) is imported once the tray shows
     from engine.service import Shoal
@@ -106,17 +106,11 @@ class ShoalBridge(QObject):
         those still running then (the caller stops Shoal)."""
         self._timer.stop()
         self._events.close()
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        await cancel_and_wait([self._reader], "the app's event reader")
         if not self._tasks:
             return
         _, late = await asyncio.wait(list(self._tasks), timeout=wait_s)
-        for task in late:
-            task.cancel()
-        for task in late:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(late, "the app's commands")
 
 
 def sentence(line: str) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import signal
 import sys
@@ -39,6 +38,7 @@ from engine import events as ev
 from engine.config import ConfigError
 from engine.errors import JoinError, ShoalError
 from engine.settings import JoinSettings, Settings, default_home
+from engine.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from engine.service import Shoal
@@ -158,11 +158,7 @@ class Shell(QObject):
         leave no task, thread or window behind."""
         self.phase = "stopping"
         self._render()
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(list(self._tasks), "the app")
         await self.bridge.close(wait_s=drain)
         await self.shoal.stop(drain=drain)
         await self.writer.flush()

@@ -21,6 +21,7 @@ from engine.service import Shoal
 from engine.serving_gc import pace_for_serving
 from engine.settings import UPSTREAM_RUNTIMES, Settings
 from engine.snapshot import LocalNodeSnapshot
+from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal")
 WINDOW_WAIT_S = 3.0  # how long `serve` waits for a node's window before its banner
@@ -78,9 +79,7 @@ async def run(settings: Settings, banner: Callable[[Shoal], Awaitable[list[str]]
     finally:
         await shoal.stop(drain=DRAIN_S)
         events.close()
-        printer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await printer
+        await cancel_and_wait([printer], "the event printer")
         if state_file is not None:
             with contextlib.suppress(FileNotFoundError):
                 state_file.unlink()
