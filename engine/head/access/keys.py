@@ -17,7 +17,8 @@ Files (thin adapters; the policy code is pure)
     ``$SHOAL_HOME/fleet/keys.secret``   32 random bytes as 64 hex chars, 0600,
                                         beside the fleet token
     ``$SHOAL_HOME/fleet/revoked.json``  ``{"format": "shoal-revoked", "version": 1,
-                                        "names": [...]}``, 0600
+                                        "names": [...]}``, 0600; changed under a lock
+                                        (``revoked.json.lock``, `engine.filelock`)
     ``$SHOAL_HOME/keys.policy.json``    per-key limits (JSON, or TOML when the
                                         path ends in ``.toml``)::
 
@@ -63,6 +64,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from engine import nesting
+from engine.filelock import exclusive, lock_path
 from engine.files import ExposedFileError, read_private, write_private
 from engine.head.access.limits import Bucket, fresh, take
 
@@ -271,24 +273,34 @@ def _save_revoked(path: Path, names: frozenset[str]) -> None:
                         "check the permissions of its folder") from None
 
 
+def _change_revoked(path: Path, change: Callable[[frozenset[str]], frozenset[str]]) -> bool:
+    """Read the list, change it, write it back, as one step: under `exclusive`, so two
+    revocations at once (threads, or two `shoal keys revoke`) both land. False when
+    ``change`` left the list as it was (nothing is written)."""
+    try:
+        with exclusive(path):
+            names = load_revoked(path)
+            changed = change(names)
+            if changed == names:
+                return False
+            _save_revoked(path, changed)
+            return True
+    except OSError as exc:  # the lock file: reading and writing name their own errors
+        raise KeysError(f"cannot lock the revocation list at {lock_path(path)}: "
+                        f"{exc.strerror}; check the permissions of its folder") from None
+
+
 def revoke(path: Path, name: str) -> bool:
-    """Add ``name`` to the revocation list; False when it was already there."""
+    """Add ``name`` to the revocation list; False when it was already there. Blocking (a
+    file lock, an fsync): off the event loop."""
     check_name(name)
-    names = load_revoked(path)
-    if name in names:
-        return False
-    _save_revoked(path, names | {name})
-    return True
+    return _change_revoked(path, lambda names: names | {name})
 
 
 def unrevoke(path: Path, name: str) -> bool:
     """Take ``name`` off the revocation list; False when it was not there."""
     check_name(name)
-    names = load_revoked(path)
-    if name not in names:
-        return False
-    _save_revoked(path, names - {name})
-    return True
+    return _change_revoked(path, lambda names: names - {name})
 
 
 Stamp = tuple[int, int, int]  # (mtime_ns, size, inode)
