@@ -182,6 +182,8 @@ class Shoal:
                     sock, fleet_sock = fleet_sock, None
                     assert self._head is not None
                     await self._head.open_fleet(sock, discovery=s.discovery)
+                    for found in heads:
+                        self._head.meet(found.host, found.port)
             if s.node is not None:
                 sock, node_sock = node_sock, None
                 await self._start_node(s.node, sock=sock, announced=announced,
@@ -448,9 +450,6 @@ class Shoal:
         """A new fleet token: every other machine must pair again."""
         async with self._lock:
             await self._set_token(pysecrets.token_bytes(tokens.TOKEN_BYTES), self._fleet_name)
-            if self._head is not None and self._head.fleet_side is not None:
-                await self._head.close_fleet()
-                await self._open_fleet()
             self._roles_changed()
         return await self.pairing()
 
@@ -480,9 +479,13 @@ class Shoal:
                 await self._member.close()
                 self._member = None
             if psk != self._psk or name != self._fleet_name:
-                await self._set_token(psk, name)
+                # another fleet: what this head took from the old one goes with it
+                await self._set_token(psk, name, other_fleet=psk != self._psk)
             if self._head is not None and self._head.fleet_side is None and psk is not None:
                 await self._open_fleet()
+            if self._head is not None:
+                for found in heads:
+                    self._head.meet(found.host, found.port)
             self._member = Membership.start(node.agent, heads, finder, psk=psk, given=given,
                                             handshake_timeout_s=node.settings.handshake_timeout_s)
             self.settings = self.settings.with_join(replace(join, head=str(given) if given
@@ -505,10 +508,7 @@ class Shoal:
             if self._head is not None and self._head.fleet_side is not None:
                 await self._head.close_fleet()
                 self._record_fleet_listen(None)
-                fleet = self._head.head.fleet
-                for key, pool in list(fleet.pools.items()):
-                    if key != "local" and (not pool.dialed or pool.discovered):
-                        fleet.forget(key)
+                self._head.forget_found_nodes()
                 done.append("stopped taking nodes from other machines")
             self.settings = self.settings.with_join(None)
             if forget_token:
@@ -556,9 +556,25 @@ class Shoal:
             await self._set_fleet_name(name)
         log.info("stored the fleet token of '%s' in %s", name or "this fleet", where)
 
-    async def _set_token(self, psk: bytes | None, name: str | None) -> None:
+    async def _set_token(self, psk: bytes | None, name: str | None, *,
+                         other_fleet: bool = False) -> None:
+        """Keep ``psk`` and put it to use everywhere. The head's fleet side (links with
+        other heads, its announcement, the finders of heads and nodes) took the old token
+        when it opened, so it is closed and opened again on the same address;
+        ``other_fleet``: the nodes that joined or were found go too (they are the old
+        fleet's)."""
+        changed = psk != self._psk
         await self._store_token(psk, name)
         self._apply_psk(psk)
+        head = self._head
+        if not changed or head is None or head.fleet_side is None:
+            return
+        side = head.fleet_side
+        await head.close_fleet()
+        if other_fleet:
+            head.forget_found_nodes()
+        host = f"[{side.host}]" if ":" in side.host else side.host
+        await self._open_fleet(f"{host}:{side.port}")
 
     async def _set_fleet_name(self, name: str) -> None:
         self._fleet_name = name
@@ -574,13 +590,16 @@ class Shoal:
         if self._member is not None:
             self._member.set_psk(psk)
 
-    async def _open_fleet(self) -> None:
+    async def _open_fleet(self, again_on: str | None = None) -> None:
+        """Take nodes from other machines (``again_on``: where the fleet side listened
+        until a moment ago: opened there again, the settings unchanged)."""
         assert self._head is not None
         hs = self._head.settings
-        listen = hs.fleet_listen or DEFAULT_FLEET_LISTEN
+        listen = again_on or hs.fleet_listen or DEFAULT_FLEET_LISTEN
         sock = HeadRole.bind_fleet(listen)
         await self._head.open_fleet(sock, discovery=self.settings.discovery)
-        self._record_fleet_listen(listen)
+        if again_on is None:
+            self._record_fleet_listen(listen)
 
     def _record_fleet_listen(self, listen: str | None) -> None:
         """Keep where the head takes joins in the settings, so that a caller saving them

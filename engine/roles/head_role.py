@@ -247,8 +247,24 @@ class HeadRole:
             await self.head.peers.close()
             self.head.peers = None
 
+    def meet(self, host: str, port: int) -> None:
+        """Sync aliases with the head at host:port (one this machine joined), when this
+        head takes part in a fleet."""
+        if self.head.peers is not None:
+            self.head.peers.dial(host, port)
+
+    def forget_found_nodes(self) -> None:
+        """Forget the nodes that joined this head and those found on the network (they
+        belong to the fleet it is leaving); keep this machine's and those the user gave."""
+        fleet = self.head.fleet
+        for key, pool in list(fleet.pools.items()):
+            if key != "local" and (not pool.dialed or pool.discovered):
+                fleet.forget(key)
+
     def set_psk(self, psk: bytes | None) -> None:
-        """A new fleet token: every node link is made again with it."""
+        """A new fleet token: every node link is made again with it. The fleet side (links
+        with other heads, the announcement, the finders) holds the token it was opened
+        with: close and open it again (`Shoal` does)."""
         fleet = self.head.fleet
         fleet.psk = psk
         for pool in fleet.pools.values():
