@@ -1,10 +1,16 @@
-"""How many connections may wait in the handshake at once (pure, no sockets).
+"""How many connections may wait to show the fleet token at once (pure, no sockets).
 
 A connection costs a file descriptor and a task from the moment it is accepted, and
-before the handshake anyone can open one. Capping the connections still in the
-handshake, per peer address and in all, keeps a flood from exhausting the process
-that also serves the HTTP API; a peer that completed the handshake holds the fleet
-token and is no longer counted here.
+before it has shown the token anyone can open one. Capping the connections not yet
+proven, per peer address and in all, keeps a flood from exhausting the process that
+also serves the HTTP API.
+
+A completed responder handshake proves nothing: NNpsk0's first message comes from
+the dialer alone, so a copy of one captured (or obtained by getting a head to dial a
+fake node) completes it too. What proves the token is the dialer's hello, the first
+record under the transport keys, which only the holder of the ephemeral key made
+for that message can write. So a connection is counted from its accept until that
+hello is read, and that whole wait is bounded by ``PRE_HELLO_S``.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from collections import Counter
 
 PER_ADDRESS = 16  # a node opens one connection per lane at once (8 by default)
 TOTAL = 128
-PRE_HANDSHAKE_S = 3.0  # the Noise handshake is one round trip
+PRE_HELLO_S = 3.0  # the handshake and the hellos: two round trips
 
 
 class PendingHandshakes:
@@ -37,7 +43,7 @@ class PendingHandshakes:
         return True
 
     def release(self, address: str) -> None:
-        """Its handshake ended (done, failed or timed out)."""
+        """Its peer's hello was read, or the connection failed or timed out first."""
         if self._by_address[address] > 0:
             self._by_address[address] -= 1
             self._count -= 1

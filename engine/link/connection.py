@@ -9,22 +9,30 @@ lengths are checked before anything is buffered for them.
 Without a token the link is plaintext (loopback only; the adapters enforce
 that). The dialer then opens with one empty frame so that a peer expecting a
 Noise handshake can tell "no token" from "another token" and say so.
+
+The dialer's first Noise message carries, as its encrypted payload, the time it was
+sent (:mod:`engine.link.replay`); the responder hands that time and the dialer's
+ephemeral key out with :class:`HandshakeDone`, for its adapter to refuse a copy of
+a message it already took before it answers (its reply is sent only then).
 """
 
 from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.link import messages
 from engine.link.noise import CipherState, HandshakeState, NoiseError
+from engine.link.replay import STAMP, read_stamp, stamp
 
 PROLOGUE = b"shoal-fleet/1"
 MAX_FRAME = 65535
 _TAG = 16
 _MAX_PLAIN = MAX_FRAME - _TAG
-_HANDSHAKE_LEN = 48  # NNpsk0: 32-byte ephemeral key + 16-byte tag of the empty payload
+_REPLY_LEN = 48  # NNpsk0's second message: a 32-byte ephemeral key + the 16-byte tag
+_FIRST_LEN = _REPLY_LEN + STAMP.size  # the first one: the same, with the time sent inside
+_FIRST_LEN_BEFORE_STAMPS = _REPLY_LEN  # a dialer of a Shoal from before the stamp
 
 
 class LinkErrorKind(enum.Enum):
@@ -35,6 +43,8 @@ class LinkErrorKind(enum.Enum):
     PROTOCOL = enum.auto()
     TOO_LARGE = enum.auto()
     PLAINTEXT_OFF_LOOPBACK = enum.auto()  # no token here, and the peer is another machine
+    OLD_PEER = enum.auto()  # the peer's handshake is that of an older Shoal
+    REPLAYED = enum.auto()  # a copy of a first message already taken, or out of its time
 
 
 class LinkError(Exception):
@@ -60,6 +70,11 @@ NEED_DATA = NeedData()
 @dataclass(frozen=True, slots=True)
 class HandshakeDone:
     encrypted: bool
+    # a responder's view of the dialer's first message: its ephemeral key and the time
+    # it says it was sent (seconds since the epoch); b"" and None for a dialer. Facts
+    # for the replay guard, not what tells one event from another.
+    peer_key: bytes = field(default=b"", compare=False)
+    sent_at: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,14 +108,15 @@ class LinkConnection:
 
     # -- starting -------------------------------------------------------------
 
-    def initiate(self) -> bytes:
-        """The dialer's first bytes: Noise message 1, or the plaintext marker."""
+    def initiate(self, now: float) -> bytes:
+        """The dialer's first bytes at ``now`` (this machine's clock, seconds since the
+        epoch): Noise message 1 with the time inside, or the plaintext marker."""
         if not self.initiator or self.state is not State.HANDSHAKE:
             raise RuntimeError("only a dialer in the handshake state initiates")
         if self._hs is None:
             self._open()
             return _LEN2.pack(0)
-        return _frame(self._hs.write_message(b""))
+        return _frame(self._hs.write_message(stamp(now)))
 
     # -- receiving ------------------------------------------------------------
 
@@ -166,7 +182,8 @@ class LinkConnection:
         return None
 
     def _check_handshake_length(self, n: int) -> None:
-        """A handshake frame is the plaintext marker (empty) or a 48-byte Noise message."""
+        """A handshake frame is the plaintext marker (empty) or a Noise message of the
+        length its turn gives."""
         if self._hs is None:
             # plaintext responder: the dialer's marker, or a Noise message
             if n:
@@ -175,7 +192,12 @@ class LinkConnection:
         elif not n:
             raise LinkError(LinkErrorKind.NO_TOKEN_THERE,
                             "the peer has no fleet token and this end has one")
-        elif n != _HANDSHAKE_LEN:
+        elif self.initiator and n != _REPLY_LEN:
+            raise LinkError(LinkErrorKind.PROTOCOL, "the peer sent a malformed handshake")
+        elif not self.initiator and n == _FIRST_LEN_BEFORE_STAMPS:
+            raise LinkError(LinkErrorKind.OLD_PEER, "the peer runs an older Shoal, whose "
+                            "handshake carries no time; update it to this version")
+        elif not self.initiator and n != _FIRST_LEN:
             raise LinkError(LinkErrorKind.PROTOCOL, "the peer sent a malformed handshake")
 
     def _on_handshake_frame(self, frame: bytes) -> Event | None:
@@ -184,15 +206,21 @@ class LinkConnection:
             self._open()
             return HandshakeDone(encrypted=False)
         try:
-            hs.read_message(frame)
+            payload = hs.read_message(frame)
         except NoiseError:
             raise LinkError(LinkErrorKind.WRONG_TOKEN, "the peer holds another fleet token") \
                 from None
-        if not self.initiator:
+        if self.initiator:
+            done = HandshakeDone(encrypted=True)
+        else:
+            sent_at = read_stamp(payload)
+            if sent_at is None:  # the length was right, so only a peer with the token
+                raise LinkError(LinkErrorKind.PROTOCOL, "the peer's handshake holds no time")
+            done = HandshakeDone(encrypted=True, peer_key=hs.remote_ephemeral, sent_at=sent_at)
             self._reply = _frame(hs.write_message(b""))
         self._send_cs, self._recv_cs = hs.split()
         self._open()
-        return HandshakeDone(encrypted=True)
+        return done
 
     def handshake_reply(self) -> bytes:
         """The responder's Noise message 2, to send once HandshakeDone came out."""

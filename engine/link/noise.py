@@ -185,6 +185,7 @@ class HandshakeState:
         self._fixed_ephemeral = ephemeral
         self._e: X25519PrivateKey | None = None
         self._re: X25519PublicKey | None = None
+        self._re_bytes = b""
         self._index = 0
         self._failed = False
         self._split_done = False
@@ -194,6 +195,12 @@ class HandshakeState:
     @property
     def complete(self) -> bool:
         return self._index == len(_PATTERN) and not self._failed
+
+    @property
+    def remote_ephemeral(self) -> bytes:
+        """The peer's ephemeral public key, once its first message was read (b"" before):
+        a responder remembers it to refuse a copy of the same message."""
+        return self._re_bytes
 
     @property
     def handshake_hash(self) -> bytes:
@@ -265,6 +272,7 @@ class HandshakeState:
                 pub = message[pos : pos + DHLEN]
                 pos += DHLEN
                 self._re = X25519PublicKey.from_public_bytes(pub)
+                self._re_bytes = pub
                 ss.mix_hash(pub)
                 ss.mix_key(pub)
             elif op == "ee":

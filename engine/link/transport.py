@@ -21,6 +21,7 @@ import contextlib
 import ipaddress
 import logging
 import socket
+import time
 from collections.abc import Callable
 
 from engine.link import messages
@@ -35,10 +36,14 @@ from engine.link.connection import (
     NeedData,
     State,
 )
+from engine.link.replay import ReplayGuard, Verdict, explain
 
 _READ_LIMIT = 1 << 16
 _EARLY_LIMIT = 1 << 12  # bytes a connection may send before its handshake is looked at
 log = logging.getLogger("shoal.link")
+# the first handshake messages this process took, whichever listener took them: a copy
+# is refused at the node's listener and the head's alike
+_REPLAYS = ReplayGuard()
 
 
 class LinkClosed(Exception):
@@ -340,7 +345,7 @@ async def serve(on_incoming: Callable[[Incoming], None], host: str | None = None
     return await loop.create_server(protocol, host, port)
 
 
-async def _handshake(conn: LinkConnection, sock: _Socket) -> None:
+async def _handshake(conn: LinkConnection, sock: _Socket, replay: ReplayGuard) -> None:
     while True:
         event = conn.next_event()
         if event is NEED_DATA:
@@ -350,6 +355,12 @@ async def _handshake(conn: LinkConnection, sock: _Socket) -> None:
             await sock.wait_data()
             continue
         if isinstance(event, HandshakeDone):
+            if event.sent_at is not None:  # a responder judges the dialer's first message
+                now = time.time()
+                verdict = replay.check(event.peer_key, event.sent_at, now)
+                if verdict is not Verdict.FRESH:
+                    raise LinkError(LinkErrorKind.REPLAYED,
+                                    explain(verdict, event.sent_at, now))
             reply = conn.handshake_reply()
             if reply:
                 sock.write(reply)
@@ -374,26 +385,35 @@ async def dial(host: str, port: int, *, psk: bytes | None, timeout_s: float = 10
     async with asyncio.timeout(timeout_s):
         _, sock = await loop.create_connection(_Socket, host, port)
     return await _open(sock, LinkConnection(initiator=True, psk=psk), timeout_s,
-                       f"{host}:{port}")
+                       f"{host}:{port}", _REPLAYS)
 
 
-async def accept(incoming: Incoming, *, psk: bytes | None, timeout_s: float = 10.0) -> Link:
-    """Complete the handshake as the responder on an accepted connection."""
+async def accept(incoming: Incoming, *, psk: bytes | None, timeout_s: float = 10.0,
+                 replay: ReplayGuard = _REPLAYS) -> Link:
+    """Complete the handshake as the responder on an accepted connection. A first message
+    that ``replay`` (by default, this process's) refuses fails with LinkError REPLAYED,
+    before any answer: a copy of a message is never answered.
+
+    A completed handshake does not show that the dialer holds the token (a copy of its
+    first message completes it too): its first record, read with the transport keys,
+    does."""
     sock = incoming._sock
-    return await _open(sock, LinkConnection(initiator=False, psk=psk), timeout_s, sock.peer)
+    return await _open(sock, LinkConnection(initiator=False, psk=psk), timeout_s, sock.peer,
+                       replay)
 
 
-async def _open(sock: _Socket, conn: LinkConnection, timeout_s: float, peer: str) -> Link:
+async def _open(sock: _Socket, conn: LinkConnection, timeout_s: float, peer: str,
+                replay: ReplayGuard) -> Link:
     """The handshake on ``sock`` (the dialer speaks first), within ``timeout_s``; the
     connection is closed when it fails (a connection lost in it is an OSError)."""
     sock.attach(conn)
     try:
         async with asyncio.timeout(timeout_s):
             if conn.initiator:
-                sock.write(conn.initiate())
+                sock.write(conn.initiate(time.time()))
                 await sock.drain()
             if conn.state is State.HANDSHAKE:  # a plaintext dialer is open at once
-                await _handshake(conn, sock)
+                await _handshake(conn, sock, replay)
     except LinkClosed as exc:
         sock.close()
         raise OSError(str(exc)) from exc

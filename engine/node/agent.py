@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine.link import messages as m
-from engine.link.admission import PRE_HANDSHAKE_S, PendingHandshakes
+from engine.link.admission import PRE_HELLO_S, PendingHandshakes
 from engine.link.connection import LinkError
 from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.mux import Carrier, Channel, Mux
@@ -122,21 +122,41 @@ class NodeAgent:
         if not self._pending.admit(address):
             incoming.close()  # a flood of connections that have not shown the token
             return
+        link: Link | None = None
+        bound = min(self.handshake_timeout_s, PRE_HELLO_S)
         try:
-            link = await accept(incoming, psk=self.psk,
-                                timeout_s=min(self.handshake_timeout_s, PRE_HANDSHAKE_S))
+            # counted until the head's hello shows that it holds the token: a completed
+            # handshake does not (admission.py)
+            try:
+                async with asyncio.timeout(bound):
+                    link = await accept(incoming, psk=self.psk, timeout_s=bound)
+                    head = await exchange_hellos(link, self._hello(), responder=True,
+                                                 expect=m.HeadHello, timeout_s=bound)
+            finally:
+                self._pending.release(address)
         except LinkError as exc:
             self._once(address, exc.kind.name, logging.WARNING, "refused a head at %s: %s; %s",
                        incoming.peer, exc, _fix(exc))
             return
-        except (TimeoutError, OSError):
-            self._once(address, "slow", logging.INFO,
-                       "a connection from %s did not finish the handshake in time",
-                       incoming.peer)
+        except WrongPeer:
+            self._once(address, "no-hello", logging.WARNING,
+                       "head at %s did not say hello; closing", incoming.peer)
             return
-        finally:
-            self._pending.release(address)
-        await self.serve_link(link, responder=True)
+        except TimeoutError:
+            if link is None:
+                self._once(address, "slow", logging.INFO,
+                           "a connection from %s did not finish the handshake in time",
+                           incoming.peer)
+            else:
+                self._once(address, "silent", logging.WARNING,
+                           "a connection from %s finished the handshake but sent no hello "
+                           "in %.0f s, so it has not shown the fleet token (a copied "
+                           "handshake, or a peer of another Shoal version); closed it",
+                           incoming.peer, bound)
+            return
+        except (OSError, LinkClosed):
+            return
+        await self.serve_link(link, responder=True, head=head)
 
     def _once(self, address: str, what: str, level: int, message: str,
               *args: object) -> None:
@@ -148,19 +168,22 @@ class NodeAgent:
             self._told.add((address, what))
             log.log(level, message, *args)
 
-    async def serve_link(self, link: Link, *, responder: bool) -> bool:
-        """Run one head connection until it closes. Used for dialed and joined links.
-        False when this node refused the head (another tokenizer under the same name)."""
+    async def serve_link(self, link: Link, *, responder: bool,
+                         head: m.HeadHello | None = None) -> bool:
+        """Run one head connection until it closes. Used for dialed and joined links;
+        ``head``: the head's hello when it was read already. False when this node
+        refused the head (another tokenizer under the same name)."""
         try:
-            try:
-                # as the initiator, the node reads the head's hello before saying its own,
-                # so that a head it refuses never takes it for a node
-                head = await exchange_hellos(link, self._hello() if responder else None,
-                                             responder=responder, expect=m.HeadHello,
-                                             timeout_s=self.handshake_timeout_s)
-            except WrongPeer:
-                log.warning("head at %s did not say hello; closing", link.peer)
-                return True
+            if head is None:
+                try:
+                    # as the initiator, the node reads the head's hello before saying its
+                    # own, so that a head it refuses never takes it for a node
+                    head = await exchange_hellos(link, self._hello() if responder else None,
+                                                 responder=responder, expect=m.HeadHello,
+                                                 timeout_s=self.handshake_timeout_s)
+                except WrongPeer:
+                    log.warning("head at %s did not say hello; closing", link.peer)
+                    return True
             refusal = self._refusal(head)
             if refusal is not None:
                 self._once(f"head:{head.model}", refusal, logging.WARNING, "refused the head "
@@ -437,4 +460,6 @@ def _fix(exc: LinkError) -> str:
         K.WRONG_TOKEN: "give the node's --auth-file the same token as the head's --fleet-auth",
         K.NO_TOKEN_THERE: "give the head the fleet token (--fleet-auth)",
         K.NO_TOKEN_HERE: "give this node the fleet token (--auth-file)",
+        K.OLD_PEER: "update Shoal on the head's machine",
+        K.REPLAYED: "it was not answered",
     }.get(exc.kind, "check that both ends run the same Shoal version")

@@ -1,8 +1,10 @@
 """Strangers on the link ports of a node and of a head, in process on 127.0.0.1.
 
 A handshake sent a byte at a time is cut off at the pre-handshake bound; a peer that
-passes the handshake but never says hello is dropped at the handshake timeout; floods
-of wrong-token dials are refused each time but logged once per address; a flood of
+passes the handshake but never says hello is dropped at the hello bound; a copied first
+message is answered at most once, and fresh ones relayed from a fake node stay inside
+the caps until their hello; floods of wrong-token dials are refused each time but
+logged once per address; a flood of
 connections that never handshake leaves the head's HTTP API serving and a real node
 able to join once it is gone. The token never reaches a log.
 """
@@ -13,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from pathlib import Path
 
 import aiohttp
@@ -36,6 +39,7 @@ TOKEN = bytes(range(32))
 OTHER = bytes(range(1, 33))
 BOUND_S = 0.5  # the handshake bound in these tests (3 s before the handshake by default)
 DRIBBLE_S = 0.05
+FIRST_FRAME_LEN = 2 + 32 + 8 + 16  # a first Noise message framed: length, e, time, tag
 
 
 async def node_agent() -> tuple[NodeAgent, int]:
@@ -58,7 +62,7 @@ async def join_listener() -> tuple[JoinListener, Fleet, int]:
 async def dribble_handshake(port: int) -> tuple[bytes, int]:
     """A real first Noise message, a byte every DRIBBLE_S; what the server sent back
     before it closed, and how many bytes went."""
-    first = LinkConnection(initiator=True, psk=TOKEN).initiate()
+    first = LinkConnection(initiator=True, psk=TOKEN).initiate(time.time())
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     sent = 0
     try:
@@ -93,8 +97,8 @@ async def test_a_handshake_sent_a_byte_at_a_time_is_cut_off(side: str):
     try:
         answers = await asyncio.gather(*(dribble_handshake(port) for _ in range(4)))
         for data, sent in answers:
-            # closed with nothing said, long before the 50 bytes could all go (2.5 s)
-            assert data == b"" and 0 < sent < 50, (data, sent)
+            # closed with nothing said, long before the 58 bytes could all go (2.9 s)
+            assert data == b"" and 0 < sent < FIRST_FRAME_LEN, (data, sent)
         await until(lambda: len(pending) == 0, "the pending handshakes to be released")
         link = await dial("127.0.0.1", port, psk=TOKEN)  # a real peer still gets in
         link.close()
@@ -137,6 +141,136 @@ async def test_a_peer_that_never_says_hello_is_dropped():
 
 
 
+
+
+async def capture_first_message(psk: bytes) -> bytes:
+    """A first Noise message as a real dialer sends it, caught by a listener that is no
+    Shoal peer (the fake node a stranger announces on mDNS for a head to dial)."""
+    caught: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    async def fake_node(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.IncompleteReadError, ConnectionError):
+            caught.set_result(await reader.readexactly(FIRST_FRAME_LEN))
+        writer.close()
+
+    server = await asyncio.start_server(fake_node, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with contextlib.suppress(OSError, TimeoutError, LinkError):
+            link = await dial("127.0.0.1", port, psk=psk, timeout_s=5)
+            link.close()
+        async with asyncio.timeout(5):
+            return await caught
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+def open_fds() -> int:
+    return len(list(Path("/proc/self/fd").iterdir()))
+
+
+async def send_first(port: int, frame: bytes, source: str) -> tuple[str, asyncio.StreamWriter]:
+    """Open a connection from ``source``, send ``frame`` and read the first answer:
+    "reply" (the responder's message 2) or "closed". The connection stays open."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
+    writer.write(frame)
+    with contextlib.suppress(ConnectionError):
+        await writer.drain()
+    try:
+        async with asyncio.timeout(10):
+            got = await reader.read(2 + 48)
+    except ConnectionError:
+        got = b""
+    return ("reply" if got else "closed"), writer
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc")
+@pytest.mark.parametrize("side", ["node", "head"])
+async def test_replayed_and_relayed_first_messages_hold_the_caps(
+        side: str, caplog: pytest.LogCaptureFixture):
+    """One captured first message replayed 300 times is answered at most once; 300
+    fresh ones relayed from 20 addresses (what a stranger gets by having heads dial a
+    fake node) stay within the caps, counted until a hello that never comes; the
+    listener's descriptors stay within the cap and a real peer links after."""
+    caplog.set_level(logging.INFO)
+    if side == "node":
+        agent = NodeAgent(MockEngine(model="m", lanes=2), identity="n", psk=TOKEN,
+                          handshake_timeout_s=5.0)
+        _h, port = await agent.listen("127.0.0.1", 0)
+        pending = agent._pending
+    else:
+        fleet = Fleet(model="m", head_id="h-test", psk=TOKEN)
+        listener = JoinListener(fleet, handshake_timeout_s=5.0)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(512)
+        await listener.listen_on(sock)
+        port = int(sock.getsockname()[1])
+        pending = listener._pending
+    held: list[asyncio.StreamWriter] = []
+    try:
+        captured = await capture_first_message(TOKEN)
+        assert len(captured) == FIRST_FRAME_LEN
+        base = open_fds()
+
+        # the same message, 300 times: answered at most once, the rest closed at once
+        answers = await asyncio.gather(*(send_first(port, captured, "127.0.0.1")
+                                         for _ in range(300)))
+        held += [w for _, w in answers]
+        replies = sum(1 for a, _ in answers if a == "reply")
+        assert replies <= 1, f"a copied first message was answered {replies} times"
+        await until(lambda: len(pending) == 0, "the one answered copy to be let go")
+        assert any("a copy of a handshake this machine already took" in r.getMessage()
+                   for r in caplog.records), "the replays were not logged"
+
+        # 300 fresh first messages (each a real one: what heads send to a fake node),
+        # 15 from each of 20 addresses, none followed by a hello
+        fresh = [LinkConnection(initiator=True, psk=TOKEN).initiate(time.time())
+                 for _ in range(300)]
+        before = len(held)
+        answers = await asyncio.gather(*(
+            send_first(port, frame, f"127.0.0.{2 + i % 20}") for i, frame in enumerate(fresh)))
+        held += [w for _, w in answers]
+        replies = sum(1 for a, _ in answers if a == "reply")
+        # what the listener holds now, besides the client ends this test holds itself
+        listener_fds = open_fds() - base - (len(held) - before)
+        assert replies <= pending.total, f"{replies} unproven connections answered at once"
+        assert len(pending) <= pending.total
+        assert listener_fds <= pending.total, f"the listener holds {listener_fds} sockets"
+        # each is closed at the bound, with no hello: one line per address says so
+        await until(lambda: len(pending) == 0, "the unproven connections to be closed",
+                    timeout=15)
+        silent = [r for r in caplog.records if "sent no hello" in r.getMessage()]
+        assert 1 <= len(silent) <= 21, len(silent)
+        for w in held:
+            w.close()
+        held.clear()
+
+        # a peer holding the token still links
+        link = await dial("127.0.0.1", port, psk=TOKEN)
+        mine = m.HeadHello(head_id="h2", model="m") if side == "node" else \
+            m.NodeHello(identity="good", model="m", runtime="mock", context_window=64, lanes=1)
+        theirs = await exchange_hellos(link, mine, responder=False,
+                                       expect=(m.NodeHello, m.HeadHello), timeout_s=5)
+        assert theirs is not None
+        link.close()
+    finally:
+        for w in held:
+            w.close()
+        if side == "node":
+            await agent.close()
+        else:
+            await listener.close()
+            await fleet.close()
+    token_free({"caplog": caplog.text}, TOKEN.hex())
+    record(f"link_replay_{side}", kind="hostile",
+           tried=f"one captured first Noise message replayed 300 times at a {side}, then 300 "
+                 "fresh ones from 20 addresses that never say hello",
+           times=600, outcome="the copy answered at most once, the others closed at once; "
+                              f"at most {pending.total} fresh ones held, each until the "
+                              "hello bound; a real peer linked after",
+           tokens_lost=None, failed_clear=None)
 
 
 async def test_wrong_token_floods_are_refused_and_logged_once(caplog: pytest.LogCaptureFixture):

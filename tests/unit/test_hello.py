@@ -68,7 +68,7 @@ def pair() -> tuple[MemoryLink, MemoryLink, list[tuple[str, object]]]:
     """(initiator, responder, the trace both write to), handshake done."""
     ini = LinkConnection(initiator=True, psk=TOKEN)
     res = LinkConnection(initiator=False, psk=TOKEN)
-    res.receive_data(ini.initiate())
+    res.receive_data(ini.initiate(now=0.0))
     assert res.next_event() == HandshakeDone(encrypted=True)
     ini.receive_data(res.handshake_reply())
     assert ini.next_event() == HandshakeDone(encrypted=True)

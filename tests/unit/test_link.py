@@ -37,7 +37,7 @@ def drain(conn: LinkConnection) -> list[object]:
 def pair(psk_i: bytes | None = TOKEN, psk_r: bytes | None = TOKEN):
     ini = LinkConnection(initiator=True, psk=psk_i)
     res = LinkConnection(initiator=False, psk=psk_r)
-    res.receive_data(ini.initiate())
+    res.receive_data(ini.initiate(now=0.0))
     events = drain(res)
     assert events == [HandshakeDone(encrypted=psk_r is not None)]
     reply = res.handshake_reply()
@@ -102,7 +102,7 @@ def test_announced_oversize_record_refused_before_buffering():
 
 def test_sender_refuses_record_over_limit():
     ini = LinkConnection(initiator=True, psk=None, max_record=64)
-    ini.initiate()
+    ini.initiate(now=0.0)
     with pytest.raises(LinkError):
         ini.send(m.Generate(session="s", lease_ms=1000, prompt=list(range(100)), max_tokens=1))
 
@@ -110,7 +110,7 @@ def test_sender_refuses_record_over_limit():
 def test_wrong_token_fails_at_the_handshake():
     ini = LinkConnection(initiator=True, psk=TOKEN)
     res = LinkConnection(initiator=False, psk=OTHER)
-    res.receive_data(ini.initiate())
+    res.receive_data(ini.initiate(now=0.0))
     with pytest.raises(LinkError) as err:
         drain(res)
     assert err.value.kind is LinkErrorKind.WRONG_TOKEN
@@ -124,14 +124,14 @@ def test_wrong_token_fails_at_the_handshake():
 def test_token_on_one_side_only_is_named():
     ini = LinkConnection(initiator=True, psk=None)
     res = LinkConnection(initiator=False, psk=TOKEN)
-    res.receive_data(ini.initiate())
+    res.receive_data(ini.initiate(now=0.0))
     with pytest.raises(LinkError) as err:
         drain(res)
     assert err.value.kind is LinkErrorKind.NO_TOKEN_THERE
 
     ini2 = LinkConnection(initiator=True, psk=TOKEN)
     res2 = LinkConnection(initiator=False, psk=None)
-    res2.receive_data(ini2.initiate())
+    res2.receive_data(ini2.initiate(now=0.0))
     with pytest.raises(LinkError) as err2:
         drain(res2)
     assert err2.value.kind is LinkErrorKind.NO_TOKEN_HERE

@@ -76,7 +76,7 @@ def stream_of(psk: bytes | None) -> tuple[bytes, LinkConnection]:
     sent to a :func:`responder`, and that initiator (open, for more records)."""
     ini = LinkConnection(initiator=True, psk=psk)
     res = responder(psk)
-    first = ini.initiate()
+    first = ini.initiate(now=0.0)
     res.receive_data(first)
     assert drain(res) == [HandshakeDone(encrypted=psk is not None)]
     if psk is not None:
@@ -203,7 +203,7 @@ def test_a_replayed_first_message_opens_nothing_the_replayer_can_use() -> None:
     """NNpsk0's first message can be replayed to a fresh responder, which answers; but the
     replayer lacks the ephemeral key, so the captured traffic it sends next is refused."""
     data, _ini = stream_of(TOKEN)
-    first, rest = data[:2 + 48], data[2 + 48:]
+    first, rest = data[:2 + 56], data[2 + 56:]
     res = LinkConnection(initiator=False, psk=TOKEN)
     res.receive_data(first)
     assert drain(res) == [HandshakeDone(encrypted=True)]
@@ -217,11 +217,11 @@ def test_a_replayed_first_message_opens_nothing_the_replayer_can_use() -> None:
 def test_a_replayed_reply_is_refused_by_another_dialer() -> None:
     ini1 = LinkConnection(initiator=True, psk=TOKEN)
     res = LinkConnection(initiator=False, psk=TOKEN)
-    res.receive_data(ini1.initiate())
+    res.receive_data(ini1.initiate(now=0.0))
     drain(res)
     reply = res.handshake_reply()
     ini2 = LinkConnection(initiator=True, psk=TOKEN)
-    ini2.initiate()
+    ini2.initiate(now=0.0)
     ini2.receive_data(reply)  # bound to ini1's ephemeral key
     with pytest.raises(LinkError) as err:
         drain(ini2)
@@ -249,7 +249,7 @@ def test_replayed_or_reordered_frames_break_the_link(how: str) -> None:
 @pytest.mark.parametrize("psk", [TOKEN, None], ids=["noise", "plaintext"])
 def test_every_truncated_handshake_ends_in_a_link_error(psk: bytes | None) -> None:
     data, _ini = stream_of(psk)
-    first = data[:2 + (48 if psk else 0)]
+    first = data[:2 + (56 if psk else 0)]
     for cut in range(len(first)):
         res = responder(psk)
         if cut:
@@ -303,7 +303,7 @@ def test_a_claimed_huge_record_is_refused_before_any_allocation(psk: bytes | Non
     alone; the receiving end's memory never grows towards the claim."""
     ini = LinkConnection(initiator=True, psk=psk)
     res = LinkConnection(initiator=False, psk=psk)
-    res.receive_data(ini.initiate())
+    res.receive_data(ini.initiate(now=0.0))
     drain(res)
     if psk is not None:
         ini.receive_data(res.handshake_reply())

@@ -14,10 +14,10 @@ import socket
 from engine.head.fleet.links import Fleet
 from engine.head.fleet.peers import HeadPeers
 from engine.link import messages as m
-from engine.link.admission import PRE_HANDSHAKE_S, PendingHandshakes
-from engine.link.connection import LinkError
+from engine.link.admission import PRE_HELLO_S, PendingHandshakes
+from engine.link.connection import LinkError, LinkErrorKind
 from engine.link.hello import WrongPeer, exchange_hellos
-from engine.link.transport import Incoming, LinkClosed, accept, serve
+from engine.link.transport import Incoming, Link, LinkClosed, accept, serve
 from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal.head")
@@ -57,21 +57,28 @@ class JoinListener:
         if not self._pending.admit(address):
             incoming.close()  # a flood of connections that have not shown the token
             return
+        link: Link | None = None
+        bound = min(self.handshake_timeout_s, PRE_HELLO_S)
         try:
+            # counted until the peer's hello shows that it holds the token: a completed
+            # handshake does not (admission.py)
             try:
-                link = await accept(incoming, psk=self.fleet.psk,
-                                    timeout_s=min(self.handshake_timeout_s, PRE_HANDSHAKE_S))
+                async with asyncio.timeout(bound):
+                    link = await accept(incoming, psk=self.fleet.psk, timeout_s=bound)
+                    hello = await exchange_hellos(
+                        link, m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
+                                          listen_port=self.listen_port,
+                                          probe=self.fleet.probe),
+                        responder=True, expect=(m.NodeHello, m.HeadHello), timeout_s=bound)
             finally:
                 self._pending.release(address)
-            hello = await exchange_hellos(
-                link, m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
-                                  listen_port=self.listen_port, probe=self.fleet.probe),
-                responder=True, expect=(m.NodeHello, m.HeadHello),
-                timeout_s=self.handshake_timeout_s)
         except LinkError as exc:
-            self._warn_once(where.rsplit(":", 1)[0],
-                            f"refused a node joining from {where}: {exc}; pair it again "
-                            "(`shoal fleet pair` here, `shoal node join --code` there)")
+            fix = {LinkErrorKind.REPLAYED: "it was not answered",
+                   LinkErrorKind.OLD_PEER: "update Shoal there"}.get(
+                exc.kind, "pair it again (`shoal fleet pair` here, `shoal node join --code` "
+                "there)")
+            self._warn_once(f"{address}:{exc.kind.name}",
+                            f"refused a node joining from {where}: {exc}; {fix}")
             return
         except WrongPeer as exc:
             if isinstance(exc.got, m.Error) and exc.got.code == "wrong_model":
@@ -79,7 +86,15 @@ class JoinListener:
                                 f"the node joining from {where} refused this head: "
                                 f"{exc.got.message}")
             return
-        except (TimeoutError, OSError, LinkClosed):
+        except TimeoutError:
+            if link is not None:
+                self._warn_once(f"{address}:silent",
+                                f"a connection from {where} finished the handshake but sent "
+                                f"no hello in {bound:.0f} s, so it has not shown the fleet "
+                                "token (a copied handshake, or a peer of another Shoal "
+                                "version); closed it")
+            return
+        except (OSError, LinkClosed):
             return  # not a peer of this fleet, or gone: the link is closed
         if isinstance(hello, m.NodeHello):
             self.fleet.add_joined(hello, link)
