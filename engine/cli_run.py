@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from engine.events import Notice, PullProgress, ShoalEvent, Subscription
+from engine.files import write_private
+from engine.process_stamp import PROC, process_stamp, same_process
 from engine.service import Shoal
 from engine.serving_gc import pace_for_serving
 from engine.settings import UPSTREAM_RUNTIMES, Settings
@@ -120,14 +122,19 @@ def node_state_path(home: Path) -> Path:
     return home / "fleet" / "node.json"
 
 
-def _write_state(path: Path, state: dict[str, object]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"pid": os.getpid(), **state}))
+def _write_state(path: Path, state: dict[str, object], *, proc: Path = PROC) -> None:
+    """Record this process (its pid, and its stamp, so that `leave` signals this very
+    process and no later one given the same pid) with ``state``; written atomically."""
+    pid = os.getpid()
+    doc = {"pid": pid, "started": process_stamp(pid, proc=proc), **state}
+    write_private(path, json.dumps(doc).encode("utf-8"))
 
 
-def leave(home: Path, *, forget_token: bool) -> list[str]:
+def leave(home: Path, *, forget_token: bool, proc: Path = PROC) -> list[str]:
     """Stop this machine's joined node (it runs in another process), forget its head, and
-    the token if asked. Returns what was done, one line each."""
+    the token if asked. Returns what was done, one line each. The node is signalled only
+    when its pid still names the process that wrote the state file (``proc``: where
+    procfs is; elsewhere ``ps`` is asked)."""
     done: list[str] = []
     path = node_state_path(home)
     try:
@@ -137,8 +144,9 @@ def leave(home: Path, *, forget_token: bool) -> list[str]:
     except (FileNotFoundError, ValueError):
         state = None
     if state is not None:
-        pid = int(state.get("pid", 0)) if isinstance(state.get("pid"), int) else 0
-        if pid > 0 and _is_shoal_process(pid):
+        pid = state.get("pid")
+        pid = pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else 0
+        if pid and same_process(pid, state.get("started"), proc=proc):
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + LEAVE_WAIT_S
             while time.monotonic() < deadline and _alive(pid):
@@ -146,6 +154,11 @@ def leave(home: Path, *, forget_token: bool) -> list[str]:
             heads = state.get("heads")
             names = ", ".join(str(h) for h in heads) if isinstance(heads, list) else ""
             done.append(f"closed the links to {names or 'the head'}")
+        elif pid and _alive(pid):
+            # the node ended and its pid went to another program, or it cannot be told
+            done.append(f"left process {pid} alone: it cannot be confirmed as the node "
+                        "that joined (its pid may belong to another program now); if the "
+                        "node still runs, stop it in its terminal with Ctrl-C")
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
         done.append("forgot the head")
@@ -165,12 +178,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _is_shoal_process(pid: int) -> bool:
-    """Signal only a Shoal process: the pid in the state file may have been reused."""
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return _alive(pid) and sys.platform == "darwin"
-    return b"shoal" in cmdline or b"engine.cli" in cmdline
