@@ -69,7 +69,11 @@ def _allow_hosts(specs: list[str]) -> tuple[str, ...]:
         raise StartError(str(exc)) from None
 
 
-def _node(args: argparse.Namespace, *, listen: str | None) -> NodeSettings:
+def _node(args: argparse.Namespace, *, listen: str | None,
+          embedded_default: bool = False) -> NodeSettings:
+    """The node of `shoal node` (``--model`` required) or `shoal node join`
+    (``embedded_default``: without ``--model`` it serves the embedded default, the model
+    `shoal serve` and the app serve when none is given)."""
     fronts = args.runtime in UPSTREAM_RUNTIMES
     if fronts and not args.upstream:
         raise StartError(f"--runtime {args.runtime} fronts an engine you run; give its "
@@ -77,11 +81,12 @@ def _node(args: argparse.Namespace, *, listen: str | None) -> NodeSettings:
     if args.upstream and not fronts:
         raise StartError("--upstream names an engine you run; say which with --runtime "
                          "llama-server or --runtime vllm")
-    if not args.model and not fronts:
+    if not args.model and not fronts and not embedded_default:
         raise StartError("say which model to serve with --model (a GGUF path or "
                          "org/repo[:QUANT])")
     lanes = args.max_batch or (0 if fronts else LANES_DEFAULT)  # 0: as the upstream says
-    return NodeSettings(model=None if fronts else args.model, runtime=args.runtime,
+    # model None: the embedded default, resolved where `shoal serve`'s is (roles.loading)
+    return NodeSettings(model=None if fronts else args.model or None, runtime=args.runtime,
                         model_name=args.model_name, upstream=args.upstream,
                         max_context=args.max_context, lanes=lanes,
                         identity=args.identity, listen=listen,
@@ -100,7 +105,8 @@ def serve_settings(args: argparse.Namespace, home: Path) -> Settings:
         conns_per_node=args.fleet_conns_per_node or 0, queue_timeout_s=args.queue_timeout,
         keepalive_s=args.keepalive if args.keepalive > 0 else 5.0,
         tool_call_parser=args.tool_call_parser, chat_template=args.chat_template,
-        api_key=cli_argv.api_key(args), keys=args.keys, key_policy=args.key_policy,
+        api_key=cli_argv.api_key(args), insecure_no_auth=args.insecure_no_auth,
+        keys=args.keys, key_policy=args.key_policy,
         cors_allow=_cors(args.cors_allow), allow_hosts=_allow_hosts(args.allow_host),
         node_port=args.node_port)
     embedded = not (args.fleet or args.fleet_listen) or args.local_node
@@ -109,6 +115,15 @@ def serve_settings(args: argparse.Namespace, home: Path) -> Settings:
                         mock_speed=args.mock_speed) if embedded else None
     return Settings(home=home, head=head, node=node, discovery=_discovery(args, home),
                     auth_file=args.fleet_auth, offline=args.offline)
+
+
+def join_settings(args: argparse.Namespace, home: Path, code: str | None) -> Settings:
+    """`shoal node join`: a node that dials the fleet's head (given, in the join code
+    ``code``, or found on the network); the embedded default model unless --model."""
+    return Settings(home=home, node=_node(args, listen=None, embedded_default=True),
+                    join=JoinSettings(head=args.head, code=code, head_port=args.head_port),
+                    discovery=_discovery(args, home), auth_file=args.auth_file,
+                    offline=args.offline)
 
 
 async def _serve_banner(shoal: Shoal) -> list[str]:
@@ -178,12 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     code = join_code_from(code)
                 except PairingError as exc:
                     raise StartError(str(exc)) from None
-            settings = Settings(home=home, node=_node(args, listen=None),
-                                join=JoinSettings(head=args.head, code=code,
-                                                  head_port=args.head_port),
-                                discovery=_discovery(args, home), auth_file=args.auth_file,
-                                offline=args.offline)
-            return asyncio.run(run(settings, _join_banner, state=_joined_heads))
+            return asyncio.run(run(join_settings(args, home, code), _join_banner,
+                                   state=_joined_heads))
         if args.command == "node":
             setup_logging("shoal-node")
             settings = Settings(home=home, node=_node(args, listen=args.listen),

@@ -49,7 +49,8 @@ def _node_options(p: argparse.ArgumentParser, *, listen: bool, again: bool = Fal
             kw["default"] = argparse.SUPPRESS
         p.add_argument(*names, **kw)
 
-    add("--model", help="a GGUF path or org/repo[:QUANT] (not with --upstream)")
+    add("--model", help="a GGUF path or org/repo[:QUANT] (not with --upstream)" + (
+        "; default: the embedded model, as `shoal serve` serves it" if again else ""))
     if listen:
         add("--listen", default="0.0.0.0:8455", help="ADDR:PORT where heads dial this node "
             "(default 0.0.0.0:8455)")
