@@ -38,7 +38,14 @@ from engine.api.turns import Chat, Refused, forced, sampling_of
 from engine.errors import RequestError, ShoalError
 from engine.head.head import Head
 from engine.head.prompt.tools import TextDelta, ToolCallDelta
-from engine.head.prompt.turn import ChatEvent, ChatFinal, ToolChoice, chat_prompt, chat_turn
+from engine.head.prompt.turn import (
+    ChatEvent,
+    ChatFinal,
+    ToolChoice,
+    chat_prompt,
+    chat_turn,
+    off_loop,
+)
 
 _THINKING_OFF = {"enable_thinking": False}
 _UNREADABLE = ("image", "document", "search_result", "container_upload")
@@ -362,10 +369,17 @@ def _sampling(req: AnthropicRequest) -> Any:
                                        top_k=req.top_k))
 
 
+def _decoded(kind: type[Any], body: bytes) -> tuple[Any, Chat]:
+    req = decode_as(kind, body)
+    return req, to_chat(req)
+
+
 async def _decode(request: web.Request, kind: type[Any]) -> Any:
+    """The request and its chat, decoded off the loop when the body is large (a body of
+    many small messages or tools takes long to decode and convert)."""
+    body = await request.read()
     try:
-        req = decode_as(kind, await request.read())
-        return req, to_chat(req)
+        return await off_loop(len(body), lambda: _decoded(kind, body))
     except BadRequest as exc:
         return error_for(request, 400, str(exc), code="invalid_request")
     except Refused as exc:

@@ -191,8 +191,9 @@ def _to_chat(req: OllamaChatRequest, stream: bool) -> ChatRequest:
 
 
 async def _decode(request: web.Request, kind: type[Any]) -> Any:
-    try:
-        return decode_as(kind, await request.read())
+    body = await request.read()
+    try:  # off the loop when large: a body of many small messages takes long to decode
+        return await off_loop(len(body), lambda: decode_as(kind, body))
     except BadRequest as exc:
         return ollama_error(400, str(exc))
 

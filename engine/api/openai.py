@@ -19,7 +19,7 @@ from engine.head.head import Head
 from engine.head.naming.names import match_name
 from engine.head.prompt.model import capabilities
 from engine.head.prompt.tools import TextDelta, ToolCallDelta
-from engine.head.prompt.turn import ChatEvent
+from engine.head.prompt.turn import ChatEvent, ToolChoice, off_loop
 
 # -- /v1/chat/completions ------------------------------------------------------------
 
@@ -92,25 +92,34 @@ class ChatJSON(CollectedJSON):
         return json.dumps(body).encode()
 
 
+def _parsed(body: bytes) -> tuple[ChatRequest, str | None, ToolChoice, list[dict[str, Any]]]:
+    """The request, what it asks that Shoal does not do (None when nothing), its tool
+    choice and its messages as templates read them; BadRequest or Refused when it cannot
+    be taken."""
+    req = decode_chat(body)
+    problem = unsupported(req)
+    if problem:
+        return req, problem, ToolChoice(), []
+    return req, None, openai_tool_choice(req.tool_choice, req.tools), \
+        to_template_messages(req)
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     head = request.app[HEAD]
     body = await request.read()
     try:
-        req = decode_chat(body)
+        # off the loop when large: a body of many small messages takes long to decode
+        req, problem, choice, messages = await off_loop(len(body), lambda: _parsed(body))
     except BadRequest as exc:
         return error_for(request, 400, str(exc), code="invalid_request")
-    problem = unsupported(req)
-    if problem:
-        return error_for(request, 400, problem, code="unsupported_parameter")
-    try:
-        choice = openai_tool_choice(req.tool_choice, req.tools)
     except Refused as exc:
         return error_for(request, 400, str(exc), code="invalid_request", param=exc.param)
+    if problem:
+        return error_for(request, 400, problem, code="unsupported_parameter")
     resolved = runnable(request, head, req.model)
     if isinstance(resolved, web.Response):
         return resolved
     model_name, names = resolved
-    messages = to_template_messages(req)
     try:
         turn = await chat_request_turn(head.models[model_name], head.runner, req,
                                        routing_of(request, messages), messages=messages,

@@ -43,7 +43,7 @@ from engine.api.turns import Chat, Refused, forced, sampling_of
 from engine.errors import RequestError, ShoalError
 from engine.head.head import Head
 from engine.head.prompt.tools import TextDelta, ToolCallDelta
-from engine.head.prompt.turn import ChatEvent, ChatFinal, ToolChoice, chat_turn
+from engine.head.prompt.turn import ChatEvent, ChatFinal, ToolChoice, chat_turn, off_loop
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text")
 _UNREADABLE = ("input_image", "input_file", "input_audio")
@@ -416,11 +416,17 @@ class ResponsesJSON(Wire):
 # -- the route -----------------------------------------------------------------------
 
 
+def _decoded(body: bytes) -> tuple[ResponsesRequest, Chat]:
+    req: ResponsesRequest = decode_as(ResponsesRequest, body)
+    return req, to_chat(req)
+
+
 async def responses(request: web.Request) -> web.StreamResponse:
     head = request.app[HEAD]
+    body = await request.read()
     try:
-        req: ResponsesRequest = decode_as(ResponsesRequest, await request.read())
-        chat = to_chat(req)
+        # off the loop when large: a body of many small items takes long to decode
+        req, chat = await off_loop(len(body), lambda: _decoded(body))
     except BadRequest as exc:
         return error_for(request, 400, str(exc), code="invalid_request")
     except Refused as exc:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, Literal, TypeVar
 
 from engine.errors import RequestError
@@ -222,11 +223,13 @@ async def render_prompt(model: HeadModel, messages: list[dict[str, Any]], *,
                         template_kwargs: Mapping[str, Any] | None = None,
                         prefill: str = "") -> list[int]:
     """Prompt ids of ``messages`` through the model's chat template (off the loop when
-    long), then ``prefill``, the text the answer begins with; the head's own template
-    arguments cannot be overridden."""
+    the request weighs more than INLINE_CHARS: its messages, their content and tool
+    calls, the tools and the template arguments, see :func:`weight`), then ``prefill``,
+    the text the answer begins with; the head's own template arguments cannot be
+    overridden."""
     kwargs = {k: v for k, v in (template_kwargs or {}).items()
               if k not in RESERVED_TEMPLATE_KWARGS}
-    size = sum(len(str(msg.get("content") or "")) for msg in messages) + len(prefill)
+    size = weight((messages, tools, kwargs, prefill), INLINE_CHARS)
     try:
         return await off_loop(size, lambda: model.render(messages, tools=tools,
                                                          prefill=prefill, **kwargs))
@@ -276,13 +279,43 @@ async def chat_prompt(model: HeadModel, messages: list[dict[str, Any]], *,
 
 
 INLINE_CHARS = 16_384  # tokenizing this much takes a few ms: less than a thread hop costs
+ITEM_CHARS = 8  # what a value weighs beyond its text: its key, its markup in the template
 T = TypeVar("T")
+_END = object()
+
+
+def weight(value: object, budget: int) -> int:
+    """About how many characters ``value`` (a request's messages, tools and template
+    arguments: dicts, lists, strings, numbers) makes a template render, counted until it
+    passes ``budget``: every string counts its length, and every value, key and item
+    ITEM_CHARS more, so 100,000 empty messages weigh as much as one long message, and
+    tools and tool-call arguments count as the content does. The walk ends once past
+    the budget: on the loop it takes at most a budget's worth of steps, whatever the
+    request's size."""
+    total = 0
+    stack: list[Iterator[object]] = [iter((value,))]
+    while stack:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+            continue
+        total += ITEM_CHARS
+        if isinstance(item, str | bytes):
+            total += len(item)
+        elif isinstance(item, Mapping):
+            stack.append(chain.from_iterable(item.items()))
+        elif isinstance(item, list | tuple):
+            stack.append(iter(item))
+        if total > budget:
+            break
+    return total
 
 
 async def off_loop(size: int, work: Callable[[], T]) -> T:
-    """Run ``work`` (template rendering, tokenizing) on the loop when its input is small,
-    else in a worker thread: a long prompt takes about 0.2 s per MB, which must not stall
-    the head's other sessions (their pings and renewals)."""
+    """Run ``work`` (decoding a request body, template rendering, tokenizing) on the loop
+    when its input's ``size`` is small, else in a worker thread: a long prompt takes about
+    0.2 s per MB, and decoding a body of 100,000 small messages about as long, which must
+    not stall the head's other requests and sessions (their pings and renewals)."""
     if size <= INLINE_CHARS:
         return work()
     return await asyncio.to_thread(work)
