@@ -243,6 +243,8 @@ class Shoal:
                                                   else model.name)
         if ns.identity is None and self._head is not None and ns.listen is None:
             ns = replace(ns, identity=f"{socket.gethostname()} (local)")
+        if self._head is not None:  # /v1/models lists it as loading from now on
+            self._head.head.local_model = name
         self._node = await LocalNode.start(ns, model, name=name, psk=self._psk,
                                            discovery=s.discovery.mode, sock=sock)
         if model.runtime == "mock" and self._head is not None:

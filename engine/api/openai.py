@@ -147,21 +147,35 @@ def _described(head: Head, name: str | None) -> dict[str, Any]:
 
 
 def _model_entries(head: Head) -> list[dict[str, Any]]:
-    """``GET /v1/models``: the models some node serves now, then every alias; an alias
-    that nothing serves now says so (``available: false``)."""
+    """``GET /v1/models``: the models some node serves now (``status: ready``) and the
+    one this machine's node is loading (``status: loading``, ``available: false``: an
+    editor that lists models as Shoal starts sees it), then every alias; an alias that
+    nothing serves now says so (``available: false``)."""
     served = head.served()
     data: list[dict[str, Any]] = [
         {"id": name, "object": "model", "created": head.started_wall, "owned_by": "shoal",
-         "available": True, **_described(head, name)}
-        for name in head.models if name in served]
+         "available": name in served, "status": _status(head, name, served),
+         **_described(head, name)}
+        for name in head.models if name in served or name == head.local_model]
     for entry in head.aliases.entries():
         found = head.resolve(entry.name)
         target = found.model or match_name(entry.target or "", head.models)
         data.append({"id": entry.name, "object": "model", "created": int(entry.updated_at),
                      "owned_by": "shoal-alias", "alias_for": entry.target,
                      "fallbacks": list(entry.fallbacks), "resolves_to": found.model,
-                     "available": found.model is not None, **_described(head, target)})
+                     "available": found.model is not None,
+                     "status": "ready" if found.model is not None
+                     else _status(head, target, served),
+                     **_described(head, target)})
     return data
+
+
+def _status(head: Head, name: str | None, served: dict[str, bool]) -> str:
+    """``ready``: a node serves it; ``loading``: this machine's node is getting it ready;
+    ``unavailable``: neither."""
+    if name is not None and name in served:
+        return "ready"
+    return "loading" if name is not None and name == head.local_model else "unavailable"
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -180,7 +194,8 @@ async def get_model(request: web.Request) -> web.Response:
         # known to the head but no node serves it now
         return web.json_response({"id": found.model, "object": "model",
                                   "created": head.started_wall, "owned_by": "shoal",
-                                  "available": False, **_described(head, found.model),
+                                  "available": False, "status": "unavailable",
+                                  **_described(head, found.model),
                                   "context_window": 0, "context_length": 0},
                                  headers=model_headers(found))
     return error_for(request, 404, f"model {wanted!r} is neither served by a node nor an "

@@ -28,6 +28,9 @@ class Head:
         self.runner = runner
         self.tool_parser = tool_parser
         self.started_wall = int(time.time())
+        # the model this machine's node is loading (set by the composition root before the
+        # load): /v1/models lists it, marked loading, until a node serves it
+        self.local_model: str | None = None
         self._alias_store = al.AliasStore(aliases_path) if aliases_path is not None else None
         if aliases is None:
             aliases = self._alias_store.load() if self._alias_store else al.AliasTable()
