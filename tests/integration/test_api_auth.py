@@ -69,11 +69,11 @@ async def test_issued_and_revoked_keys(tmp_path: Path, caplog: pytest.LogCapture
         assert (await status(alice[:-1] + ("A" if alice[-1] != "A" else "B")))[0] == 401
         assert (await status("sk-shoal-"))[0] == 401
         # revoked while the head runs: a request within the watch interval sees it
-        keys.revoke(revoked, "alice")
+        await asyncio.to_thread(keys.revoke, revoked, "alice")  # it syncs the file to disk
         code, message = await until_result(lambda: status(alice), lambda r: r[0] == 401)
         assert "key 'alice' has been revoked" in message
         assert (await status(keys.issue_key(SECRET, "bob")))[0] == 200
-        keys.unrevoke(revoked, "alice")
+        await asyncio.to_thread(keys.unrevoke, revoked, "alice")
         await until_result(lambda: status(alice), lambda r: r[0] == 200)
         # a corrupt list keeps the last good one (once the head has read it and said so)
         revoked.write_text("{not json")
@@ -143,12 +143,13 @@ async def test_concurrency_cap_and_release_on_every_path():
             assert r.status == 200
             await r.content.readline()
         # the response is closed here, before the end of the stream
-        for _ in range(20):
-            await asyncio.sleep(0.1)
+
+        async def models() -> int:
             async with http.get(live.url("/v1/models"), headers=bearer(erin)) as r:
-                if r.status == 200:
-                    break
-        assert r.status == 200
+                return r.status
+
+        await until_result(models, lambda status: status == 200,
+                           what="the slot of the stream left mid-way released")
 
 
 async def test_cors_allow_list_and_preflight():
