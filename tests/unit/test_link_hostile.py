@@ -12,7 +12,8 @@ from __future__ import annotations
 import itertools
 import struct
 import tracemalloc
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -45,11 +46,15 @@ RECORDS: list[m.Record] = [
 ]
 EXAMPLES = 300
 SMALL_PEAK = 256 * 1024  # bytes: far below what any claimed size here would need
-COUNTS: dict[str, int] = {}
 
 
-def count(name: str) -> None:
-    COUNTS[name] = COUNTS.get(name, 0) + 1
+@pytest.fixture(scope="module")
+def counts() -> Iterator[Counter[str]]:
+    """How many cases of each kind the tests of this module ran; filed as the drill
+    figures once they are done, whichever of them ran and in whatever order."""
+    ran: Counter[str] = Counter()
+    yield ran
+    file_figures(ran)
 
 
 def drain(conn: LinkConnection) -> list[object]:
@@ -107,8 +112,9 @@ def feed(conn: LinkConnection, data: bytes, cuts: list[int]) -> tuple[list[objec
 @pytest.mark.parametrize("psk", [TOKEN, None], ids=["noise", "plaintext"])
 @settings(max_examples=EXAMPLES // 2, deadline=None)
 @given(cuts=st.lists(st.integers(min_value=0), max_size=40))
-def test_any_chunking_gives_the_same_records(psk: bytes | None, cuts: list[int]) -> None:
-    count("chunking")
+def test_any_chunking_gives_the_same_records(counts: Counter[str], psk: bytes | None,
+                                             cuts: list[int]) -> None:
+    counts["chunking"] += 1
     data, _ini = stream_of(psk)
     events, err = feed(responder(psk), data, cuts)
     assert err is None
@@ -144,8 +150,9 @@ MUTATION = st.tuples(st.sampled_from(["flip", "delete", "insert", "truncate", "d
 @given(mutations=st.lists(MUTATION, min_size=1, max_size=3),
        cuts=st.lists(st.integers(min_value=0), max_size=8))
 def test_a_mutated_encrypted_stream_yields_only_real_records(
-        mutations: list[tuple[str, int, int, bytes]], cuts: list[int]) -> None:
-    count("mutated_noise")
+        counts: Counter[str], mutations: list[tuple[str, int, int, bytes]],
+        cuts: list[int]) -> None:
+    counts["mutated_noise"] += 1
     data, _ini = stream_of(TOKEN)
     for op, at, size, junk in mutations:
         data = _mutate(data, op, at, size, junk) or b"\x00"
@@ -160,8 +167,9 @@ def test_a_mutated_encrypted_stream_yields_only_real_records(
 @given(mutations=st.lists(MUTATION, min_size=1, max_size=3),
        cuts=st.lists(st.integers(min_value=0), max_size=8))
 def test_a_mutated_plaintext_stream_yields_only_valid_records(
-        mutations: list[tuple[str, int, int, bytes]], cuts: list[int]) -> None:
-    count("mutated_plaintext")
+        counts: Counter[str], mutations: list[tuple[str, int, int, bytes]],
+        cuts: list[int]) -> None:
+    counts["mutated_plaintext"] += 1
     data, _ini = stream_of(None)
     for op, at, size, junk in mutations:
         data = _mutate(data, op, at, size, junk) or b"\x00"
@@ -173,8 +181,8 @@ def test_a_mutated_plaintext_stream_yields_only_valid_records(
 
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(body=st.binary(max_size=2000))
-def test_random_record_bodies_only_raise_record_errors(body: bytes) -> None:
-    count("random_record")
+def test_random_record_bodies_only_raise_record_errors(counts: Counter[str], body: bytes) -> None:
+    counts["random_record"] += 1
     try:
         rec = m.decode(body)
     except m.RecordError:
@@ -186,8 +194,8 @@ def test_random_record_bodies_only_raise_record_errors(body: bytes) -> None:
 @given(index=st.integers(min_value=0, max_value=len(RECORDS) - 1),
        mutation=MUTATION)
 def test_mutated_record_bodies_only_raise_record_errors(
-        index: int, mutation: tuple[str, int, int, bytes]) -> None:
-    count("mutated_record")
+        counts: Counter[str], index: int, mutation: tuple[str, int, int, bytes]) -> None:
+    counts["mutated_record"] += 1
     body = _mutate(m.encode(RECORDS[index]), *mutation) or b"\x00"
     try:
         rec = m.decode(body)
@@ -199,7 +207,7 @@ def test_mutated_record_bodies_only_raise_record_errors(
 # -- replays -----------------------------------------------------------------------------
 
 
-def test_a_replayed_first_message_opens_nothing_the_replayer_can_use() -> None:
+def test_a_replayed_first_message_opens_nothing_the_replayer_can_use(counts: Counter[str]) -> None:
     """NNpsk0's first message can be replayed to a fresh responder, which answers; but the
     replayer lacks the ephemeral key, so the captured traffic it sends next is refused."""
     data, _ini = stream_of(TOKEN)
@@ -211,10 +219,10 @@ def test_a_replayed_first_message_opens_nothing_the_replayer_can_use() -> None:
     with pytest.raises(LinkError) as err:
         drain(res)
     assert err.value.kind is LinkErrorKind.PROTOCOL  # the first frame fails authentication
-    count("replay")
+    counts["replay"] += 1
 
 
-def test_a_replayed_reply_is_refused_by_another_dialer() -> None:
+def test_a_replayed_reply_is_refused_by_another_dialer(counts: Counter[str]) -> None:
     ini1 = LinkConnection(initiator=True, psk=TOKEN)
     res = LinkConnection(initiator=False, psk=TOKEN)
     res.receive_data(ini1.initiate(now=0.0))
@@ -226,11 +234,11 @@ def test_a_replayed_reply_is_refused_by_another_dialer() -> None:
     with pytest.raises(LinkError) as err:
         drain(ini2)
     assert err.value.kind is LinkErrorKind.WRONG_TOKEN
-    count("replay")
+    counts["replay"] += 1
 
 
 @pytest.mark.parametrize("how", ["again", "swapped"])
-def test_replayed_or_reordered_frames_break_the_link(how: str) -> None:
+def test_replayed_or_reordered_frames_break_the_link(counts: Counter[str], how: str) -> None:
     data, ini = stream_of(TOKEN)
     res = responder(TOKEN)
     res.receive_data(data)
@@ -240,14 +248,15 @@ def test_replayed_or_reordered_frames_break_the_link(how: str) -> None:
     with pytest.raises(LinkError) as err:
         drain(res)
     assert err.value.kind is LinkErrorKind.PROTOCOL
-    count("replay")
+    counts["replay"] += 1
 
 
 # -- truncated handshakes -------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("psk", [TOKEN, None], ids=["noise", "plaintext"])
-def test_every_truncated_handshake_ends_in_a_link_error(psk: bytes | None) -> None:
+def test_every_truncated_handshake_ends_in_a_link_error(counts: Counter[str],
+                                                        psk: bytes | None) -> None:
     data, _ini = stream_of(psk)
     first = data[:2 + (56 if psk else 0)]
     for cut in range(len(first)):
@@ -259,7 +268,7 @@ def test_every_truncated_handshake_ends_in_a_link_error(psk: bytes | None) -> No
         with pytest.raises(LinkError) as err:
             drain(res)
         assert err.value.kind is LinkErrorKind.CLOSED_AT_HANDSHAKE
-        count("truncated_handshake")
+        counts["truncated_handshake"] += 1
 
 
 @pytest.mark.parametrize(("psk", "length", "kind"), [
@@ -268,14 +277,14 @@ def test_every_truncated_handshake_ends_in_a_link_error(psk: bytes | None) -> No
     (None, 48, LinkErrorKind.NO_TOKEN_HERE), (None, MAX_FRAME, LinkErrorKind.NO_TOKEN_HERE),
 ])
 def test_a_handshake_frame_of_the_wrong_length_is_refused_on_its_length(
-        psk: bytes | None, length: int, kind: LinkErrorKind) -> None:
+        counts: Counter[str], psk: bytes | None, length: int, kind: LinkErrorKind) -> None:
     """Two bytes are enough: the link neither waits for nor buffers the announced frame."""
     res = LinkConnection(initiator=False, psk=psk)
     res.receive_data(struct.pack(">H", length))
     with pytest.raises(LinkError) as err:
         drain(res)
     assert err.value.kind is kind
-    count("handshake_length")
+    counts["handshake_length"] += 1
 
 
 # -- sizes a peer claims ---------------------------------------------------------------
@@ -297,7 +306,8 @@ def peak_while(work: Callable[[], object]) -> tuple[int, BaseException | None]:
 
 @pytest.mark.parametrize("psk", [TOKEN, None], ids=["noise", "plaintext"])
 @pytest.mark.parametrize("claim", [m.MAX_RECORD + 1, 1 << 31, (1 << 32) - 1])
-def test_a_claimed_huge_record_is_refused_before_any_allocation(psk: bytes | None,
+def test_a_claimed_huge_record_is_refused_before_any_allocation(counts: Counter[str],
+                                                                psk: bytes | None,
                                                                 claim: int) -> None:
     """A peer that announces a record of up to 4 GiB gets an error from the 4-byte length
     alone; the receiving end's memory never grows towards the claim."""
@@ -322,7 +332,7 @@ def test_a_claimed_huge_record_is_refused_before_any_allocation(psk: bytes | Non
     assert isinstance(error, LinkError) and error.kind is LinkErrorKind.TOO_LARGE
     assert str(claim) in str(error)
     assert peak < SMALL_PEAK, peak
-    count("huge_claim")
+    counts["huge_claim"] += 1
 
 
 @pytest.mark.parametrize(("what", "body"), [
@@ -333,12 +343,13 @@ def test_a_claimed_huge_record_is_refused_before_any_allocation(psk: bytes | Non
     ("extension of 4 GiB", b"\x92\xa4ping\xc9\xff\xff\xff\xff\x01"),
     ("array of 2**20 ids, then nothing", b"\x93\xa6tokens\xdd\x00\x10\x00\x00\x01"),
 ])
-def test_sizes_claimed_inside_a_record_are_refused_before_allocation(what: str,
+def test_sizes_claimed_inside_a_record_are_refused_before_allocation(counts: Counter[str],
+                                                                     what: str,
                                                                      body: bytes) -> None:
     peak, error = peak_while(lambda: m.decode(body))
     assert isinstance(error, m.RecordError), what
     assert peak < SMALL_PEAK, (what, peak)
-    count("huge_claim")
+    counts["huge_claim"] += 1
 
 
 def test_the_record_limit_is_exact() -> None:
@@ -358,33 +369,35 @@ def test_the_record_limit_is_exact() -> None:
     assert err.value.kind is LinkErrorKind.TOO_LARGE
 
 
-def test_zzz_record_the_link_figures() -> None:
-    """Files the counts of the cases above (this runs after them, in file order)."""
-    if not COUNTS:
-        pytest.skip("run with the tests above to count them")
-    record("link_decoders", kind="hostile",
-           tried="frames and records: any chunking of a real stream, random and mutated "
-                 "bytes (flip, delete, insert, truncate, duplicate, reverse), random and "
-                 "mutated record bodies",
-           times=sum(COUNTS.get(k, 0) for k in ("chunking", "mutated_noise",
-                                                 "mutated_plaintext", "random_record",
-                                                 "mutated_record")),
-           outcome="only LinkError or RecordError, never another exception; an encrypted "
-                   "link yielded only records the peer sent, in order",
-           tokens_lost=None, failed_clear=None, **COUNTS)
-    record("handshake", kind="hostile",
-           tried="replayed first message, replayed reply, replayed and reordered frames; "
-                 "the handshake cut at every byte; handshake frames of the wrong length",
-           times=sum(COUNTS.get(k, 0) for k in ("replay", "truncated_handshake",
-                                                 "handshake_length")),
-           outcome="every replay refused (the replayer cannot use what it opens); every cut "
-                   "ends in a link error at EOF; a wrong length is refused on its 2 bytes",
-           tokens_lost=None, failed_clear=None)
-    record("claimed_sizes", kind="hostile",
-           tried="records claimed at 8 MiB+1, 2 GiB and 4 GiB-1 (encrypted and plaintext); "
-                 "arrays, strings, bytes, maps and extensions claimed at up to 4 GiB "
-                 "inside a record",
-           times=COUNTS.get("huge_claim", 0),
-           outcome=f"refused before allocation: tracemalloc's peak stayed under "
-                   f"{SMALL_PEAK // 1024} KiB each time",
-           tokens_lost=None, failed_clear=None)
+def file_figures(ran: Counter[str]) -> None:
+    """One row for each group of cases, for the groups that ran."""
+    decoders = ("chunking", "mutated_noise", "mutated_plaintext", "random_record",
+                "mutated_record")
+    if any(ran[k] for k in decoders):
+        record("link_decoders", kind="hostile",
+               tried="frames and records: any chunking of a real stream, random and mutated "
+                     "bytes (flip, delete, insert, truncate, duplicate, reverse), random and "
+                     "mutated record bodies",
+               times=sum(ran[k] for k in decoders),
+               outcome="only LinkError or RecordError, never another exception; an "
+                       "encrypted link yielded only records the peer sent, in order",
+               tokens_lost=None, failed_clear=None, **dict(ran))
+    handshakes = ("replay", "truncated_handshake", "handshake_length")
+    if any(ran[k] for k in handshakes):
+        record("handshake", kind="hostile",
+               tried="replayed first message, replayed reply, replayed and reordered frames; "
+                     "the handshake cut at every byte; handshake frames of the wrong length",
+               times=sum(ran[k] for k in handshakes),
+               outcome="every replay refused (the replayer cannot use what it opens); every "
+                       "cut ends in a link error at EOF; a wrong length is refused on its 2 "
+                       "bytes",
+               tokens_lost=None, failed_clear=None)
+    if ran["huge_claim"]:
+        record("claimed_sizes", kind="hostile",
+               tried="records claimed at 8 MiB+1, 2 GiB and 4 GiB-1 (encrypted and "
+                     "plaintext); arrays, strings, bytes, maps and extensions claimed at up "
+                     "to 4 GiB inside a record",
+               times=ran["huge_claim"],
+               outcome=f"refused before allocation: tracemalloc's peak stayed under "
+                       f"{SMALL_PEAK // 1024} KiB each time",
+               tokens_lost=None, failed_clear=None)
