@@ -67,29 +67,42 @@ class ShoalBridge(QObject):
             self.refresh()
 
     def start_ended(self, error: str | None = None) -> None:
-        """Shoal's start is over (``error``: the line saying why it failed): the commands
-        asked for meanwhile run now, or fail with that line."""
+        """Shoal's start is over (``error``: the line saying why it failed and what to
+        do): the commands asked for meanwhile run now, or fail with that line, as do
+        those asked for later, until `starting` says Shoal is starting again."""
         self._start_error = error
         self._started.set()
 
-    def run(self, work: Awaitable[T], *, done: Callable[[T], None] | None = None) -> None:
+    def starting(self) -> None:
+        """Shoal starts again (after a failed start): commands wait for it once more."""
+        self._start_error = None
+        self._started.clear()
+
+    @property
+    def start_error(self) -> str | None:
+        return self._start_error
+
+    def run(self, work: Awaitable[T], *, done: Callable[[T], None] | None = None,
+            failed: Callable[[str], None] | None = None, anytime: bool = False) -> None:
         """Run a command (a coroutine from `Shoal`) without blocking the UI, once Shoal
-        has started; its result goes to ``done``, a ShoalError's line to ``failed``."""
+        has started (``anytime``: at once, for a command that needs no running role, such
+        as a settings change); its result goes to ``done``, a ShoalError's line to
+        ``failed`` (else the ``failed`` signal). A command that cannot run (the start
+        failed) is closed, never left unawaited."""
         async def go() -> None:
             self.busy.emit(True)
             try:
-                await self._started.wait()
-                if self._start_error is not None:
-                    if inspect.iscoroutine(work):
-                        work.close()  # never to run
-                    raise ShoalError(self._start_error)
+                if not anytime:
+                    await self._started.wait()
+                    if self._start_error is not None:
+                        raise ShoalError(self._start_error)
                 result = await work
             except ShoalError as exc:
-                self.failed.emit(sentence(str(exc)))
+                (failed or self.failed.emit)(sentence(str(exc)))
             except Exception as exc:  # a bug: say so in one line, keep the app alive
                 log.exception("a command failed")
-                self.failed.emit(f"something went wrong ({type(exc).__name__}); the log "
-                                 "has the details")
+                (failed or self.failed.emit)(f"something went wrong ({type(exc).__name__}); "
+                                             "the log has the details")
             else:
                 if done is not None:
                     done(result)
@@ -97,9 +110,16 @@ class ShoalBridge(QObject):
                 self.busy.emit(False)
                 self.refresh()
 
+        def ended(_task: asyncio.Task[None]) -> None:
+            self._tasks.discard(_task)
+            # not run (the start failed, or the task was cancelled before its first step)
+            if inspect.iscoroutine(work) and \
+                    inspect.getcoroutinestate(work) == inspect.CORO_CREATED:
+                work.close()
+
         task = asyncio.get_running_loop().create_task(go())
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(ended)
 
     async def close(self, *, wait_s: float = 10.0) -> None:
         """Stop listening and wait up to ``wait_s`` for the commands under way, cancelling

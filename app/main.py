@@ -26,7 +26,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox, QSystemTrayIcon, QWidget
 
 from app import autostart
-from app.bridge import ShoalBridge, describe
+from app.bridge import ShoalBridge, describe, sentence
 from app.collector import MainThreadCollector
 from app.icons import app_icon, tray_icon
 from app.instance import SingleInstance
@@ -47,6 +47,8 @@ log = logging.getLogger("shoal.app")
 
 QUIT_DRAIN_S = 10.0  # Quit waits this long for the requests under way, then cancels them
 REJOIN_EVERY_S = 30.0  # after a restart in a fleet whose heads are away, look again this often
+FIX_AND_RETRY = ("fix that (Settings has the ports) and choose Start again in Shoal's "
+                 "menu")
 
 
 def _progress(event: ev.PullProgress) -> str:
@@ -110,9 +112,9 @@ class Shell(QObject):
             self.show_welcome()
         self._spawn(self._open(), "app-open")
 
-    async def _open(self) -> None:
+    async def _open(self, settings: Settings | None = None) -> None:
         try:
-            await self.shoal.open()
+            await (self.shoal.open() if settings is None else self.shoal.open(settings))
         except ShoalError as exc:
             self._failed(str(exc))
             return
@@ -130,11 +132,32 @@ class Shell(QObject):
             self._spawn(self._rejoin(self.rejoin), "app-rejoin")
 
     def _failed(self, line: str) -> None:
-        self.bridge.start_ended(error=f"Shoal is not running: {line}")
+        self.bridge.start_ended(error=f"Shoal is not running: {line}; {FIX_AND_RETRY}")
         self.phase, self.problem = "failed", line
         self._render()
-        say(line, parent=self.window if self.window is not None and self.window.isVisible()
-            else None, title="Shoal could not start", icon=QMessageBox.Icon.Critical)
+        box = say(line, parent=self.window if self.window is not None
+                  and self.window.isVisible() else None,
+                  title="Shoal could not start", icon=QMessageBox.Icon.Critical)
+        box.setInformativeText(f"{sentence(FIX_AND_RETRY)}.")
+
+    def retry(self) -> None:
+        """Start again after a failed start, from the settings as they are now (the
+        user may have fixed the cause: another port in Settings)."""
+        if self.phase != "failed":
+            return
+        self.phase, self.problem, self.progress = "starting", None, None
+        self.bridge.starting()
+        self._render()
+        self._spawn(self._reopen(), "app-open")
+
+    async def _reopen(self) -> None:
+        try:
+            settings, _prefs = await load(self.shoal.settings.home)
+        except ConfigError as exc:
+            self._failed(str(exc))
+            return
+        self.rejoin = settings.join if settings.node else None
+        await self._open(replace(settings, join=None))
 
     async def _rejoin(self, join: JoinSettings) -> None:
         """Back into the fleet this machine was in when it last ran; while its heads are
@@ -294,6 +317,8 @@ class Shell(QObject):
             bridge.run(shoal.pause_serving(checked))
         elif key == "login":
             self.save_prefs(with_(self.prefs, start_at_login=checked))
+        elif key == "retry":
+            self.retry()
         elif key == "quit":
             self.quitting.set()
 

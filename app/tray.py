@@ -26,8 +26,8 @@ from app.prefs import Prefs
 from engine.snapshot import FleetSnapshot
 
 Phase = Literal["starting", "running", "failed", "stopping"]
-Key = Literal["status", "problem", "open", "copy_api_url", "join", "pair", "leave", "api",
-              "pause", "login", "quit"]
+Key = Literal["status", "problem", "retry", "open", "copy_api_url", "join", "pair", "leave",
+              "api", "pause", "login", "quit"]
 MAX_LINE = 90  # characters of a menu line; a longer one is cut with an ellipsis
 
 
@@ -123,6 +123,8 @@ def menu_entries(view: TrayView) -> list[Entry]:
     entries = [Entry("status", _cut(status_line(view)), enabled=False)]
     if view.problem:
         entries.append(Entry("problem", _cut(view.problem), enabled=False))
+    if view.phase == "failed":  # the cause fixed (another port in Settings), start again
+        entries.append(Entry("retry", "Start again"))
     entries += [
         Entry("open", "Open Shoal", separator_before=True),
         Entry("copy_api_url", f"Copy API URL ({_host_port(api)})" if api

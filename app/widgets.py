@@ -43,8 +43,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.bridge import ShoalBridge, sentence
-from engine.errors import ShoalError
+from app.bridge import ShoalBridge
 
 log = logging.getLogger("shoal.app")
 T = TypeVar("T")
@@ -64,31 +63,24 @@ AnyIndex = QModelIndex | QPersistentModelIndex
 
 def run(owner: QObject, bridge: ShoalBridge, work: Awaitable[T], *,
         done: Callable[[T], None] | None = None,
-        failed: Callable[[str], None] | None = None) -> None:
+        failed: Callable[[str], None] | None = None, anytime: bool = False) -> None:
     """Run an engine command through the bridge for the widget ``owner``: its result goes
     to ``done``; with ``failed``, a ShoalError's line goes there (a form shows it beside
-    the field it concerns), else to the window's banner. Neither is called once ``owner``
-    is gone (a window closed while its command ran)."""
+    the field it concerns; also the line of a start that failed, so a button disabled
+    while the command runs comes back), else to the window's banner. Neither is called
+    once ``owner`` is gone (a window closed while its command ran). ``anytime``: see
+    `ShoalBridge.run`."""
 
-    async def guarded() -> tuple[bool, Any]:
-        try:
-            return True, await work
-        except ShoalError as exc:
-            if failed is None:
-                raise
-            return False, sentence(str(exc))
+    def finish(value: T) -> None:
+        if done is not None and shiboken6.isValid(owner):
+            done(value)
 
-    def finish(outcome: tuple[bool, Any]) -> None:
-        if not shiboken6.isValid(owner):
-            return
-        ok, value = outcome
-        if ok:
-            if done is not None:
-                done(value)
-        elif failed is not None:
-            failed(value)
+    def fail(line: str) -> None:
+        if failed is not None and shiboken6.isValid(owner):
+            failed(line)
 
-    bridge.run(guarded(), done=finish)
+    bridge.run(work, done=finish, failed=fail if failed is not None else None,
+               anytime=anytime)
 
 
 def choose_file(parent: QWidget, title: str, name_filter: str,

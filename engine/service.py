@@ -128,17 +128,31 @@ class Shoal:
                     wall: Callable[[], float] = time.time) -> Shoal:
         """Start the roles ``settings`` names. Raises StartError / JoinError (one line)."""
         shoal = cls(settings, clock=clock, wall=wall)
-        await shoal.open()
+        try:
+            await shoal.open()
+        except BaseException:
+            await shoal.stop(drain=0)
+            raise
         return shoal
 
-    async def open(self) -> None:
+    async def open(self, settings: Settings | None = None) -> None:
         """Start the roles (for a caller that subscribed to `events` first, to see the
-        start's own progress). On failure every part started is stopped again."""
-        try:
-            await self._start()
-        except BaseException:
-            await self.stop(drain=0)
-            raise
+        start's own progress). On failure every part started is stopped again and the
+        Shoal stays as it was before: it can be opened again, on ``settings`` when given
+        (the cause fixed: another port, say). Raises StartError / JoinError (one line)."""
+        async with self._lock:
+            if self._stopped:
+                raise CommandError("this Shoal has stopped; start a new one", code="stopped")
+            if self._head is not None or self._node is not None:
+                raise CommandError("Shoal runs already", code="running")
+            if settings is not None:
+                self.settings = settings
+                self.keys = KeyCommands(settings.home)
+            try:
+                await self._start()
+            except BaseException:
+                await self._close_roles(drain=0)
+                raise
 
     async def _start(self) -> None:
         s = self.settings
@@ -270,6 +284,10 @@ class Shoal:
         if self._stopped:
             return
         self._stopped = True
+        await self._close_roles(drain)
+        self._bus.close()
+
+    async def _close_roles(self, drain: float) -> None:
         head, node, member = self._head, self._node, self._member
         if head is not None:
             await head.drain(drain)
@@ -280,7 +298,6 @@ class Shoal:
         if node is not None:
             await node.close()
         self._head = self._node = self._member = None
-        self._bus.close()
 
     # -- reading -------------------------------------------------------------------
 

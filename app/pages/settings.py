@@ -162,7 +162,8 @@ class SettingsPage(QWidget):
 
         self.show_settings(bridge.shoal.settings)
         # the file may hold changes made for the next start: show those
-        run(self, bridge, app_prefs.load(home), done=lambda got: self.show_settings(got[0]))
+        run(self, bridge, app_prefs.load(home), done=lambda got: self.show_settings(got[0]),
+            anytime=True)
 
     def show_settings(self, s: Settings) -> None:
         head = s.head or HeadSettings()
@@ -196,7 +197,7 @@ class SettingsPage(QWidget):
         say(self.error, "")
         run(self, self._bridge, update_stored(self._bridge.shoal.settings.home, self.change),
             done=lambda _s: say(self.saved, RESTART_NOTE),
-            failed=lambda line: say(self.error, line))
+            failed=lambda line: say(self.error, line), anytime=True)
 
     def issue_key(self) -> None:
         name = self.key_name.text().strip()

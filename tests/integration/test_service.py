@@ -106,6 +106,29 @@ async def test_a_port_in_use_fails_before_any_model_loads(tmp_path: Path):
         assert err.value.code == "port_in_use" and "in use" in str(err.value)
 
 
+async def test_a_failed_start_can_start_again_on_fixed_settings(tmp_path: Path):
+    async with running(both(tmp_path)) as first:
+        taken = first.api_url.split(":")[-1].split("/")[0]  # type: ignore[union-attr]
+        held = replace(both(tmp_path), head=replace(
+            both(tmp_path).head, http=f"127.0.0.1:{taken}"))  # type: ignore[arg-type]
+        shoal = Shoal(held)
+        events = shoal.events()
+        try:
+            with pytest.raises(StartError):
+                await shoal.open()
+            assert shoal.api_url is None and shoal.snapshot().roles.node is None
+            await shoal.open(both(tmp_path))  # another port: it starts, its bus still open
+            await ready(shoal)
+            assert (await chat(shoal))[0] == 200
+            role = await asyncio.wait_for(events.get(), 5)
+            assert isinstance(role, ev.RolesChanged) and role.head
+            with pytest.raises(CommandError):
+                await shoal.open()  # once running, not twice
+        finally:
+            events.close()
+            await shoal.stop(drain=0)
+
+
 async def test_head_on_and_off_at_run_time(tmp_path: Path):
     settings = Settings(home=tmp_path, discovery=QUIET,
                         node=NodeSettings(model="mock-m", runtime="mock", lanes=2))
