@@ -18,7 +18,7 @@ from app.pages.pairing import JOIN_COMMAND
 from app.prefs import Prefs
 from app.window import PAGES, MainWindow
 from engine.errors import StartError
-from engine.events import PullProgress
+from engine.events import PullProgress, SessionFinished
 from engine.settings import Settings
 from tests.ui.running import (
     MODEL,
@@ -486,10 +486,20 @@ async def test_serve_a_gguf_file_then_try_it_answers_from_smollm2(tmp_path: Path
         page.model.setCurrentIndex(page.model.findData(name))
         page.max_tokens = 12
         page.prompt.setPlainText("Name three colours.")
-        click(qtbot, page.send_button)
-        await until(lambda: not page.streaming, "the answer", timeout=180)
+        async with shoal.events() as events:
+            click(qtbot, page.send_button)
+            await until(lambda: not page.streaming, "the answer", timeout=180)
+            # the engine's own count of the answer, to hold the page's figure against
+            finished = await until(lambda: next(
+                (e for e in iter(events.get_nowait, None)
+                 if isinstance(e, SessionFinished) and e.requested == name), None),
+                "the engine's record of the answer")
         assert not page.error.isVisible(), page.error.text()
         answer = page.transcript.toPlainText().split(f"{name}\n", 1)[1]
         assert len(answer.split()) >= 2
-        assert page.status.text().startswith("12 tokens in") or "tokens in" in page.status.text()
+        assert finished.error is None and 2 <= finished.completion_tokens <= 12
+        if finished.finish_reason == "length":
+            assert finished.completion_tokens == 12
+        assert page.status.text().startswith(f"{finished.completion_tokens} tokens in "), \
+            page.status.text()
 
