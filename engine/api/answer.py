@@ -8,6 +8,11 @@ alive, SSE comments for a stream and leading whitespace for one JSON answer
 (JSON parsers skip it), until the first token or the answer is ready. A
 failure after that is reported inside the answer.
 
+A client that reads nothing (its socket's buffers full, so that a write waits for
+room) gets ``write_timeout_s`` (the head's setting, WRITE_TIMEOUT_S by default; tests
+shorten it on the Head): a write that makes no room for that long ends the answer and
+drops the connection, which stops the session, frees its lane and its key's slot.
+
 A route writes its shape through a :class:`Wire` and calls :func:`answer`; when to
 commit and when to send a keepalive is :class:`Pace`, a pure function of the head's
 clock.
@@ -15,9 +20,10 @@ clock.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -34,6 +40,17 @@ from engine.head.prompt.turn import ChatEvent, ChatFinal, Turn
 log = logging.getLogger("shoal.api")
 KEEPALIVE_S = 5.0
 DISCONNECT_POLL_S = 0.5  # how soon a client that went away is noticed while nothing comes
+WRITE_TIMEOUT_S = 30.0  # a write that finds no room for this long: the client reads nothing
+
+
+class StalledClient(Exception):
+    """The client read nothing of its answer for the write timeout."""
+
+
+def write_timeout_s(head: Head) -> float:
+    """How long one write may wait for the client to take what was written before."""
+    value = getattr(head, "write_timeout_s", WRITE_TIMEOUT_S)
+    return float(value) if value and value > 0 else WRITE_TIMEOUT_S
 
 
 def keepalive_s(head: Head) -> float:
@@ -171,13 +188,24 @@ async def answer(request: web.Request, head: Head, turn: Turn, wire: Wire,
     resp: web.StreamResponse | None = None
     last_write = clock()
     begun = False
+    bound_s = write_timeout_s(head)
+
+    async def bounded(step: Awaitable[object]) -> None:
+        try:
+            async with asyncio.timeout(bound_s):
+                await step
+        except TimeoutError:
+            raise StalledClient from None
 
     async def commit() -> web.StreamResponse:
         r = web.StreamResponse(status=200, headers={
             "Content-Type": wire.content_type, "Cache-Control": "no-cache",
             "X-Accel-Buffering": "no", **names})
-        await r.prepare(request)
+        await bounded(r.prepare(request))
         return r
+
+    async def write(r: web.StreamResponse, data: bytes) -> None:
+        await bounded(r.write(data))
 
     try:
         while True:
@@ -197,7 +225,7 @@ async def answer(request: web.Request, head: Head, turn: Turn, wire: Wire,
                     continue
                 if resp is None:
                     resp = await commit()
-                await resp.write(wire.ping())
+                await write(resp, wire.ping())
                 metrics.keepalives += 1
                 last_write = now
                 continue
@@ -205,14 +233,14 @@ async def answer(request: web.Request, head: Head, turn: Turn, wire: Wire,
                 if resp is None:
                     return wire.refuse(exc, names)
                 metrics.stream_errors[exc.code] += 1
-                await resp.write(wire.failed(exc))
+                await write(resp, wire.failed(exc))
                 break
             except Exception:
                 if resp is None:
                     raise  # the 500 of the error middleware, logged there
                 log.exception("unexpected error in session %s", turn.session)
                 metrics.stream_errors["internal_error"] += 1
-                await resp.write(wire.failed(RequestError(
+                await write(resp, wire.failed(RequestError(
                     "internal error; the head's log has the details", code="internal_error")))
                 break
             if _gone(request):
@@ -231,7 +259,7 @@ async def answer(request: web.Request, head: Head, turn: Turn, wire: Wire,
                     resp = await commit()
                 data = (wire.begin() if not begun and wire.streaming else b"") + wire.end()
                 if data:
-                    await resp.write(data)
+                    await write(resp, data)
                 break
             if wire.first_at is None:
                 wire.first_at = now
@@ -251,10 +279,18 @@ async def answer(request: web.Request, head: Head, turn: Turn, wire: Wire,
                 data = wire.begin() + data
                 begun = True
             if data:
-                await resp.write(data)
+                await write(resp, data)
                 last_write = now
-        await resp.write_eof()
+        await bounded(resp.write_eof())
         return resp
+    except StalledClient:
+        log.info("client read nothing of session %s for %g s; dropping it", turn.session,
+                 bound_s)
+        metrics.stream_errors["client_stalled"] += 1
+        transport = request.transport
+        if transport is not None:
+            transport.abort()  # what waits in its buffer is never going to be read
+        return resp if resp is not None else web.Response(status=499)
     except ConnectionResetError:
         log.info("client went away during session %s", turn.session)
         metrics.stream_errors["client_disconnected"] += 1

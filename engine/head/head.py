@@ -53,6 +53,9 @@ class Head:
         # until commit_s (None: until the first keepalive)
         self.keepalive_s: float = 5.0
         self.commit_s: float | None = None
+        # a write to a client that has read nothing for this long ends its answer (and
+        # frees its lane and its key's slot); tests shorten it
+        self.write_timeout_s: float = 30.0
 
     def served(self) -> dict[str, bool]:
         """Models some connected node serves, each with whether a lane is free now."""
