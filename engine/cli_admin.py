@@ -58,10 +58,27 @@ def add_parsers(sub: Any) -> None:
         p.add_argument("name", help="whose key: 1-63 of a-z, 0-9, '_' and '.'")
 
 
+def _admin_headers(head: str) -> dict[str, str]:
+    """This machine's admin secret, for a head on this machine only (never sent away)."""
+    from engine.head.access.admin_secret import HEADER, AdminSecretError, read_admin_secret
+    from engine.link.transport import is_loopback
+    from engine.secrets import default_home
+
+    host = head.rsplit(":", 1)[0].strip("[]") if ":" in head else head
+    if not (host == "localhost" or is_loopback(host)):
+        return {}
+    try:
+        secret = read_admin_secret(default_home())
+    except AdminSecretError as exc:
+        raise StartError(str(exc)) from None
+    return {HEADER: secret} if secret else {}
+
+
 def _call(head: str, method: str, path: str, body: bytes | None = None) -> Any:
     url = f"http://{head}{path}"
     req = urllib.request.Request(url, data=body, method=method,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json",
+                                          **_admin_headers(head)})
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
             data = resp.read()

@@ -129,6 +129,9 @@ def _serve_parser(sub: Any) -> None:
                        "(shoal moves a key given here out of its command line at start)")
     serve.add_argument("--api-key-file", type=Path, metavar="PATH",
                        help="require the key held in this file (mode 0600)")
+    serve.add_argument("--insecure-no-auth", action="store_true",
+                       help="serve the HTTP API off loopback (--http 0.0.0.0:...) with no "
+                       "key: anyone who reaches this machine may use it")
     serve.add_argument("--keys", choices=["auto", "on", "off"], default="auto",
                        help="take keys made with `shoal keys issue` (auto: once one was "
                        "issued, also while running)")

@@ -66,6 +66,7 @@ class HeadSettings:
     tool_call_parser: str | None = None
     chat_template: Path | None = None
     api_key: str | None = field(default=None, repr=False)  # the operator's static key
+    insecure_no_auth: bool = False  # serve the HTTP API off loopback with no key
     keys: KeysMode = "auto"  # keys from `shoal keys issue`: on once one was issued
     key_policy: Path | None = None
     cors_allow: tuple[str, ...] = ()

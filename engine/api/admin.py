@@ -1,8 +1,9 @@
 """Alias administration over HTTP, for `shoal alias ...` on this machine: the routes call
 the head's alias commands (`engine.head.commands`), as the app does.
 
-Writes are taken only from this machine (loopback) or with the head's API key:
-an alias changes what every client of the fleet gets.
+Writes are taken only with this machine's admin secret (`shoal alias` sends it:
+engine/head/access/admin_secret.py) or the head's API key: an alias changes what every
+client of the fleet gets, and coming from loopback proves nothing behind a reverse proxy.
 """
 
 from __future__ import annotations
@@ -16,26 +17,28 @@ from engine.api.context import HEAD
 from engine.api.errors import error_response
 from engine.errors import CommandError
 from engine.head.access import keys
+from engine.head.access.admin_secret import HEADER, admin_secret_ok
 from engine.head.commands import AliasChange, AliasCommands
-from engine.link.transport import is_loopback
 
 ALIASES: web.AppKey[AliasCommands] = web.AppKey("aliases", AliasCommands)
 _STATUS = {"alias_not_found": 404, "request_too_large": 413}
 
 
 def _allowed(request: web.Request) -> bool:
-    peer = request.remote or ""
-    if is_loopback(peer):
+    head = request.app[HEAD]
+    if admin_secret_ok(getattr(head, "admin_secret", None), request.headers.get(HEADER)):
         return True
-    key = getattr(request.app[HEAD], "api_key", None)
+    key = getattr(head, "api_key", None)
     presented = keys.bearer_token(request.headers.get("Authorization"))
     # static_key_ok compares in constant time, and lets anything in without a key: not here
     return bool(key) and presented is not None and keys.static_key_ok(key, presented)
 
 
 def _refuse() -> web.Response:
-    return error_response(403, "alias changes are taken from this machine only; run "
-                          "`shoal alias` on the head's machine", code="forbidden")
+    return error_response(403, "alias changes need this machine's admin secret: run "
+                          "`shoal alias` on the head's machine (it sends "
+                          "$SHOAL_HOME/fleet/admin.secret), or send the head's --api-key",
+                          code="forbidden")
 
 
 def _failed(exc: CommandError) -> web.Response:

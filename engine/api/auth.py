@@ -20,9 +20,10 @@ fails closed) until `shoal keys issue` makes a new one.
 
 The Host check comes first and covers every path: a web page whose name was
 rebound to 127.0.0.1 reaches the head as same-origin, with its own name in
-``Host``. ``/health`` is otherwise open. The alias routes keep their own rule
-(this machine, or the static key) so `shoal alias` works on the head's machine
-with keys on.
+``Host``. ``/health`` is otherwise open. A request to the alias routes that carries
+this machine's admin secret (`shoal alias` sends it) needs no key, so `shoal alias`
+works on the head's machine with keys on; coming from loopback alone is not enough
+(behind a reverse proxy every client is loopback).
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ from aiohttp.typedefs import Middleware
 from engine.api.context import KEY_NAME, request_key
 from engine.api.errors import error_for
 from engine.head.access import keys
+from engine.head.access.admin_secret import HEADER as ADMIN_HEADER
+from engine.head.access.admin_secret import admin_secret_ok
 from engine.head.access.hosts import host_allowed, host_of, machine_names
-from engine.link.transport import is_loopback
 
 log = logging.getLogger("shoal.api")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -254,8 +256,9 @@ def gate_middleware(gate: Gate,
                     "Access-Control-Max-Age": str(PREFLIGHT_MAX_AGE_S)})
         if not gate.enabled:
             return await handler(request)
-        if path.startswith("/v1/aliases") and is_loopback(request.remote or ""):
-            return await handler(request)  # admin.py decides, as before keys
+        if path.startswith("/v1/aliases") and admin_secret_ok(
+                getattr(gate.head, "admin_secret", None), request.headers.get(ADMIN_HEADER)):
+            return await handler(request)  # `shoal alias` on this machine: no key needed
         name, why = gate.identify(presented_key(request))
         if name is None:
             refused("key")

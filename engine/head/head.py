@@ -39,6 +39,7 @@ class Head:
         self.peers: HeadPeers | None = None  # other heads of the fleet, for aliases
         # who may call the HTTP API, set by the composition root (engine.api.auth)
         self.api_key: str | None = None  # --api-key
+        self.admin_secret: str | None = None  # what `shoal alias` sends (admin_secret.py)
         self.keys_secret: bytes | None = None  # issued keys sk-shoal-<name>-<sig>
         self.revoked_path: Path | None = None  # their revocation list, re-read on change
         self.key_policy: Policy | None = None  # per-key limits (the defaults when None)

@@ -21,6 +21,7 @@ from engine.discovery.service import HeadFinder, announce_head
 from engine.errors import StartError
 from engine.events import Emit
 from engine.head.access import keys
+from engine.head.access.admin_secret import AdminSecretError, load_or_make_admin_secret
 from engine.head.access.hosts import machine_names
 from engine.head.commands import AliasCommands
 from engine.head.fleet.joins import JoinListener
@@ -30,6 +31,7 @@ from engine.head.fleet.sessions import SessionRunner
 from engine.head.head import Head
 from engine.head.naming import aliases as al
 from engine.head.prompt.model import HeadModel
+from engine.link.transport import is_loopback
 from engine.roles.sockets import bound_address, parse_address
 from engine.runtimes.probe import head_probe
 from engine.settings import FLEET_PORT, NODE_PORT, DiscoverySettings, HeadSettings
@@ -58,7 +60,12 @@ def configure_access(head: Head, hs: HeadSettings, home: Path) -> None:
     head.keepalive_s = hs.keepalive_s
     head.allowed_hosts = hs.allow_hosts
     head.host_names = machine_names(fqdn=True)
+    try:
+        head.admin_secret = load_or_make_admin_secret(home)
+    except AdminSecretError as exc:
+        raise StartError(str(exc), code="bad_admin_secret") from None
     if hs.keys == "off":
+        _refuse_open_api(hs, keyed=bool(head.api_key))
         if head.api_key:
             log.info("the API takes the key given with --api-key")
         return
@@ -74,6 +81,7 @@ def configure_access(head: Head, hs: HeadSettings, home: Path) -> None:
         policy = keys.load_policy(policy_file)
     except keys.KeysError as exc:
         raise StartError(str(exc), code="bad_keys") from None
+    _refuse_open_api(hs, keyed=bool(head.api_key) or secret is not None)
     head.keys_secret_path = secret_file
     head.key_policy_path = policy_file
     head.revoked_path = keys.revoked_path(home)
@@ -87,6 +95,18 @@ def configure_access(head: Head, hs: HeadSettings, home: Path) -> None:
              "minute (burst %d) and %d at once unless the policy says otherwise",
              " and the --api-key key" if head.api_key else "", limits.rpm, limits.burst,
              limits.concurrent)
+
+
+def _refuse_open_api(hs: HeadSettings, *, keyed: bool) -> None:
+    """A node refuses to listen off loopback without a token; the HTTP API likewise
+    refuses to answer other machines without a key, unless told to (docs/decisions.md)."""
+    host, _port = parse_address(hs.http, 8453, what="--http")
+    if keyed or hs.insecure_no_auth or host == "localhost" or is_loopback(host):
+        return
+    raise StartError(f"the HTTP API on {hs.http} would answer anyone who can reach this "
+                     "machine, with no key; make one with `shoal keys issue NAME` (clients "
+                     "send it as a Bearer token), or add --insecure-no-auth to serve "
+                     "without keys", code="open_api")
 
 
 @dataclass

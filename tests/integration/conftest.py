@@ -27,6 +27,7 @@ class Proc:
     name: str
     args: list[str] = field(default_factory=list)
     banner: str = ""  # what it printed on stdout up to its ready line
+    home: Path | None = None  # its SHOAL_HOME
 
     @property
     def address(self) -> str:
@@ -86,7 +87,8 @@ class Cluster:
                 buf += chunk
                 match = ready.search(buf)
                 if match:
-                    proc = Proc(popen, log, int(match.group(1)), name, args, banner=buf)
+                    proc = Proc(popen, log, int(match.group(1)), name, args, banner=buf,
+                                home=Path((env or self.env)["SHOAL_HOME"]))
                     self.procs.append(proc)
                     return proc
                 continue

@@ -23,8 +23,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def alias(cluster: Cluster, head: Proc, *args: str, home=None) -> subprocess.CompletedProcess:
-    env = cluster.env if home is None else {**cluster.env, "SHOAL_HOME": str(home)}
+def alias(cluster: Cluster, head: Proc, *args: str) -> subprocess.CompletedProcess:
+    """`shoal alias ARGS` against ``head``, as its user on its machine (its home, which
+    holds the admin secret the command sends)."""
+    env = {**cluster.env, "SHOAL_HOME": str(head.home or cluster.home)}
     return subprocess.run([*SHOAL, "alias", "--head", f"127.0.0.1:{head.port}", *args],
                           env=env, capture_output=True, text=True, timeout=30)
 

@@ -45,11 +45,12 @@ async def test_static_api_key():
         # Ollama's routes answer in Ollama's error shape
         async with http.get(live.url("/api/tags")) as r:
             assert r.status == 401 and isinstance((await r.json())["error"], str)
-        # /health stays open; alias reads from this machine keep working for `shoal alias`
+        # /health stays open; alias reads take a key too (`shoal alias` sends this
+        # machine's admin secret instead: tests/integration/test_admin_trust.py)
         async with http.get(live.url("/health")) as r:
             assert r.status == 200
         async with http.get(live.url("/v1/aliases")) as r:
-            assert r.status == 200
+            assert r.status == 401
 
 
 async def test_issued_and_revoked_keys(tmp_path: Path, caplog: pytest.LogCaptureFixture):

@@ -17,6 +17,8 @@ from collections import Counter
 import aiohttp
 import pytest
 
+from engine.head.access.admin_secret import HEADER as ADMIN_HEADER
+from engine.head.access.admin_secret import admin_secret_path
 from engine.link import messages as m
 from engine.link.transport import Link, LinkClosed, dial
 from tests.drills.record import record
@@ -80,10 +82,13 @@ def assert_clean_log(proc: Proc) -> None:
 
 async def test_deep_bodies_get_400_in_the_route_shape(cluster: Cluster):
     head = cluster.head([])
+    # the alias routes are read as `shoal alias` calls them, with the admin secret
+    admin = {ADMIN_HEADER: admin_secret_path(cluster.home).read_text().strip()}
     async with aiohttp.ClientSession() as http:
         for method, path, body, shape in ROUTES:
             async with http.request(method, url(head, path), data=body,
-                                    headers={"Content-Type": "application/json"}) as r:
+                                    headers={"Content-Type": "application/json",
+                                             **admin}) as r:
                 text = await r.text()
                 if shape is None:
                     assert r.status == 200, text

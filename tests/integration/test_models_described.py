@@ -9,6 +9,7 @@ import aiohttp
 import ollama
 import pytest
 
+from engine.head.access.admin_secret import HEADER
 from engine.head.observe import models_snapshot
 from tests.integration.agents import (
     MODEL,
@@ -22,14 +23,15 @@ from tests.integration.test_api_surface import Live
 from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
+ADMIN = "ab" * 32  # this machine's admin secret, as `shoal alias` sends it
 
 
 async def test_models_describe_themselves():
-    async with agent_head(nodes=2, lanes=3) as live, aiohttp.ClientSession() as http, \
-            openai_client(live.url("")) as client:
+    async with agent_head(nodes=2, lanes=3, admin_secret=ADMIN) as live, \
+            aiohttp.ClientSession() as http, openai_client(live.url("")) as client:
         for name, target in (("coder", MODEL), ("gone", "no-such-model")):
-            async with http.put(live.url(f"/v1/aliases/{name}"),
-                                json={"target": target}) as r:
+            async with http.put(live.url(f"/v1/aliases/{name}"), json={"target": target},
+                                headers={HEADER: ADMIN}) as r:
                 assert r.status == 200, await r.text()
         models = {m.id: m.model_dump() for m in (await call(client.models.list)).data}
         assert set(models) == {MODEL, "coder", "gone"}
