@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 
 import pytest
 from zeroconf import ServiceStateChange
@@ -18,11 +19,13 @@ from engine.head.fleet.sessions import SessionRunner
 from engine.head.head import Head
 from engine.head.prompt.model import load_head_model
 from engine.link import admission
+from engine.link.connection import NEED_DATA, HandshakeDone, LinkConnection
 from engine.link.transport import dial
 from engine.node.agent import NodeAgent
 from engine.runtimes.mock import MockEngine
 from engine.service import Shoal
 from engine.settings import DiscoverySettings, HeadSettings, Settings
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 TOKEN = bytes(range(32))
@@ -92,9 +95,7 @@ async def test_a_discovered_node_that_never_answers_is_let_go(monkeypatch: pytes
     fleet = Fleet(model="m", head_id="h", psk=TOKEN, handshake_timeout_s=1.0)
     given = fleet.add_dialed("127.0.0.1", port)  # given by the user: kept for ever
     fleet.add_dialed("127.0.0.1", port, key="found", discovered=True)
-    async with asyncio.timeout(10):
-        while "found" in fleet.pools:
-            await asyncio.sleep(0.02)
+    await until(lambda: "found" not in fleet.pools, "the discovered node let go")
     assert given.key in fleet.pools and given.failures >= fleet_mod.DROP_DISCOVERED_AFTER
     await fleet.close()
     server.close()
@@ -106,20 +107,26 @@ async def test_connections_that_never_handshake_are_capped(monkeypatch: pytest.M
     agent._pending = admission.PendingHandshakes(per_address=4, total=8)
     _h, port = await agent.listen("127.0.0.1", 0)
     flood = [await asyncio.open_connection("127.0.0.1", port) for _ in range(20)]
-    closed = 0
-    for reader, _writer in flood:
-        try:
-            async with asyncio.timeout(0.5):
-                if await reader.read(1) == b"":
-                    closed += 1
-        except TimeoutError:
-            pass  # admitted: waiting for our handshake
-    assert closed == 16 and len(agent._pending) == 4 and agent._pending.refused == 16
+    # the agent counts each connection as it refuses or admits it: wait for all 20
+    await until(lambda: agent._pending.refused + len(agent._pending) == 20,
+                "the agent to take in the whole flood")
+    assert agent._pending.refused == 16 and len(agent._pending) == 4
+    # the refused are closed (our readers see EOF); the admitted are still served: one
+    # of them completes a handshake (no wait for a close that must not come)
+    await until(lambda: sum(reader.at_eof() for reader, _w in flood) == 16,
+                "16 refused connections closed")
+    admitted = [(reader, writer) for reader, writer in flood if not reader.at_eof()]
+    assert len(admitted) == 4 and len(agent._pending) == 4
+    reader, writer = admitted[0]
+    ini = LinkConnection(initiator=True, psk=TOKEN)
+    writer.write(ini.initiate(time.time()))
+    async with asyncio.timeout(10):
+        while (event := ini.next_event()) is NEED_DATA:
+            ini.receive_data(await reader.read(65536))
+    assert isinstance(event, HandshakeDone), event
     for _reader, writer in flood:
         writer.close()
-    async with asyncio.timeout(5):
-        while len(agent._pending):
-            await asyncio.sleep(0.01)
+    await until(lambda: not len(agent._pending), "the admitted connections let go")
     link = await dial("127.0.0.1", port, psk=TOKEN)  # the flood is gone: a head gets in
     link.close()
     await agent.close()
