@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import stat
 import time
@@ -12,7 +13,7 @@ import aiohttp
 import pytest
 
 from tests.integration.conftest import Cluster, Proc, sse_text
-from tests.waiting import until
+from tests.waiting import until, until_result
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,14 +29,12 @@ async def fleet_state(head: Proc) -> dict:
 
 
 async def wait_ready(head: Proc, count: int, timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = await fleet_state(head)
-        ready = [n for n in state["nodes"] if n["state"] == "ready" and n["connections"] > 0]
-        if len(ready) >= count:
-            return state
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"fewer than {count} nodes ready: {state}")
+    def enough(state: dict) -> bool:
+        return len([n for n in state["nodes"]
+                    if n["state"] == "ready" and n["connections"] > 0]) >= count
+
+    return await until_result(lambda: fleet_state(head), enough,
+                              what=f"{count} nodes ready", timeout=timeout)
 
 
 async def idle_state(head: Proc) -> dict | None:
@@ -160,13 +159,9 @@ async def test_restarted_node_is_picked_up_again(cluster: Cluster):
     await wait_ready(head, 1)
     node.signal(signal.SIGKILL)
     node.popen.wait(5)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        state = await fleet_state(head)
-        if state["nodes"][0]["state"] == "unreachable":
-            break
-        await asyncio.sleep(0.2)
-    assert state["nodes"][0]["state"] == "unreachable", state
+    await until_result(lambda: fleet_state(head),
+                       lambda state: state["nodes"][0]["state"] == "unreachable",
+                       what="the killed node unreachable")
     assert "retrying it every 10 s" in head.log_text()
     cluster.node("n0", port=port)
     await wait_ready(head, 1, timeout=15)
@@ -210,12 +205,8 @@ async def test_wrong_token_is_refused_at_the_handshake(cluster: Cluster, tmp_pat
     other.chmod(0o600)  # a token file open to other users is refused
     node = cluster.node("n0", extra=("--auth-file", str(other)))
     head = cluster.head([node])
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if "closed the connection at the handshake" in head.log_text() \
-                and "another fleet token" in node.log_text():
-            break
-        await asyncio.sleep(0.2)
+    await until(lambda: "closed the connection at the handshake" in head.log_text()
+                and "another fleet token" in node.log_text(), "both ends to log the refusal")
     assert ("closed the connection at the handshake; check that --fleet-auth holds the token "
             "in the node's --auth-file") in head.log_text()
     assert "the peer holds another fleet token; give the node's --auth-file the same token" \
@@ -332,12 +323,14 @@ async def test_stop_and_max_tokens(cluster: Cluster):
 
 def test_fleet_token_is_made_once_with_mode_0600(cluster: Cluster):
     first = cluster.token()
-    assert len(first) == 64 and int(first, 16) >= 0
+    assert re.fullmatch(r"[0-9a-f]{64}", first), first  # 32 bytes, as hex
     path = cluster.home / "fleet" / "token"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.read_text().strip() == first  # the token the fleet uses is the one shown
     assert cluster.token() == first
     rotated = cluster.token("--rotate")
     assert rotated != first and cluster.token() == rotated
+    assert re.fullmatch(r"[0-9a-f]{64}", rotated) and path.read_text().strip() == rotated
 
 
 def test_node_refuses_off_loopback_without_token(cluster: Cluster):
