@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import subprocess
-import time
 
 import aiohttp
 import pytest
 
 from tests.integration.conftest import SHOAL, Cluster, Proc
 from tests.integration.test_fleet import url
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -42,16 +41,6 @@ def start_head(cluster: Cluster, home, join_port: int, peer_port: int, node: Pro
     return cluster._start("head", args, re.compile(r"at http://127\.0\.0\.1:(\d+)/v1"), env=env)
 
 
-async def wait_for(check, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        await asyncio.sleep(0.3)
-    raise AssertionError("condition never held")
-
-
 async def test_aliases_across_two_heads_restarts_and_catch_up(cluster: Cluster, tmp_path):
     cluster.token()
     token = (cluster.home / "fleet" / "token").read_text()
@@ -65,8 +54,8 @@ async def test_aliases_across_two_heads_restarts_and_catch_up(cluster: Cluster, 
     ports = [free_port(), free_port()]
     a = start_head(cluster, homes[0], ports[0], ports[1], node)
     b = start_head(cluster, homes[1], ports[1], ports[0], node)
-    await wait_for(lambda: "linked with head" in a.log_text() and "linked with head"
-                   in b.log_text())
+    await until(lambda: "linked with head" in a.log_text() and "linked with head"
+                in b.log_text(), "the two heads linked", timeout=20)
 
     out = alias(cluster, a, "set", "coder", "mock-b", "--fallback", "mock-m")
     assert out.returncode == 0, out.stderr
@@ -92,13 +81,15 @@ async def test_aliases_across_two_heads_restarts_and_catch_up(cluster: Cluster, 
     assert out.stdout.strip() == "coder -> mock-m (ver 2): 1/2 heads"
     b2 = start_head(cluster, homes[1], ports[1], ports[0], node)
     # it catches up at its first sync (serving its saved table alone is checked below)
-    await wait_for(lambda: "(ver 2" in alias(cluster, b2, "ls").stdout)
+    await until(lambda: "(ver 2" in alias(cluster, b2, "ls").stdout, "b to catch up with ver 2",
+                timeout=20)
 
     # revert, history, rm, export, import
     out = alias(cluster, a, "revert", "coder")
     assert out.stdout.strip() == "coder -> mock-b then mock-m (ver 3): 2/2 heads"
     hist = alias(cluster, b2, "history", "coder").stdout
-    await wait_for(lambda: "ver 3" in alias(cluster, b2, "history", "coder").stdout)
+    await until(lambda: "ver 3" in alias(cluster, b2, "history", "coder").stdout,
+                "ver 3 in b's history", timeout=20)
     assert "ver 1: mock-b" in hist and "ver 2: mock-m" in hist
     exported = alias(cluster, a, "export").stdout
     assert json.loads(exported)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
 from collections import Counter
 
 import aiohttp
@@ -24,6 +23,7 @@ from engine.link.transport import Link, LinkClosed, dial
 from tests.drills.record import record
 from tests.integration.conftest import Cluster, Proc
 from tests.integration.test_fleet import chat_body, url
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(120)
 DEPTH = 5000
@@ -64,13 +64,9 @@ ROUTES = [
 
 
 async def wait_log(proc: Proc, needle: str, timeout: float = 10.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = proc.log_text()
-        if needle in text:
-            return text
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"{needle!r} never in the log of {proc.name}:\n{proc.log_text()}")
+    await until(lambda: needle in proc.log_text(), f"{needle!r} in the log of {proc.name}",
+                timeout=timeout)
+    return proc.log_text()
 
 
 def assert_clean_log(proc: Proc) -> None:

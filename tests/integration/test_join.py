@@ -8,7 +8,6 @@ import signal
 import stat
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,22 +17,20 @@ import pytest
 from tests.fake_tailscaled import serve_fake_tailscaled
 from tests.integration.conftest import SHOAL, Cluster, Proc
 from tests.integration.test_fleet import chat_body, fleet_state, url
-from tests.waiting import until
+from tests.waiting import until, until_result
 
 pytestmark = pytest.mark.timeout(120)
 LOOPBACK_HEAD = ("--fleet-listen", "127.0.0.1:0", "--discovery", "none")
 
 
 async def wait_node(head: Proc, key: str, state: str = "ready", timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    nodes: list[dict] = []
-    while time.monotonic() < deadline:
-        nodes = (await fleet_state(head))["nodes"]
-        for n in nodes:
-            if n["address"] == key and n["state"] == state:
-                return n
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"{key} never {state}: {nodes}")
+    def found(nodes: list[dict]) -> dict | None:
+        return next((n for n in nodes if n["address"] == key and n["state"] == state), None)
+
+    async def nodes() -> list[dict]:
+        return (await fleet_state(head))["nodes"]
+
+    return found(await until_result(nodes, found, what=f"{key} {state}", timeout=timeout))
 
 
 async def chat_ok(head: Proc, **kw: object) -> dict:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
-import time
 
 import aiohttp
 import pytest
 
 from engine.head.access import keys
 from tests.integration.conftest import SHOAL, Cluster, Proc
+from tests.waiting import until_result
 
 pytestmark = pytest.mark.timeout(120)
 DEADLINE_S = 10.0  # the head checks its files every 0.5 s; this only bounds a failure
@@ -29,13 +28,9 @@ async def status(http: aiohttp.ClientSession, head: Proc, key: str | None = None
         return r.status
 
 
-async def until(http: aiohttp.ClientSession, head: Proc, key: str | None, want: int) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    got = await status(http, head, key)
-    while got != want and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-        got = await status(http, head, key)
-    assert got == want, f"still {got}, not {want}:\n{head.log_text()}"
+async def answers(http: aiohttp.ClientSession, head: Proc, key: str | None, want: int) -> None:
+    await until_result(lambda: status(http, head, key), lambda got: got == want,
+                       what=f"{want} for key {key and key[:15]!r}", timeout=DEADLINE_S)
 
 
 async def test_issue_revoke_and_rotate_reach_a_running_head(cluster: Cluster):
@@ -48,15 +43,15 @@ async def test_issue_revoke_and_rotate_reach_a_running_head(cluster: Cluster):
         assert await status(http, head) == 200  # no key issued yet: none needed
         alice = shoal(cluster, "keys", "issue", "alice")
         assert alice.startswith("sk-shoal-alice-")
-        await until(http, head, None, 401)  # keys are on now
+        await answers(http, head, None, 401)  # keys are on now
         assert await status(http, head, alice) == 200
         assert await status(http, head, alice[:-2] + "xx") == 401
         shoal(cluster, "keys", "revoke", "alice")
-        await until(http, head, alice, 401)
+        await answers(http, head, alice, 401)
         bob = shoal(cluster, "keys", "issue", "bob")
         assert await status(http, head, bob) == 200
         keys.rotate_secret(keys.secret_path(cluster.home))
-        await until(http, head, bob, 401)
+        await answers(http, head, bob, 401)
         new_bob = shoal(cluster, "keys", "issue", "bob")
         assert new_bob != bob
         assert await status(http, head, new_bob) == 200

@@ -29,6 +29,7 @@ from tests.integration.test_node_and_sessions import (
     recv_skipping_stats,
     wait_ready,
 )
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,12 +42,6 @@ async def agent_on(engine: object, identity: str) -> AsyncIterator[tuple[NodeAge
         yield agent, port
     finally:
         await agent.close()
-
-
-async def until(predicate, what: str, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 # -- item 1: a generation that fails to start frees its lane ----------------------------
@@ -205,7 +200,8 @@ async def test_a_client_that_stops_reading_costs_no_lease_and_no_node():
         assert isinstance(first, list) and first
         # the client pauses: read nothing until the node has finished the whole answer
         await until(lambda: agent.stats_record().lanes_busy == 0 and
-                    not fleet.pools[f"127.0.0.1:{port}"].busy, "the session to finish")
+                    not fleet.pools[f"127.0.0.1:{port}"].busy, "the session to finish",
+                    timeout=5)
         ids = list(first)
         fin = None
         async for item in run:

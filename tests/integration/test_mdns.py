@@ -24,9 +24,9 @@ from engine.discovery.mdns import (
     local_addresses,
     pick_host,
 )
+from tests.waiting import until
 
 LO = ["127.0.0.1"]
-DEADLINE_S = 10.0
 
 
 @pytest.fixture
@@ -35,17 +35,6 @@ async def browser() -> AsyncIterator[Browser]:
     await b.start()
     yield b
     await b.close()
-
-
-async def until(browser: Browser, check: object, *, deadline_s: float = DEADLINE_S) -> None:
-    """Wait (bounded) until ``check()`` is true, woken by the browser's changes."""
-    assert callable(check)
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while not check():
-        remaining = end - loop.time()
-        assert remaining > 0, f"timed out; the browser holds {browser.all_found()}"
-        await browser.wait_change(min(remaining, 0.5), since=browser.changes)
 
 
 def test_fleet_id_is_one_way_and_stable() -> None:
@@ -84,7 +73,7 @@ async def test_announce_then_browse_finds_txt(browser: Browser) -> None:
                           fleet=fid, addresses=["127.0.0.1"], interfaces=LO)
     try:
         assert announcer.name == instance
-        await until(browser, lambda: browser.found(fid, "head"))
+        await until(lambda: browser.found(fid, "head"), "the head found")
         [head] = browser.found(fid, "head")
         assert head == Found(name=instance, host="127.0.0.1", port=8454, role="head",
                              model="smollm2-135m", fleet=fid, protocol=PROTOCOL_VERSION,
@@ -93,10 +82,11 @@ async def test_announce_then_browse_finds_txt(browser: Browser) -> None:
         assert browser.found(fid, "node") == []
 
         await announcer.update(model="gemma-3-270m")
-        await until(browser, lambda: browser.found(fid, "head")[0].model == "gemma-3-270m")
+        await until(lambda: [f.model for f in browser.found(fid, "head")] == ["gemma-3-270m"],
+                    "the new model announced")
     finally:
         await announcer.close()
-    await until(browser, lambda: not browser.found(fid, None))
+    await until(lambda: not browser.found(fid, None), "the head gone")
 
 
 async def test_other_fleet_is_filtered(browser: Browser) -> None:
@@ -109,8 +99,8 @@ async def test_other_fleet_is_filtered(browser: Browser) -> None:
         b.start(instance=f"theirs-{tag}", port=9002, role="head", model="m", fleet=theirs,
                 interfaces=LO))
     try:
-        await until(browser, lambda: browser.found(ours, "head")
-                    and browser.found(theirs, "head"))
+        await until(lambda: browser.found(ours, "head") and browser.found(theirs, "head"),
+                    "both fleets' heads found")
         assert [f.port for f in browser.found(ours, "head")] == [9001]
         assert [f.port for f in browser.found(theirs, "head")] == [9002]
         both = {f.name for f in browser.found(None, "head")}
@@ -125,12 +115,12 @@ async def test_unregister_makes_it_disappear(browser: Browser) -> None:
     await announcer.start(instance=f"node-{secrets.token_hex(4)}", port=8455, role="node",
                           model="m", fleet=fid, interfaces=LO)
     try:
-        await until(browser, lambda: browser.found(fid, "node"))
+        await until(lambda: browser.found(fid, "node"), "the node found")
     finally:
         seen = browser.changes
         await announcer.close()
         await announcer.close()  # idempotent
-    await until(browser, lambda: not browser.found(fid, "node"))
+    await until(lambda: not browser.found(fid, "node"), "the node gone")
     assert browser.changes > seen
 
 

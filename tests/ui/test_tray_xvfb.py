@@ -15,15 +15,16 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from engine.config import save_machine_settings
 from tests.ui.conftest import settings_for
+from tests.waiting import until_sync
 
 pytestmark = [pytest.mark.ui, pytest.mark.processes, pytest.mark.timeout(120)]
 
@@ -31,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOLS = {"Xvfb": "xvfb", "trayer": "trayer", "xdotool": "xdotool", "xclip": "xclip",
          "xwininfo": "x11-utils"}
 MISSING = [name for name in TOOLS if shutil.which(name) is None]
+T = TypeVar("T")
 ARTIFACTS = Path(os.environ.get("SHOAL_TEST_ARTIFACTS", ROOT / "test-artifacts"))
 # a window of the app in `xwininfo -root -tree`: id, WM_CLASS ("shoal" "Shoal"), geometry
 WINDOW = re.compile(r'^(?P<indent>\s*)(?P<id>0x[0-9a-f]+) "[^"]*": \("shoal" "Shoal"\)\s+'
@@ -42,16 +44,16 @@ if MISSING:
                f"{' '.join(sorted({TOOLS[n] for n in MISSING}))} (scripts/lib/apt.sh does)"))
 
 
-def wait_for(check, what: str, timeout: float = 20.0):  # type: ignore[no-untyped-def]
-    """Poll ``check`` (a subprocess look) until truthy; these are other processes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what} (last: {value!r})")
-        time.sleep(0.05)
+def steady(look: Callable[[], T | None]) -> Callable[[], T | None]:
+    """A check for ``until_sync``: what ``look()`` sees once two looks in a row agree (a
+    window that has stopped moving and resizing)."""
+    seen: list[T | None] = []
+
+    def check() -> T | None:
+        seen.append(look())
+        return seen[-1] if len(seen) > 1 and seen[-1] == seen[-2] else None
+
+    return check
 
 
 class X:
@@ -74,13 +76,6 @@ class X:
         return next((w for w in self.app_windows()
                      if len(w["indent"]) > 8 and int(w["w"]) <= 64 and int(w["h"]) <= 64),
                     None)
-
-    def settled_icon(self) -> dict[str, str] | None:
-        """The icon once it stays put: the panel grows and moves as the icon docks."""
-        first = self.tray_icon()
-        time.sleep(0.2)
-        again = self.tray_icon()
-        return again if first is not None and first == again else None
 
     def menu(self) -> dict[str, str] | None:
         """The app's menu: a top-level popup of the app (override-redirect, shown) big
@@ -134,8 +129,8 @@ def display(tmp_path: Path) -> Iterator[X]:
                  "--height", "32", "--SetDockType", "true", "--transparent", "false",
                  "--expand", "true"], env=x.env, stdout=out, stderr=subprocess.STDOUT)
         try:
-            wait_for(lambda: trayer.poll() is not None or '"panel": ("panel" "trayer")'
-                     in x.run("xwininfo", "-root", "-tree"), "trayer's panel")
+            until_sync(lambda: trayer.poll() is not None or '"panel": ("panel" "trayer")'
+                       in x.run("xwininfo", "-root", "-tree"), "trayer's panel", timeout=20)
             assert trayer.poll() is None, f"trayer ended: {trayer_log.read_text()}"
             yield x
         finally:
@@ -155,25 +150,22 @@ def test_the_tray_icon_docks_and_its_menu_works(display: X, tmp_path: Path):
     app = subprocess.Popen([sys.executable, "-m", "app.launch", "app"], cwd=ROOT, env=env,
                            stdout=log, stderr=subprocess.STDOUT)
     try:
-        icon = wait_for(display.settled_icon, "the icon in trayer's panel")
+        # the icon once it stays put: the panel grows and moves as the icon docks
+        icon = until_sync(steady(display.tray_icon), "the icon in trayer's panel",
+                          timeout=20, poll=0.2)
         x = int(icon["x"]) + int(icon["w"]) // 2
         y = int(icon["y"]) + int(icon["h"]) // 2
 
         def open_menu() -> dict[str, str]:
             display.run("xdotool", "mousemove", str(x), str(y), "click", "1")
-            seen: list[object] = []
-
-            def settled() -> object:
-                # the menu is rebuilt from a snapshot as it opens (a new window): use it
-                # only once the same window, place and size read the same twice in a row
-                seen.append(display.menu())
-                return seen[-1] if len(seen) > 1 and seen[-1] == seen[-2] else None
-
-            return wait_for(settled, "the tray menu to open and settle")  # type: ignore[no-any-return]
+            # the menu is rebuilt from a snapshot as it opens (a new window): use it only
+            # once the same window, place and size read the same twice in a row
+            return until_sync(steady(display.menu), "the tray menu to open and settle",
+                              timeout=20)
 
         # before the start is done the menu offers only Open, Start at login and Quit
-        wait_for(lambda: b"Shoal runs" in (tmp_path / "app.log").read_bytes(),
-                 "the app to say it runs")
+        until_sync(lambda: b"Shoal runs" in (tmp_path / "app.log").read_bytes(),
+                   "the app to say it runs", timeout=20)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         display.screenshot(ARTIFACTS / "tray-icon-xvfb.png", zoom=4,
                            area=(int(icon["x"]) - 40, 0, int(icon["w"]) + 40, 32))
@@ -183,9 +175,9 @@ def test_the_tray_icon_docks_and_its_menu_works(display: X, tmp_path: Path):
         # are 22 px: the status line, a separator, Open Shoal, then Copy API URL
         display.run("xdotool", "mousemove", str(int(menu["x"]) + int(menu["w"]) // 2),
                     str(int(menu["y"]) + 56), "click", "1")
-        wait_for(lambda: display.menu() is None, "the menu to close")
-        url = wait_for(lambda: display.run("xclip", "-o", "-selection", "clipboard").strip(),
-                       "the URL on the X clipboard")
+        until_sync(lambda: display.menu() is None, "the menu to close", timeout=20)
+        url = until_sync(lambda: display.run("xclip", "-o", "-selection", "clipboard").strip(),
+                         "the URL on the X clipboard", timeout=20)
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+/v1", url), url
         with urllib.request.urlopen(f"{url}/models", timeout=10) as r:
             assert r.status == 200 and b"mock-m" in r.read()
