@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from pathlib import Path
 
@@ -35,7 +33,8 @@ class Head:
         if aliases is None:
             aliases = self._alias_store.load() if self._alias_store else al.AliasTable()
         self.aliases = aliases
-        self._saves: set[asyncio.Task[None]] = set()
+        self._writer = (al.AliasWriter(self._alias_store, lambda: self.aliases)
+                        if self._alias_store is not None else None)
         self.peers: HeadPeers | None = None  # other heads of the fleet, for aliases
         # who may call the HTTP API, set by the composition root (engine.api.auth)
         self.api_key: str | None = None  # --api-key
@@ -76,15 +75,15 @@ class Head:
         return al.resolve(requested, table=self.aliases, served=self.served())
 
     async def save_aliases(self) -> None:
-        """Write the alias table (a copy taken now) off the loop."""
-        if self._alias_store is not None:
-            await asyncio.to_thread(self._alias_store.save, self.aliases.copy())
+        """Write the alias table as it is now (or a later one) off the loop, through the
+        head's one writer: saves never land out of order."""
+        if self._writer is not None:
+            await self._writer.save()
 
     def aliases_merged(self, _names: list[str]) -> None:
-        """Another head's table was merged in: save it soon (a task the head owns)."""
-        task = asyncio.get_running_loop().create_task(self.save_aliases())
-        self._saves.add(task)
-        task.add_done_callback(self._saves.discard)
+        """Another head's table was merged in: save it soon (a failure is logged)."""
+        if self._writer is not None:
+            self._writer.submit()
 
     async def spread_aliases(self, entry: al.AliasEntry) -> tuple[int, int]:
         """Push a change to the other heads: (heads holding it, heads known)."""
@@ -96,6 +95,5 @@ class Head:
         if self.peers is not None:
             await self.peers.close()
         await self.fleet.close()
-        for task in list(self._saves):  # a save under way finishes: the file stays whole
-            with contextlib.suppress(Exception):
-                await task
+        if self._writer is not None:  # a save under way finishes: the file stays whole
+            await self._writer.close()

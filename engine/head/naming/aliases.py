@@ -5,7 +5,8 @@ optional fallbacks. Every head keeps the whole table on disk; heads that meet
 exchange their current entries and keep, per name, the higher version.
 
 Everything here is pure except `AliasStore` (and `load`/`save`), the thin file
-adapter: the table never reads a clock, callers pass ``now`` and their head id.
+adapter, and `AliasWriter`, its one writer on a head's loop: the table never reads a
+clock, callers pass ``now`` and their head id.
 
 Versions and history
     Each change to a name (``set``, ``remove``, ``revert``) makes an entry with
@@ -51,10 +52,12 @@ some node serves -> whether any of those nodes has a free lane now.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +73,7 @@ MAX_NAME_LEN = 200
 MAX_FALLBACKS = 16
 RETRY_AFTER_S = 5
 FILE_NAME = "aliases.json"
+log = logging.getLogger("shoal.head")
 
 
 class AliasError(ValueError):
@@ -504,3 +508,66 @@ class AliasStore:
 
     def save(self, table: AliasTable) -> None:
         save(self.path, table)
+
+
+class AliasWriter:
+    """The one writer of a head's alias file: one write at a time, in a worker thread,
+    of the table as it is when the write starts. Changes asked for while a write is
+    under way are written together by the next one, so the latest table wins and an
+    older one never lands after a newer one (two threads each writing a copy could
+    finish in either order)."""
+
+    def __init__(self, store: AliasStore, table: Callable[[], AliasTable]) -> None:
+        self.store = store
+        self._table = table
+        self._asked = 0  # changes asked to be saved so far
+        self._started = 0  # the changes the write under way (or the last one) holds
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def submit(self) -> int:
+        """Ask for the table as it is now (or a later one) to be written; returns the
+        change's number for :meth:`wait`."""
+        self._asked += 1
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(),
+                                                                 name="alias-writer")
+        return self._asked
+
+    async def save(self) -> None:
+        """Write the table as it is now (or a later one) and return once it is on disk;
+        AliasError when that write failed. The write goes on if the caller is cancelled."""
+        number = self.submit()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((number, fut))
+        await fut
+
+    async def _run(self) -> None:
+        try:
+            while self._started < self._asked:
+                self._started = upto = self._asked
+                error: Exception | None = None
+                try:
+                    # the copy is taken on the loop, where the table changes
+                    await asyncio.to_thread(self.store.save, self._table().copy())
+                except Exception as exc:  # told to whoever waits for it, else logged
+                    error = exc
+                done = [fut for n, fut in self._waiting if n <= upto and not fut.done()]
+                self._waiting = [(n, fut) for n, fut in self._waiting if n > upto]
+                if error is not None and not done:
+                    log.warning("%s", error)
+                for fut in done:
+                    if error is None:
+                        fut.set_result(None)
+                    else:
+                        fut.set_exception(error)
+        finally:
+            for _, fut in self._waiting:  # cancelled: nobody waits for ever
+                fut.cancel()
+            self._waiting = []
+
+    async def close(self) -> None:
+        """Wait for the write under way and those asked for (the file stays whole)."""
+        task = self._task
+        if task is not None:
+            await asyncio.shield(task)
