@@ -17,7 +17,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable, Coroutine
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ from app.icons import app_icon, tray_icon
 from app.instance import SingleInstance
 from app.loop import make_loop
 from app.notify import Notifier, say
-from app.prefs import ConfigWriter, Prefs, load, with_
+from app.prefs import Prefs, load
 from app.tray import Phase, Tray, TrayView
 from engine import events as ev
 from engine.config import ConfigError
@@ -76,10 +76,12 @@ class Shell(QObject):
         from engine.service import Shoal  # the whole engine: after the early icon shows
 
         super().__init__()
-        self.prefs = prefs
         # the fleet to come back to is joined once the rest runs: its heads may be away
         self.rejoin: JoinSettings | None = settings.join if settings.node else None
-        self.shoal: Shoal = Shoal(replace(settings, join=None))
+        # Shoal owns config.toml, the app's choices in it included: the app reads them
+        # from there and changes them through update_settings, never keeping a copy
+        self.shoal: Shoal = Shoal(replace(settings, join=None), keep=True, app=asdict(prefs),
+                                  rejoin=self.rejoin)
         # subscribes now: the start's progress shows; commands wait for the start
         self.bridge = ShoalBridge(self.shoal, started=False)
         self.phase: Phase = "starting"
@@ -91,7 +93,6 @@ class Shell(QObject):
                          fresh=self._fresh_view)
         self.tray.chosen.connect(self._chosen)
         self.notifier = Notifier(self.tray.notify)
-        self.writer = ConfigWriter(on_error=self.tell)
         self.window: QMainWindow | None = None  # app.window.MainWindow, made when first shown
         self.welcome: QWidget | None = None
         self.quitting = asyncio.Event()
@@ -112,9 +113,9 @@ class Shell(QObject):
             self.show_welcome()
         self._spawn(self._open(), "app-open")
 
-    async def _open(self, settings: Settings | None = None) -> None:
+    async def _open(self) -> None:
         try:
-            await (self.shoal.open() if settings is None else self.shoal.open(settings))
+            await self.shoal.open()
         except ShoalError as exc:
             self._failed(str(exc))
             return
@@ -148,16 +149,7 @@ class Shell(QObject):
         self.phase, self.problem, self.progress = "starting", None, None
         self.bridge.starting()
         self._render()
-        self._spawn(self._reopen(), "app-open")
-
-    async def _reopen(self) -> None:
-        try:
-            settings, _prefs = await load(self.shoal.settings.home)
-        except ConfigError as exc:
-            self._failed(str(exc))
-            return
-        self.rejoin = settings.join if settings.node else None
-        await self._open(replace(settings, join=None))
+        self._spawn(self._open(), "app-open")  # on the settings as changed meanwhile
 
     async def _rejoin(self, join: JoinSettings) -> None:
         """Back into the fleet this machine was in when it last ran; while its heads are
@@ -184,7 +176,6 @@ class Shell(QObject):
         await cancel_and_wait(list(self._tasks), "the app")
         await self.bridge.close(wait_s=drain)
         await self.shoal.stop(drain=drain)
-        await self.writer.flush()
         self.notifier.close()
         self.tray.close()
         for widget in (self.welcome, self.window):
@@ -199,6 +190,11 @@ class Shell(QObject):
         task.add_done_callback(self._tasks.discard)
 
     # -- what the user sees ------------------------------------------------------------
+
+    @property
+    def prefs(self) -> Prefs:
+        """The app's choices as Shoal holds them now."""
+        return Prefs.from_table(self.shoal.app_settings)
 
     def _view(self) -> TrayView:
         return TrayView(snapshot=self.bridge.last, prefs=self.prefs, phase=self.phase,
@@ -235,8 +231,6 @@ class Shell(QObject):
         if isinstance(event, ev.PullProgress) and self.phase == "starting":
             self.progress = _progress(event)
             self._render()
-        elif isinstance(event, ev.RolesChanged):
-            self.save()
         if self.prefs.notify and _worth_a_notification(event):
             self.notifier.offer(describe(event))
 
@@ -246,7 +240,7 @@ class Shell(QObject):
         if self.window is None:
             from app.window import MainWindow
 
-            self.window = MainWindow(self.bridge, self.prefs, save_prefs=self.save_prefs)
+            self.window = MainWindow(self.bridge)
             self.window.setWindowIcon(app_icon())
         return self.window
 
@@ -266,7 +260,7 @@ class Shell(QObject):
     def show_welcome(self) -> None:
         from app.welcome import Welcome
 
-        welcome = Welcome(self.bridge, self.prefs, save_prefs=self.save_prefs)
+        welcome = Welcome(self.bridge)
         welcome.setWindowIcon(app_icon())
         welcome.finished.connect(self._welcome_done)
         self.welcome = welcome
@@ -274,7 +268,7 @@ class Shell(QObject):
 
     def _welcome_done(self, result: int) -> None:
         if result and not self.prefs.welcomed:
-            self.save_prefs(with_(self.prefs, welcomed=True))
+            self.set_prefs(welcomed=True)
 
     def _run_as_window(self) -> None:
         """No system tray here: the window is the app, with the tray's menu in its menu
@@ -288,7 +282,7 @@ class Shell(QObject):
             say("There is no system tray here, so Shoal runs as this window: its menu is "
                 "Shoal in the menu bar, and closing the window quits Shoal.",
                 parent=window, icon=QMessageBox.Icon.Information)
-            self.save_prefs(with_(self.prefs, told_no_tray=True))
+            self.set_prefs(told_no_tray=True)
 
     # -- what the user chose -------------------------------------------------------------
 
@@ -310,43 +304,35 @@ class Shell(QObject):
             self.open_window("pairing")
         elif key == "leave":
             self.rejoin, self.problem = None, None
-            bridge.run(shoal.leave(), done=lambda _lines: self.save())
+            bridge.run(shoal.leave())
         elif key == "api":
             bridge.run(shoal.set_head(checked))
         elif key == "pause":
             bridge.run(shoal.pause_serving(checked))
         elif key == "login":
-            self.save_prefs(with_(self.prefs, start_at_login=checked))
+            self._spawn(self._start_at_login(checked), "app-autostart")
         elif key == "retry":
             self.retry()
         elif key == "quit":
             self.quitting.set()
 
-    def save_prefs(self, prefs: Prefs) -> None:
-        """The app's choices changed (here, in the window or in the welcome)."""
-        before, self.prefs = self.prefs, prefs
-        if prefs.start_at_login != before.start_at_login:
-            self._spawn(self._autostart(prefs.start_at_login), "app-autostart")
-        self.save()
-        self._render()
+    def set_prefs(self, **changes: bool) -> None:
+        """Change the app's choices (Shoal keeps and writes them)."""
+        self.bridge.run(self.shoal.update_settings(app=changes), anytime=True,
+                        failed=self.tell)
 
-    async def _autostart(self, on: bool) -> None:
+    async def _start_at_login(self, on: bool) -> None:
+        """The choice kept, then the login entry written (or removed) to match it."""
         try:
+            await self.shoal.update_settings(app={"start_at_login": on})
             await autostart.set_enabled(on)
+        except ShoalError as exc:
+            self.tell(sentence(str(exc)))
         except OSError as exc:
-            self.prefs = with_(self.prefs, start_at_login=not on)
-            self.save()
-            self._render()
+            await self.shoal.update_settings(app={"start_at_login": not on})
             self.tell(f"cannot {'turn on' if on else 'turn off'} start at login "
                       f"({exc.strerror or exc}); check that your config folder is writable")
-
-    def save(self) -> None:
-        """Keep this machine's settings and the app's prefs in config.toml: after a
-        restart the app comes back as it is now (in its fleet, the API on or off)."""
-        settings = self.shoal.settings
-        if self.rejoin is not None and settings.join is None:
-            settings = replace(settings, join=self.rejoin)  # still to rejoin: keep it
-        self.writer.save(settings, self.prefs)
+        self._render()
 
 
 def _worth_a_notification(event: ev.ShoalEvent) -> bool:

@@ -7,8 +7,6 @@ Steps: choose → (start: name the fleet, show its code | join: a head found, or
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QPainter, QPaintEvent, QPalette
 from PySide6.QtWidgets import (
@@ -25,13 +23,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import prefs as app_prefs
 from app.bridge import ShoalBridge
 from app.editors import EditorsPanel
 from app.join import JoinPanel, in_the_app, joined_line
 from app.pages.pairing import PairingView
 from app.pages.serve_model import ServeModel
-from app.prefs import Prefs
 from app.widgets import Card, PageHeader, heading, inline_error, note, run, say
 from engine.service import JoinResult, Pairing
 from engine.snapshot import FleetSnapshot
@@ -73,12 +69,9 @@ class Choice(QAbstractButton):
 
 
 class Welcome(QDialog):
-    def __init__(self, bridge: ShoalBridge, prefs: Prefs, *,
-                 save_prefs: Callable[[Prefs], None]) -> None:
+    def __init__(self, bridge: ShoalBridge) -> None:
         super().__init__()
         self._bridge = bridge
-        self._prefs = prefs
-        self._save_prefs = save_prefs
         self._path: list[str] = ["choose"]
         self.setObjectName("welcome")
         self.setWindowTitle("Welcome to Shoal")
@@ -250,8 +243,8 @@ class Welcome(QDialog):
             self.next.setEnabled(True)
 
     def finish(self) -> None:
-        self._prefs = app_prefs.with_(self._prefs, welcomed=True)
-        self._save_prefs(self._prefs)
+        run(self, self._bridge, self._bridge.shoal.update_settings(app={"welcomed": True}),
+            anytime=True)
         self.accept()
 
     # -- actions ---------------------------------------------------------------------

@@ -35,7 +35,6 @@ from app.pages.models import ModelsPage
 from app.pages.pairing import PairingPage
 from app.pages.settings import SettingsPage
 from app.pages.try_it import TryPage
-from app.prefs import Prefs
 from app.widgets import Banner, heading, muted
 from engine.events import ShoalEvent
 from engine.snapshot import FleetSnapshot
@@ -93,8 +92,7 @@ def scrolled(page: QWidget) -> QScrollArea:
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, bridge: ShoalBridge, prefs: Prefs, *,
-                 save_prefs: Callable[[Prefs], None]) -> None:
+    def __init__(self, bridge: ShoalBridge) -> None:
         super().__init__()
         self.bridge = bridge
         self.setObjectName("shoalWindow")
@@ -163,7 +161,7 @@ class MainWindow(QMainWindow):
             "fleet": lambda: FleetPage(bridge), "models": lambda: ModelsPage(bridge),
             "pairing": lambda: PairingPage(bridge), "activity": lambda: ActivityPage(bridge),
             "try": lambda: TryPage(bridge), "editors": lambda: EditorsPanel(bridge),
-            "settings": lambda: SettingsPage(bridge, prefs, save_prefs=save_prefs)}
+            "settings": lambda: SettingsPage(bridge)}
         self.pages: dict[str, QWidget] = {}
         for _key in PAGES:
             self.stack.addWidget(QWidget())

@@ -1,5 +1,9 @@
 """`$SHOAL_HOME/config.toml`: settings a user keeps, that flags override.
 
+The CLI only reads it. A Shoal started with ``keep`` (the app) owns it while it runs:
+`ConfigFile` is its one writer, and `NextStart` what waits for the next start over the
+settings in force.
+
 ```toml
 [discovery]
 mode = "both"            # lan | tailnet | both | none
@@ -10,6 +14,8 @@ tailscale_socket = "/var/run/tailscale/tailscaled.sock"
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
@@ -22,6 +28,7 @@ from engine.settings import (
     JoinSettings,
     NodeSettings,
     Settings,
+    split_hostport,
 )
 
 MODES = ("lan", "tailnet", "both", "none")
@@ -211,3 +218,105 @@ def save_machine_settings(settings: Settings, app: dict[str, Any]) -> None:
     if app:
         doc["app"] = app
     write_private(config_path(settings.home), tomli_w.dumps(doc).encode("utf-8"))
+
+
+# -- the one owner of config.toml while Shoal runs ------------------------------------------
+
+MAX_APP_KEYS = 64  # the [app] table: a handful of the app's own choices
+MAX_APP_KEY_CHARS = 64
+AppValue = bool | int | float | str
+
+
+@dataclass(frozen=True, slots=True)
+class NextStart:
+    """What waits for the next start, over the settings in force: the changes a person
+    made for it (each None: as in force), and a fleet this machine is in but has not
+    joined again yet (its heads were away)."""
+
+    http: str | None = None
+    fleet_listen: str | None = None
+    discovery: DiscoverySettings | None = None
+    queue_timeout_s: float | None = None
+    join: JoinSettings | None = None
+
+    def over(self, s: Settings) -> Settings:
+        """``s`` (in force) as the next start will have it. A fleet port applies only
+        where the head takes joins (outside a fleet it keeps taking none)."""
+        head = s.head
+        if head is not None:
+            head = replace(
+                head, http=self.http or head.http,
+                fleet_listen=(self.fleet_listen or head.fleet_listen
+                              if head.fleet_listen is not None else None),
+                queue_timeout_s=(self.queue_timeout_s if self.queue_timeout_s is not None
+                                 else head.queue_timeout_s))
+        return replace(s, head=head, discovery=self.discovery or s.discovery,
+                       join=s.join if s.join is not None else self.join)
+
+
+def check_app_table(app: Mapping[str, Any]) -> dict[str, AppValue]:
+    """The app's choices, bounded and typed as TOML keeps them; ValueError with the fix."""
+    if len(app) > MAX_APP_KEYS:
+        raise ValueError(f"the app keeps at most {MAX_APP_KEYS} choices")
+    out: dict[str, AppValue] = {}
+    for key, value in app.items():
+        if not isinstance(key, str) or not key or len(key) > MAX_APP_KEY_CHARS:
+            raise ValueError(f"an app choice is named by 1-{MAX_APP_KEY_CHARS} characters")
+        if not isinstance(value, bool | int | float | str):
+            raise ValueError(f"the app choice {key} must be true/false, a number or text")
+        out[key] = value
+    return out
+
+
+class ConfigFile:
+    """The one writer of ``config.toml`` while Shoal runs: each write off the loop, one
+    at a time, of the state as it is when its turn comes (so no change is lost, and
+    a later write never puts back an older state); a write that would change nothing
+    is skipped."""
+
+    def __init__(self, state: Callable[[], tuple[Settings, Mapping[str, Any]]]) -> None:
+        self._state = state
+        self._lock = asyncio.Lock()
+        self._written: tuple[Settings, dict[str, Any]] | None = None
+        self._soon: set[asyncio.Task[None]] = set()
+        self.failures: list[str] = []  # the lines of background writes that failed
+
+    async def write(self) -> None:
+        """Write the state as it is now; ConfigError (one line) when the file cannot be."""
+        async with self._lock:
+            settings, app = self._state()
+            state = (settings, dict(app))
+            if state == self._written:
+                return
+            try:
+                await asyncio.to_thread(save_machine_settings, settings, dict(app))
+            except OSError as exc:
+                path = config_path(settings.home)
+                raise ConfigError(f"cannot save the settings to {path} "
+                                  f"({exc.strerror or exc}); check that the folder is "
+                                  "writable") from None
+            self._written = state
+
+    def write_soon(self, failed: Callable[[str], None]) -> None:
+        """Write in the background (a role changed); ``failed`` gets the line if it fails."""
+        async def go() -> None:
+            try:
+                await self.write()
+            except ConfigError as exc:
+                failed(str(exc))
+
+        task = asyncio.get_running_loop().create_task(go(), name="shoal-save-config")
+        self._soon.add(task)
+        task.add_done_callback(self._soon.discard)
+
+    async def flush(self) -> None:
+        """Wait for the writes asked for so far."""
+        if self._soon:
+            await asyncio.wait(list(self._soon))
+
+
+def with_port(address: str | None, port: int, default: str) -> str:
+    """``address`` (else ``default``) with its port replaced by ``port``."""
+    host = split_hostport(address or default, port)[0]
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{port}"

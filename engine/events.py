@@ -116,6 +116,15 @@ class RolesChanged(Event):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SettingsChanged(Event):
+    """This machine's settings changed (`Shoal.update_settings`): read `Shoal.settings`,
+    `Shoal.pending` and `Shoal.app_settings` again. ``restart_needed``: some of what
+    changed waits for the next start."""
+
+    restart_needed: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Notice(Event):
     """A warning or an error, with the one line the CLI prints."""
 
@@ -131,8 +140,8 @@ class Dropped(Event):
 
 
 ShoalEvent = (NodeLinked | NodeLeft | NodeUnreachable | SessionPlaced | SessionMoved
-              | SessionFinished | AliasChanged | PullProgress | RolesChanged | Notice
-              | Dropped)
+              | SessionFinished | AliasChanged | PullProgress | RolesChanged | SettingsChanged
+              | Notice | Dropped)
 Emit = Callable[[ShoalEvent], None]
 
 

@@ -6,6 +6,8 @@ desktop app all drive.
     async for event in shoal.events(): ...     # typed changes, bounded per subscriber
     await shoal.join(code) / leave() / set_head(on) / pause_serving(on) / set_model(spec)
     await shoal.aliases.set(...); shoal.keys.issue(name); await shoal.pairing()
+    shoal.settings / shoal.pending             # in force / for the next start
+    await shoal.update_settings(http_port=8460)  # validated, written once (SettingsChanged)
     await shoal.stop(drain=10)                 # leaves no task, thread, socket or file
 
 Roles are parts started and stopped at run time: the head (the API on this machine and
@@ -24,17 +26,33 @@ import logging
 import secrets as pysecrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypeVar
+from types import MappingProxyType
+from typing import Any, TypeVar
 
 from engine import pairing
 from engine import secrets as tokens
+from engine.config import (
+    MODES,
+    ConfigError,
+    ConfigFile,
+    NextStart,
+    check_app_table,
+    with_port,
+)
 from engine.discovery.fleet_id import fleet_id
 from engine.discovery.mdns import local_addresses
 from engine.errors import CommandError, JoinError, ShoalError, StartError
-from engine.events import EventBus, Notice, RolesChanged, ShoalEvent, Subscription
+from engine.events import (
+    EventBus,
+    Notice,
+    RolesChanged,
+    SettingsChanged,
+    ShoalEvent,
+    Subscription,
+)
 from engine.head.access import keys as keyfiles
 from engine.head.commands import AliasCommands
 from engine.head.observe import fleet_snapshot
@@ -45,7 +63,16 @@ from engine.roles.loading import Pulls, Resolved, load_head_model, resolve
 from engine.roles.local_node import LocalNode
 from engine.roles.membership import Membership, locate
 from engine.roles.sockets import parse_address
-from engine.settings import FLEET_PORT, HeadSettings, JoinSettings, NodeSettings, Settings
+from engine.settings import (
+    FLEET_PORT,
+    HTTP_DEFAULT,
+    DiscoveryMode,
+    DiscoverySettings,
+    HeadSettings,
+    JoinSettings,
+    NodeSettings,
+    Settings,
+)
 from engine.snapshot import FleetSnapshot, PullSnapshot, Roles
 
 log = logging.getLogger("shoal")
@@ -65,6 +92,15 @@ class Pairing:
     head: str
     png: bytes
     text: str
+
+
+@dataclass(frozen=True, slots=True)
+class SettingsChange:
+    """What `Shoal.update_settings` did: the settings for the next start, and whether
+    some of them wait for it (the running parts keep their ports until then)."""
+
+    pending: Settings
+    restart_needed: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +140,21 @@ class KeyCommands:
 
 
 class Shoal:
+    """One running Shoal. ``keep``: this Shoal owns ``$SHOAL_HOME/config.toml`` (the app):
+    every change of its roles and settings is written there, by one writer; ``app``: the
+    file's ``[app]`` table (the app's own choices, kept here and changed through
+    `update_settings`); ``rejoin``: the fleet this machine was in, written back until
+    `join` or `leave` settles it."""
+
     def __init__(self, settings: Settings, *, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
-        self.settings = settings
+                 wall: Callable[[], float] = time.time, keep: bool = False,
+                 app: Mapping[str, Any] | None = None,
+                 rejoin: JoinSettings | None = None) -> None:
+        self.settings = settings  # in force (the roles change it as they change)
+        self._next = NextStart(join=rejoin)  # over it, what waits for the next start
+        self._app: dict[str, Any] = check_app_table(app or {})
+        self._config = ConfigFile(lambda: (self.pending, self._app)) if keep else None
+        self._opening = False
         self._clock = clock
         self._wall = wall
         self._bus = EventBus()
@@ -148,11 +196,14 @@ class Shoal:
             if settings is not None:
                 self.settings = settings
                 self.keys = KeyCommands(settings.home)
+            self._opening = True
             try:
                 await self._start()
             except BaseException:
                 await self._close_roles(drain=0)
                 raise
+            finally:
+                self._opening = False
 
     async def _start(self) -> None:
         s = self.settings
@@ -285,6 +336,8 @@ class Shoal:
             return
         self._stopped = True
         await self._close_roles(drain)
+        if self._config is not None:
+            await self._config.flush()
         self._bus.close()
 
     async def _close_roles(self, drain: float) -> None:
@@ -320,6 +373,68 @@ class Shoal:
                               fleet_id=fleet_id(self._psk), has_token=self._psk is not None,
                               pulls=pulls, aliases=head.aliases.current if head else None,
                               wall=self._wall)
+
+    @property
+    def pending(self) -> Settings:
+        """The settings the next start will have: those in force, with the changes made
+        for the next start (`update_settings`) over them."""
+        return self._next.over(self.settings)
+
+    @property
+    def app_settings(self) -> Mapping[str, Any]:
+        """The app's own choices (config.toml's ``[app]`` table), read-only."""
+        return MappingProxyType(self._app)
+
+    async def update_settings(self, *, http_port: int | None = None,
+                              fleet_port: int | None = None,
+                              discovery: DiscoveryMode | None = None,
+                              queue_timeout_s: float | None = None,
+                              app: Mapping[str, Any] | None = None) -> SettingsChange:
+        """Change this machine's settings: the API's port, the port where machines join,
+        discovery and the queue limit apply at the next start (at once while nothing
+        runs: after a failed start, the next `open` takes them); ``app``: the app's own
+        choices, merged key by key. Validated first (CommandError with the fix), then
+        written once (with ``keep``), and `SettingsChanged` is published."""
+        changes: dict[str, Any] = {}
+        pending = self.pending
+        head = pending.head or HeadSettings()
+        if http_port is not None:
+            changes["http"] = with_port(head.http, _port(http_port, "the API"), HTTP_DEFAULT)
+        if fleet_port is not None:
+            changes["fleet_listen"] = with_port(head.fleet_listen,
+                                                _port(fleet_port, "the fleet"),
+                                                DEFAULT_FLEET_LISTEN)
+        if discovery is not None:
+            if discovery not in MODES:
+                raise CommandError(f"discovery is one of {', '.join(MODES)}, not {discovery!r}",
+                                   code="bad_setting")
+            d = pending.discovery
+            changes["discovery"] = DiscoverySettings(mode=discovery, seeds=d.seeds,
+                                                     tailscale_socket=d.tailscale_socket)
+        if queue_timeout_s is not None:
+            if isinstance(queue_timeout_s, bool) or not 1 <= queue_timeout_s <= 600:
+                raise CommandError("the queue limit is 1 to 600 seconds", code="bad_setting")
+            changes["queue_timeout_s"] = float(queue_timeout_s)
+        merged = self._app
+        if app:
+            try:
+                merged = check_app_table({**self._app, **app})
+            except ValueError as exc:
+                raise CommandError(str(exc), code="bad_setting") from None
+        wanted = replace(self._next, **changes)
+        if self._head is None and self._node is None and not self._opening:
+            # nothing runs: what is asked for is what the next open starts with
+            self.settings = replace(wanted, join=None).over(self.settings)
+            wanted = NextStart(join=self._next.join)
+        self._next, self._app = wanted, merged
+        restart = replace(self.pending, join=None) != replace(self.settings, join=None)
+        self._emit(SettingsChanged(restart_needed=restart))
+        if self._config is not None:
+            try:
+                await self._config.write()
+            except ConfigError as exc:
+                raise CommandError(str(exc), code="cannot_save") from None
+        return SettingsChange(pending=self.pending, restart_needed=restart)
 
     def events(self, *, buffer: int = 1024) -> Subscription:
         """Typed events from now on (``async for``; ``close()`` or ``async with`` to stop)."""
@@ -509,6 +624,7 @@ class Shoal:
                                             handshake_timeout_s=node.settings.handshake_timeout_s)
             self.settings = self.settings.with_join(replace(join, head=str(given) if given
                                                             else None, code=None))
+            self._next = replace(self._next, join=None)
             self._roles_changed()
             return JoinResult(fleet=name or "", heads=tuple(str(h) for h in heads),
                               model=hello.model)
@@ -530,6 +646,7 @@ class Shoal:
                 self._head.forget_found_nodes()
                 done.append("stopped taking nodes from other machines")
             self.settings = self.settings.with_join(None)
+            self._next = replace(self._next, join=None)
             if forget_token:
                 places = await asyncio.to_thread(tokens.forget_token, self.settings.home)
                 self._apply_psk(None)
@@ -635,10 +752,19 @@ class Shoal:
         self._emit(RolesChanged(head=self._head is not None,
                                 node=node.state if node else "off",
                                 fleet=self._fleet_name if self._psk else None))
+        if self._config is not None:  # after a restart it comes back as it is now
+            self._config.write_soon(lambda line: self.notice("error", line))
 
     def notice(self, level: str, text: str) -> None:
         """Publish a warning or error line (for parts that only log)."""
         self._emit(Notice(level=level, text=text))  # type: ignore[arg-type]
+
+
+def _port(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise CommandError(f"{what} port must be a number from 1 to 65535, not {value!r}",
+                           code="bad_setting")
+    return value
 
 
 async def _parse_code(code: str) -> pairing.JoinCode:

@@ -160,18 +160,17 @@ async def write_screenshots(out: Path, try_model: Path | None = None) -> list[Pa
 
     await asyncio.to_thread(out.mkdir, parents=True, exist_ok=True)
     written: list[Path] = []
-    saved: list[Prefs] = []
     with tempfile.TemporaryDirectory(prefix="shoal-shots-") as tmp:
         async with demo_fleet(Path(tmp)) as fleet:
             bridge = ShoalBridge(fleet.head)
-            window = MainWindow(bridge, Prefs(welcomed=True), save_prefs=saved.append)
+            window = MainWindow(bridge)
             try:
                 written += await _tray_shots(bridge, out)
                 if try_model is not None:  # first: the demo's traffic would slow it down
                     written.append(await _real_try(fleet, try_model, out))
                 written += await _window_shots(fleet, bridge, window, out,
                                                real=try_model is None)
-                welcome = Welcome(bridge, Prefs(), save_prefs=saved.append)
+                welcome = Welcome(bridge)
                 try:
                     written += await _welcome_shots(welcome, out)
                 finally:

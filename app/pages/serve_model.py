@@ -4,8 +4,6 @@ button. Used by the Models page and by the first-run welcome."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QButtonGroup,
@@ -20,10 +18,8 @@ from PySide6.QtWidgets import (
 )
 
 from app.bridge import ShoalBridge
-from app.pages.stored import update_stored
 from app.widgets import choose_file, inline_error, note, ok_line, run, say
 from engine.events import PullProgress, ShoalEvent
-from engine.settings import NodeSettings, Settings
 
 EMBEDDED, FILE, HUB = 0, 1, 2
 
@@ -182,14 +178,7 @@ class ServeModel(QWidget):
     def _done(self, name: str) -> None:
         self._finish()
         say(self.ok, f"Now serving {name}.")
-        spec = self._spec
-
-        def keep(s: Settings) -> Settings:
-            return s.with_node(replace(s.node or NodeSettings(), model=spec, runtime=None))
-
-        # serve it again at the next start
-        run(self, self._bridge, update_stored(self._bridge.shoal.settings.home, keep))
-        self.served.emit(name)
+        self.served.emit(name)  # Shoal keeps it for the next start too
 
     def _failed(self, line: str) -> None:
         self._finish()

@@ -1,12 +1,12 @@
 """Settings: the ports, discovery and queue limit this machine starts with, API keys, where
-models live, and the app's own choices. Machine settings are written to ``config.toml`` and
-apply at the next start; keys apply at once (the running head watches their files)."""
+models live, and the app's own choices. The page shows what Shoal holds for the next start
+(``Shoal.pending``, ``Shoal.app_settings``), again whenever it changes, and sends each change
+to Shoal (``update_settings``), which writes ``config.toml``; ports apply at the next start,
+keys at once (the running head watches their files)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import replace
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices
@@ -22,9 +22,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app import prefs as app_prefs
 from app.bridge import ShoalBridge
-from app.pages.stored import update_stored
 from app.prefs import Prefs
 from app.widgets import (
     Card,
@@ -37,15 +35,17 @@ from app.widgets import (
     run,
     say,
 )
+from engine.events import RolesChanged, SettingsChanged, ShoalEvent
 from engine.settings import (
     FLEET_PORT,
-    HTTP_DEFAULT,
     DiscoveryMode,
-    DiscoverySettings,
     HeadSettings,
     Settings,
     split_hostport,
 )
+
+if TYPE_CHECKING:
+    from engine.service import SettingsChange
 
 DISCOVERY = (("both", "LAN and tailnet"), ("lan", "LAN only (mDNS)"),
              ("tailnet", "Tailnet only (Tailscale)"), ("none", "Off: join by code or address"))
@@ -63,20 +63,10 @@ def port_of(address: str | None, default: int) -> int:
         return default
 
 
-def with_port(address: str | None, port: int, default: str) -> str:
-    host = split_hostport(address or default, port)[0]
-    host = f"[{host}]" if ":" in host else host
-    return f"{host}:{port}"
-
-
 class SettingsPage(QWidget):
-    def __init__(self, bridge: ShoalBridge, prefs: Prefs, *,
-                 save_prefs: Callable[[Prefs], None], parent: QWidget | None = None) -> None:
+    def __init__(self, bridge: ShoalBridge, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._bridge = bridge
-        self._prefs = prefs
-        self._save_prefs = save_prefs
-        home = bridge.shoal.settings.home
         layout = page_layout(self)
         layout.addWidget(PageHeader("Settings", "How this machine runs Shoal."))
 
@@ -154,50 +144,60 @@ class SettingsPage(QWidget):
         app = Card("App")
         self.notify = QCheckBox("Notify me when a machine joins or leaves, or a request fails")
         self.notify.setObjectName("notify")
-        self.notify.setChecked(prefs.notify)
         self.notify.toggled.connect(self.notify_changed)
         app.add(self.notify)
         layout.addWidget(app)
         layout.addStretch(1)
 
-        self.show_settings(bridge.shoal.settings)
-        # the file may hold changes made for the next start: show those
-        run(self, bridge, app_prefs.load(home), done=lambda got: self.show_settings(got[0]),
-            anytime=True)
+        self.show_settings(bridge.shoal.pending)
+        self.show_prefs()
+        bridge.event.connect(self._event)
 
-    def show_settings(self, s: Settings) -> None:
+    def _event(self, event: ShoalEvent) -> None:
+        if isinstance(event, SettingsChanged):
+            self.show_settings(self._bridge.shoal.pending)
+            self.show_prefs()
+        elif isinstance(event, RolesChanged):
+            self._fleet_port_state(self._bridge.shoal.pending)
+
+    def show_prefs(self) -> None:
+        prefs = Prefs.from_table(self._bridge.shoal.app_settings)
+        if self.notify.isChecked() != prefs.notify:
+            self.notify.blockSignals(True)  # shown, not chosen
+            self.notify.setChecked(prefs.notify)
+            self.notify.blockSignals(False)
+
+    def _fleet_port_state(self, s: Settings) -> None:
         head = s.head or HeadSettings()
-        self.http_port.setValue(port_of(head.http, 8453))
-        self.fleet_port.setValue(port_of(head.fleet_listen, FLEET_PORT))
         # the head takes joins once this machine starts or joins a fleet (on the default
         # port); a stored port would open it to joins at the next start, so only then
         self.fleet_port.setEnabled(head.fleet_listen is not None)
         self.fleet_port.setToolTip("" if head.fleet_listen is not None else
                                    "Start or join a fleet first: its port can change then.")
+
+    def show_settings(self, s: Settings) -> None:
+        head = s.head or HeadSettings()
+        self.http_port.setValue(port_of(head.http, 8453))
+        self.fleet_port.setValue(port_of(head.fleet_listen, FLEET_PORT))
+        self._fleet_port_state(s)
         index = self.discovery.findData(s.discovery.mode)
         self.discovery.setCurrentIndex(max(index, 0))
         self.queue.setValue(head.queue_timeout_s)
 
-    def change(self, s: Settings) -> Settings:
-        """``s`` with what the form says."""
-        head = s.head or HeadSettings()
-        http = with_port(head.http, self.http_port.value(), HTTP_DEFAULT)
-        fleet_listen = head.fleet_listen
-        if fleet_listen is not None:  # outside a fleet it keeps taking no joins
-            fleet_listen = with_port(fleet_listen, self.fleet_port.value(), "0.0.0.0:0")
-        new_head = replace(head, http=http, fleet_listen=fleet_listen,
-                           queue_timeout_s=float(self.queue.value()))
-        mode = cast(DiscoveryMode, self.discovery.currentData())
-        return replace(s, head=new_head if s.head is not None else None,
-                       discovery=DiscoverySettings(mode=mode, seeds=s.discovery.seeds,
-                                                   tailscale_socket=s.discovery.tailscale_socket))
-
     def save_machine(self) -> None:
         say(self.saved, "")
         say(self.error, "")
-        run(self, self._bridge, update_stored(self._bridge.shoal.settings.home, self.change),
-            done=lambda _s: say(self.saved, RESTART_NOTE),
-            failed=lambda line: say(self.error, line), anytime=True)
+
+        def saved(change: SettingsChange) -> None:
+            say(self.saved, RESTART_NOTE if change.restart_needed else "Saved.")
+
+        shoal = self._bridge.shoal
+        run(self, self._bridge, shoal.update_settings(
+            http_port=self.http_port.value(),
+            fleet_port=self.fleet_port.value() if self.fleet_port.isEnabled() else None,
+            discovery=cast(DiscoveryMode, self.discovery.currentData()),
+            queue_timeout_s=float(self.queue.value())),
+            done=saved, failed=lambda line: say(self.error, line), anytime=True)
 
     def issue_key(self) -> None:
         name = self.key_name.text().strip()
@@ -236,5 +236,5 @@ class SettingsPage(QWidget):
         QDesktopServices.openUrl(QUrl.fromLocalFile(self.models_dir))
 
     def notify_changed(self, on: bool) -> None:
-        self._prefs = app_prefs.with_(self._prefs, notify=on)
-        self._save_prefs(self._prefs)
+        run(self, self._bridge, self._bridge.shoal.update_settings(app={"notify": on}),
+            failed=lambda line: say(self.error, line), anytime=True)

@@ -304,3 +304,27 @@ async def test_stop_drains_a_running_session(tmp_path: Path):
     await shoal.stop(drain=5)
     status, body = await task
     assert status == 200 and body["usage"]["completion_tokens"] == 40
+
+
+async def test_settings_for_the_next_start_are_checked_and_kept_apart(tmp_path: Path):
+    async with running(both(tmp_path)) as shoal:
+        events = shoal.events()
+        for bad in ({"http_port": 0}, {"http_port": True}, {"fleet_port": 70000},
+                    {"discovery": "everywhere"}, {"queue_timeout_s": 0},
+                    {"app": {f"k{i}": True for i in range(65)}}, {"app": {"x": [1]}}):
+            with pytest.raises(CommandError) as err:
+                await shoal.update_settings(**bad)  # type: ignore[arg-type]
+            assert err.value.code == "bad_setting"
+        assert shoal.pending == shoal.settings  # nothing half-changed
+        change = await shoal.update_settings(http_port=18461, app={"notify": False})
+        assert change.restart_needed and change.pending.head.http == "127.0.0.1:18461"  # type: ignore[union-attr]
+        assert shoal.settings.head.http == "127.0.0.1:0"  # type: ignore[union-attr]
+        assert shoal.app_settings == {"notify": False}
+        got = await asyncio.wait_for(events.get(), 5)
+        assert isinstance(got, ev.SettingsChanged) and got.restart_needed
+        events.close()
+    # a Shoal that runs nothing (a failed start) takes them at once: the next open uses them
+    idle = Shoal(both(tmp_path / "idle"))
+    change = await idle.update_settings(http_port=18462)
+    assert not change.restart_needed and idle.settings.head.http == "127.0.0.1:18462"  # type: ignore[union-attr]
+    await idle.stop(drain=0)

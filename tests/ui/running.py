@@ -6,14 +6,13 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 from PySide6.QtWidgets import QApplication, QWidget
 
 from app.bridge import ShoalBridge
-from app.prefs import Prefs
 from engine.service import Shoal
 from engine.settings import DiscoverySettings, HeadSettings, NodeSettings, Settings
 from tests.integration.test_service import ready  # noqa: F401  (for the UI tests)
@@ -55,10 +54,6 @@ def running(settings: Settings) -> contextlib.AbstractAsyncContextManager[Shoal]
 @dataclass
 class Ui:
     bridge: ShoalBridge
-    saved: list[Prefs] = field(default_factory=list)
-
-    def save(self, prefs: Prefs) -> None:
-        self.saved.append(prefs)
 
 
 @contextlib.asynccontextmanager

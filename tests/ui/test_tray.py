@@ -123,7 +123,6 @@ async def test_the_menu_opens_on_the_fleet_as_it_is_this_moment(shell: Shell):
     menu = await read_menu(shell.tray.menu)
     assert menu["api"][2] is False
     assert menu["copy_api_url"] == ("Copy API URL (the API is off here)", False, False)
-    await shell.writer.flush()  # the change is being saved: let it finish in this loop
 
 
 async def test_busy_lanes_show_in_the_icon_and_the_status_line(ui_home: Path):

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 
-from app.prefs import Prefs
 from app.welcome import Welcome
 from engine import service
 from tests.ui.running import both, bridged, node_only, ready, running, visible
@@ -27,7 +26,7 @@ async def test_start_a_fleet_here_then_the_model_then_the_editor(
     monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
     async with running(both(tmp_path)) as shoal, bridged(shoal) as ui:
         await ready(shoal)
-        welcome = Welcome(ui.bridge, Prefs(), save_prefs=ui.save)
+        welcome = Welcome(ui.bridge)
         welcome.show()
         assert welcome.step == "choose" and not welcome.next.isVisible()
         assert welcome.where.text() == "Step 1 of 4"
@@ -51,10 +50,10 @@ async def test_start_a_fleet_here_then_the_model_then_the_editor(
         assert welcome.step == "editor" and welcome.next.text() == "Finish"
         await until(lambda: welcome.editors.base.text() == shoal.api_url, "the base URL")
 
-        assert ui.saved == []
+        assert "welcomed" not in shoal.app_settings
         click(qtbot, welcome.next)
         assert not welcome.isVisible()
-        assert [p.welcomed for p in ui.saved] == [True]
+        await until(lambda: shoal.app_settings.get("welcomed") is True, "the welcome kept")
 
 
 async def test_join_a_fleet_by_pasting_its_code(tmp_path: Path, qtbot):
@@ -65,7 +64,7 @@ async def test_join_a_fleet_by_pasting_its_code(tmp_path: Path, qtbot):
         host, port = head.fleet_address  # type: ignore[misc]
         code = (await head.pairing(head=f"{host}:{port}")).url
         await ready(head)
-        welcome = Welcome(ui.bridge, Prefs(), save_prefs=ui.save)
+        welcome = Welcome(ui.bridge)
         welcome.show()
         click(qtbot, welcome.join_choice)
         assert welcome.step == "join"
@@ -90,5 +89,6 @@ async def test_join_a_fleet_by_pasting_its_code(tmp_path: Path, qtbot):
         assert welcome.current.text() == "Now serving mock-m (serving)."
         click(qtbot, welcome.next)
         click(qtbot, welcome.next)  # Finish
-        assert not welcome.isVisible() and [p.welcomed for p in ui.saved] == [True]
+        assert not welcome.isVisible()
+        await until(lambda: joiner.app_settings.get("welcomed") is True, "the welcome kept")
         await until(lambda: head.snapshot().ready_nodes == 2, "the head to see the laptop")

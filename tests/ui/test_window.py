@@ -4,7 +4,6 @@ sockets on 127.0.0.1): what each page shows, and what its buttons do."""
 from __future__ import annotations
 
 import asyncio
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ from PySide6.QtWidgets import QFileDialog, QMessageBox, QPushButton, QToolButton
 
 from app.pages.fleet import NODE_COLUMNS
 from app.pages.pairing import JOIN_COMMAND
-from app.prefs import Prefs
 from app.window import PAGES, MainWindow
 from engine.errors import StartError
 from engine.events import PullProgress, SessionFinished
@@ -47,7 +45,7 @@ def clipboard() -> str:
 
 
 def window_for(ui) -> MainWindow:
-    window = MainWindow(ui.bridge, Prefs(welcomed=True), save_prefs=ui.save)
+    window = MainWindow(ui.bridge)
     window.show()
     return window
 
@@ -372,7 +370,6 @@ async def test_settings_save_for_the_next_start_keys_and_notifications(tmp_path:
         window = window_for(ui)
         window.show_page("settings")
         page = window.settings
-        await until(lambda: page.http_port.value() == 8453, "the stored settings read")
         page.http_port.setValue(18453)
         assert not page.fleet_port.isEnabled()  # no joins taken outside a fleet
         page.discovery.setCurrentIndex(page.discovery.findData("lan"))
@@ -380,11 +377,11 @@ async def test_settings_save_for_the_next_start_keys_and_notifications(tmp_path:
         click(qtbot, page.save)
         await until(lambda: page.saved.isVisible(), "saved")
         assert "next starts" in page.saved.text()
-        stored = tomllib.loads((tmp_path / "config.toml").read_text())
-        assert stored["head"]["http"] == "127.0.0.1:18453"
-        assert "listen" not in stored["fleet"] and stored["fleet"]["member"] is False
-        assert stored["head"]["queue_timeout_s"] == 30.0
-        assert stored["discovery"]["mode"] == "lan"
+        pending = shoal.pending  # what the next start has (the app's Shoal writes it)
+        assert pending.head is not None and pending.head.http == "127.0.0.1:18453"
+        assert pending.head.fleet_listen is None and pending.join is None
+        assert pending.head.queue_timeout_s == 30.0
+        assert pending.discovery.mode == "lan"
         # the running head keeps its port until the next start
         assert shoal.api_url is not None and ":18453" not in shoal.api_url
 
@@ -406,7 +403,8 @@ async def test_settings_save_for_the_next_start_keys_and_notifications(tmp_path:
         assert page.notify.isChecked()
         qtbot.mouseClick(page.notify, Qt.MouseButton.LeftButton,
                          pos=QPoint(8, page.notify.height() // 2))  # on its box
-        assert ui.saved == [Prefs(welcomed=True, notify=False)]
+        await until(lambda: shoal.app_settings.get("notify") is False, "the choice kept")
+        assert not page.notify.isChecked()
         assert str(tmp_path / "models") in page.models_dir
 
 
@@ -475,9 +473,8 @@ async def test_serve_a_gguf_file_then_try_it_answers_from_smollm2(tmp_path: Path
         await until(lambda: serve.ok.isVisible() or serve.error.isVisible(), "the model loaded",
                     timeout=120)
         assert serve.ok.text() == f"Now serving {name}.", serve.error.text()
-        await until(lambda: (tmp_path / "config.toml").exists()
-                    and str(smollm2_gguf) in (tmp_path / "config.toml").read_text(),
-                    "the choice kept for the next start")
+        node = shoal.pending.node  # kept for the next start (the app's Shoal writes it)
+        assert node is not None and node.model == str(smollm2_gguf)
         await ready(shoal)
 
         window.show_page("try")
