@@ -21,7 +21,8 @@ from engine.head.access.admin_secret import HEADER, admin_secret_ok
 from engine.head.commands import AliasChange, AliasCommands
 
 ALIASES: web.AppKey[AliasCommands] = web.AppKey("aliases", AliasCommands)
-_STATUS = {"alias_not_found": 404, "request_too_large": 413}
+# a change or an import that the alias table has no room for: 413, as a body too large
+_STATUS = {"alias_not_found": 404, "request_too_large": 413, "alias_table_full": 413}
 
 
 def _allowed(request: web.Request) -> bool:

@@ -2,8 +2,9 @@
 Models tab all call.
 
 Each change is made in the head's table, saved (off the loop), pushed to the other
-heads of the fleet, and reported with how many heads hold it; it is also published
-as an `AliasChanged` event.
+heads of the fleet (once per command: an import of many names too), and reported with
+how many heads hold it; it is also published as an `AliasChanged` event. A change
+that the table has no room for is refused (``alias_table_full``).
 """
 
 from __future__ import annotations
@@ -97,6 +98,8 @@ class AliasCommands:
             try:
                 entry = head.aliases.set(name, target, list(fallbacks), self._clock(),
                                          head.fleet.head_id)
+            except al.AliasTableFull as exc:
+                raise CommandError(str(exc), code="alias_table_full") from None
             except al.AliasError as exc:
                 raise CommandError(str(exc), code="invalid_alias") from None
             return await self._changed(entry)
@@ -115,6 +118,8 @@ class AliasCommands:
         async with self._lock:
             try:
                 entry = head.aliases.revert(name, self._clock(), head.fleet.head_id)
+            except al.AliasTableFull as exc:
+                raise CommandError(str(exc), code="alias_table_full") from None
             except al.AliasError as exc:
                 raise CommandError(str(exc), code="invalid_alias") from None
             return await self._changed(entry)
@@ -125,27 +130,37 @@ class AliasCommands:
             raise CommandError(f"an alias file larger than {MAX_IMPORT} bytes; split it",
                                code="request_too_large")
         head = self._head
+        try:  # a file of a megabyte is parsed and checked off the loop
+            incoming = await asyncio.to_thread(al.AliasTable.from_json, data,
+                                               source="the imported file")
+        except al.AliasError as exc:
+            raise CommandError(str(exc), code="invalid_alias") from None
         async with self._lock:
             try:
-                incoming = al.AliasTable.from_json(data, source="the imported file")
                 changed = head.aliases.import_entries(incoming.entries(), self._clock(),
                                                       head.fleet.head_id)
+            except al.AliasTableFull as exc:
+                raise CommandError(str(exc), code="alias_table_full") from None
             except al.AliasError as exc:
                 raise CommandError(str(exc), code="invalid_alias") from None
-            await self._save()
-            held = total = 1
-            for name in changed:
-                entry = head.aliases.get(name)
-                if entry is not None:
-                    held, total = await head.spread_aliases(entry)
-                    self._announce(entry, held, total)
+            entries = [e for e in map(head.aliases.get, changed) if e is not None]
+            held, total = await self._spread(entries)
+            for entry in entries:
+                self._announce(entry, held, total)
             return AliasImport(tuple(changed), held, total)
 
     async def _changed(self, entry: al.AliasEntry) -> AliasChange:
-        await self._save()
-        held, total = await self._head.spread_aliases(entry)
+        held, total = await self._spread([entry])
         self._announce(entry, held, total)
         return AliasChange(entry, held, total)
+
+    async def _spread(self, entries: list[al.AliasEntry]) -> tuple[int, int]:
+        """Save the table and push it to the other heads once: (heads holding every one
+        of ``entries``, heads known)."""
+        await self._save()
+        if not entries:
+            return 1, 1
+        return await self._head.spread_aliases(entries)
 
     async def _save(self) -> None:
         await self._head.save_aliases()

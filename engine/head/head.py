@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from engine.head.access.keys import Policy
@@ -85,11 +86,12 @@ class Head:
         if self._writer is not None:
             self._writer.submit()
 
-    async def spread_aliases(self, entry: al.AliasEntry) -> tuple[int, int]:
-        """Push a change to the other heads: (heads holding it, heads known)."""
+    async def spread_aliases(self, entries: Sequence[al.AliasEntry]) -> tuple[int, int]:
+        """Push changes to the other heads at once: (heads holding all of them, heads
+        known)."""
         if self.peers is None:
             return 1, 1
-        return await self.peers.spread(entry)
+        return await self.peers.spread(entries)
 
     async def close(self) -> None:
         if self.peers is not None:

@@ -6,14 +6,18 @@ SYNC_S after, each sends its table and merges the other's, keeping the higher
 version of each entry; a change made here is pushed at once, and the answer
 to the push tells how many heads hold it. A head that was off serves the
 table it saved and catches up at its first sync.
+
+A table too large for a link record (tables that grew apart can pass the bound of
+`engine.head.naming.aliases` together) is not sent: one line says so, the link stays,
+and sync resumes once aliases are removed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from engine.head.naming import aliases as al
@@ -29,6 +33,7 @@ SYNC_S = 30.0
 RETRY_S = 10.0
 DROP_DISCOVERED_AFTER = 3  # failed dials in a row before a head found on the network is let go
 PUSH_WAIT_S = 2.0
+SYNC_LIMIT = m.MAX_RECORD - 1024  # the most an AliasSync's table may hold (messages.py)
 
 
 @dataclass
@@ -42,7 +47,9 @@ class Peer:
 class HeadPeers:
     def __init__(self, *, head_id: str, model: str, psk: bytes | None, listen_port: int,
                  table: Callable[[], al.AliasTable], on_merged: Callable[[list[str]], None],
-                 handshake_timeout_s: float = 10.0) -> None:
+                 handshake_timeout_s: float = 10.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        """``clock``: wall-clock seconds, for the age of removals in a merge."""
         self.head_id = head_id
         self.model = model
         self.listen_port = listen_port
@@ -54,6 +61,8 @@ class HeadPeers:
         self._tasks: set[asyncio.Task[None]] = set()
         self._serial = 0
         self._self_labels: set[str] = set()  # our own announcement, found on the network
+        self._clock = clock
+        self._too_large = False  # the table was too large to send, and said so
 
     def _spawn(self, coro: object, name: str) -> None:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
@@ -153,13 +162,30 @@ class HeadPeers:
             self._send(peer, reply=True)
             await asyncio.sleep(SYNC_S)
 
-    def _send(self, peer: Peer, *, reply: bool, serial: int = 0) -> None:
+    def _send(self, peer: Peer, *, reply: bool, serial: int = 0) -> bool:
+        """Send our table to ``peer``; False when it was not sent (no link, or a table
+        too large for a record: said once, and the link is kept)."""
         if peer.link is None:
-            return
+            return False
         table = self._table()
-        data = al.AliasTable(table.snapshot()).to_json().encode()
-        with contextlib.suppress(LinkClosed):
-            peer.link.send(m.AliasSync(table=data, reply=reply, serial=serial))
+        size = table.sync_size()
+        if size > SYNC_LIMIT:
+            if not self._too_large:
+                log.warning("the alias table (%d names, %d bytes) is too large to send to "
+                            "the other heads (at most %d); they get no alias changes until "
+                            "aliases are removed with `shoal alias rm NAME`", table.names,
+                            size, SYNC_LIMIT)
+                self._too_large = True
+            return False
+        self._too_large = False
+        try:
+            peer.link.send(m.AliasSync(table=table.sync_json(), reply=reply, serial=serial))
+        except LinkClosed:
+            return False
+        except LinkError as exc:  # a record refused as we made it: the link is unharmed
+            log.warning("could not send the alias table to head %s: %s", peer.head_id, exc)
+            return False
+        return True
 
     def _on_sync(self, peer: Peer, rec: m.AliasSync) -> None:
         try:
@@ -167,10 +193,14 @@ class HeadPeers:
         except al.AliasError as exc:
             log.warning("ignoring the alias table of head %s: %s", peer.head_id, exc)
             return
-        changed = self._table().merge(theirs.snapshot())
+        table = self._table()
+        now = self._clock()
+        purged = table.purge(now)
+        changed = table.merge(theirs.snapshot(), now=now)
         if changed:
             log.info("aliases from head %s: %s", peer.head_id, ", ".join(changed))
-            self._on_merged(changed)
+        if changed or purged:
+            self._on_merged(sorted({*changed, *purged}))
         if rec.reply:
             self._send(peer, reply=False, serial=rec.serial)
         fut = peer.pending.pop(rec.serial, None) if rec.serial else None
@@ -179,8 +209,9 @@ class HeadPeers:
 
     # -- spreading a change ----------------------------------------------------------
 
-    async def spread(self, entry: al.AliasEntry) -> tuple[int, int]:
-        """Push the table to every linked head; (heads holding ``entry``, heads known)."""
+    async def spread(self, entries: Sequence[al.AliasEntry]) -> tuple[int, int]:
+        """Push the table to every linked head, once for all of ``entries``: (heads
+        holding every one of them, heads known)."""
         loop = asyncio.get_running_loop()
         waits: list[asyncio.Future[al.AliasTable]] = []
         for peer in self.peers.values():
@@ -189,14 +220,16 @@ class HeadPeers:
             self._serial += 1
             fut: asyncio.Future[al.AliasTable] = loop.create_future()
             peer.pending[self._serial] = fut
-            waits.append(fut)
-            self._send(peer, reply=True, serial=self._serial)
+            if self._send(peer, reply=True, serial=self._serial):
+                waits.append(fut)
+            else:
+                del peer.pending[self._serial]
         held = 1
         if waits:
             done, _ = await asyncio.wait(waits, timeout=PUSH_WAIT_S)
             for fut in done:
                 if not fut.cancelled() and fut.exception() is None \
-                        and fut.result().holds(entry.name, entry.version):
+                        and all(fut.result().holds(e.name, e.version) for e in entries):
                     held += 1
         return held, 1 + self.known()
 

@@ -29,6 +29,19 @@ Merge and tie-break
     order total, so merge is commutative, associative and idempotent: heads that
     exchange in any order end with the same table (the same `digest`).
 
+Bounds and old removals
+    A table holds at most `MAX_ALIASES` names and `MAX_TABLE_BYTES` as sent to
+    another head (`sync_json`); a change that would grow it past either is refused
+    (`AliasTableFull`, one line with the fix), a removal never is. Merges are
+    never refused (refusing some would make the result depend on the order of
+    exchanges), so tables that grew apart may together pass the bound until
+    aliases are removed. A removal (tombstone) older than `TOMBSTONE_TTL_S` is
+    purged at the next change or merge, and a merge given ``now`` treats such a
+    removal as absent on either side: for a given ``now`` the merge stays
+    commutative, associative and idempotent. The price, as with any purge of
+    tombstones: a head that was away longer than the TTL, holding an alias that
+    was removed meanwhile, brings it back when it returns.
+
 Digest
     SHA-256 over every current entry (tombstones included) in name order: name,
     version, and also updated_at, origin, target and fallbacks, since two heads
@@ -57,6 +70,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +85,11 @@ FORMAT_VERSION = 1
 HISTORY_LIMIT = 50
 MAX_NAME_LEN = 200
 MAX_FALLBACKS = 16
+MAX_ALIASES = 1024  # names in a table, removed ones (tombstones) included
+# the current entries as a head sends them to another (`sync_json`): far under what one
+# link record carries, so that a table made here always crosses a link
+MAX_TABLE_BYTES = 1 << 20
+TOMBSTONE_TTL_S = 30 * 86400.0  # how long a removal is kept for heads that were away
 RETRY_AFTER_S = 5
 FILE_NAME = "aliases.json"
 log = logging.getLogger("shoal.head")
@@ -80,12 +99,20 @@ class AliasError(ValueError):
     """A refused alias operation or an unusable alias file; one line, cause and fix."""
 
 
+class AliasTableFull(AliasError):
+    """A change refused because the table would outgrow its bounds (MAX_ALIASES names,
+    MAX_TABLE_BYTES as sent to another head)."""
+
+
+_SPACE = re.compile(r"\s")
+
+
 def _bad_char(value: str) -> str | None:
-    for ch in value:
-        if ch.isspace():
-            return "whitespace"
-        if not ch.isprintable():
-            return "a control character"
+    # at C speed: a peer's table or an imported file checks thousands of names at once
+    if _SPACE.search(value):
+        return "whitespace"
+    if not value.isprintable():
+        return "a control character"
     return None
 
 
@@ -176,6 +203,15 @@ class AliasEntry:
                 "version": self.version, "updated_at": self.updated_at,
                 "origin": self.origin}
 
+    def wire(self) -> bytes:
+        """The entry as `AliasTable.sync_json` sends it (compact JSON)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"),
+                          ensure_ascii=False).encode("utf-8")
+
+    def expired(self, now: float) -> bool:
+        """A removal older than TOMBSTONE_TTL_S: merges treat it as absent."""
+        return self.target is None and self.updated_at < now - TOMBSTONE_TTL_S
+
     @classmethod
     def from_dict(cls, data: object) -> AliasEntry:
         if not isinstance(data, Mapping):
@@ -225,6 +261,9 @@ class AliasTable:
 
     def __init__(self, entries: Iterable[AliasEntry] = ()) -> None:
         self._history: dict[str, list[AliasEntry]] = {}
+        self._wire: dict[str, bytes] = {}  # each name's current entry as sync_json sends it
+        self._wire_bytes = 0  # their sum
+        self._oldest_removal = math.inf  # at most the oldest current tombstone's time
         self.merge(entries)
 
     # -- reading -----------------------------------------------------------------
@@ -270,18 +309,83 @@ class AliasTable:
     def copy(self) -> AliasTable:
         other = AliasTable()
         other._history = {name: list(hist) for name, hist in self._history.items()}
+        other._wire = dict(self._wire)
+        other._wire_bytes = self._wire_bytes
+        other._oldest_removal = self._oldest_removal
         return other
 
     def __len__(self) -> int:
         return len(self.entries())
 
+    @property
+    def names(self) -> int:
+        """Names in the table, removed ones included (at most MAX_ALIASES by changes)."""
+        return len(self._history)
+
+    def sync_size(self, names: int | None = None, wire_bytes: int | None = None) -> int:
+        """The length of :meth:`sync_json` (for a table of ``names`` names whose entries
+        take ``wire_bytes``: this one by default), without making it."""
+        n = self.names if names is None else names
+        total = self._wire_bytes if wire_bytes is None else wire_bytes
+        return len(_SYNC_HEAD) + total + max(n - 1, 0) + len(_SYNC_TAIL)
+
+    def sync_json(self) -> bytes:
+        """The current entries (tombstones included) as one head sends them to another:
+        compact JSON that `from_json` reads, made from each entry's kept bytes."""
+        return _SYNC_HEAD + b",".join(self._wire[name] for name in sorted(self._wire)) \
+            + _SYNC_TAIL
+
     # -- changing ----------------------------------------------------------------
 
-    def _append(self, entry: AliasEntry) -> None:
+    def _append(self, *entries: AliasEntry) -> None:
+        """Add ``entries`` (versions of one name, oldest first) to its history; the last
+        becomes its current entry."""
+        entry = entries[-1]
         hist = self._history.setdefault(entry.name, [])
-        hist.append(entry)
+        hist.extend(entries)
         if len(hist) > HISTORY_LIMIT:
             del hist[: len(hist) - HISTORY_LIMIT]
+        wire = entry.wire()
+        self._wire_bytes += len(wire) - len(self._wire.get(entry.name, b""))
+        self._wire[entry.name] = wire
+        if entry.target is None:
+            self._oldest_removal = min(self._oldest_removal, entry.updated_at)
+
+    def _drop(self, name: str) -> None:
+        del self._history[name]
+        self._wire_bytes -= len(self._wire.pop(name))
+
+    def purge(self, now: float) -> list[str]:
+        """Forget the names whose current entry is a removal older than TOMBSTONE_TTL_S
+        (see the module's docstring); returns them, sorted."""
+        cutoff = now - TOMBSTONE_TTL_S
+        if self._oldest_removal >= cutoff:
+            return []  # nothing can be old enough: no walk over the table
+        gone = sorted(name for name, hist in self._history.items()
+                      if hist[-1].expired(now))
+        for name in gone:
+            self._drop(name)
+        self._oldest_removal = min((hist[-1].updated_at for hist in self._history.values()
+                                    if hist[-1].target is None), default=math.inf)
+        return gone
+
+    def _check_room(self, entry: AliasEntry) -> None:
+        """AliasTableFull when making ``entry`` current would grow the table past its
+        bounds (a change that leaves it as large, or makes it smaller, is taken)."""
+        current = self._wire.get(entry.name)
+        names = self.names + (current is None)
+        if names > MAX_ALIASES:
+            raise AliasTableFull(
+                f"the alias table holds {self.names} names, its limit (removed ones count "
+                f"for {int(TOMBSTONE_TTL_S // 86400)} days, so that every head hears of "
+                "the removal); remove aliases with `shoal alias rm NAME`, or reuse a name")
+        wire_bytes = self._wire_bytes + len(entry.wire()) - len(current or b"")
+        size = self.sync_size(names, wire_bytes)
+        if size > MAX_TABLE_BYTES and size > self.sync_size():
+            raise AliasTableFull(
+                f"the alias table would take {size} bytes, over its limit of "
+                f"{MAX_TABLE_BYTES} (every head sends it whole to the others); remove "
+                "aliases with `shoal alias rm NAME`, or use fewer or shorter fallbacks")
 
     def _next_version(self, name: str) -> int:
         current = self.get(name)
@@ -289,25 +393,30 @@ class AliasTable:
 
     def set(self, name: str, target: str, fallbacks: Sequence[str], now: float,
             origin: str) -> AliasEntry:
-        """Point ``name`` at ``target`` (then ``fallbacks``) as a new version."""
+        """Point ``name`` at ``target`` (then ``fallbacks``) as a new version;
+        AliasTableFull when the table has no room for it."""
         if target is None:
             raise AliasError(f"alias {name!r} needs a target; "
                              f"use `shoal alias rm {name}` to remove it")
+        # the count goes on after a removal, even one about to be purged
         entry = make_entry(name=name, target=target, fallbacks=fallbacks,
                            version=self._next_version(name), updated_at=now, origin=origin)
         current = self.get(name)
         if current is not None and not current.removed and current.same_value(entry):
             return current
+        self.purge(now)
+        self._check_room(entry)
         self._append(entry)
         return entry
 
     def remove(self, name: str, now: float, origin: str) -> AliasEntry:
-        """Remove ``name``: a tombstone with the next version."""
+        """Remove ``name``: a tombstone with the next version (never refused for room)."""
         if self.lookup(name) is None:
             raise AliasError(f"there is no alias named {name!r}; "
                              "`shoal alias ls` lists the aliases")
         entry = make_entry(name=name, target=None, fallbacks=(),
                            version=self._next_version(name), updated_at=now, origin=origin)
+        self.purge(now)
         self._append(entry)
         return entry
 
@@ -323,16 +432,21 @@ class AliasTable:
                 entry = make_entry(name=name, target=earlier.target,
                                    fallbacks=earlier.fallbacks, version=current.version + 1,
                                    updated_at=now, origin=origin)
+                self.purge(now)
+                self._check_room(entry)
                 self._append(entry)
                 return entry
         raise AliasError(f"alias {name!r} has no earlier version to revert to; "
                          f"set it with `shoal alias set {name} MODEL`")
 
-    def merge(self, other_entries: Iterable[AliasEntry]) -> list[str]:
+    def merge(self, other_entries: Iterable[AliasEntry], *,
+              now: float | None = None) -> list[str]:
         """Take, per name, the winning entry of ours and ``other_entries`` (any
         versions of any names; later versions than ours join our history).
         Returns the names whose current entry changed, sorted. All entries are
-        checked first: a malformed one refuses the whole merge."""
+        checked first: a malformed one refuses the whole merge. With ``now``, old
+        removals are purged here first and taken from the others as absent (see the
+        module's docstring). A merge is never refused for room."""
         incoming: dict[str, list[AliasEntry]] = {}
         for e in other_entries:
             if not isinstance(e, AliasEntry):
@@ -343,7 +457,11 @@ class AliasTable:
                                  "restore the table from `shoal alias export`")
             make_entry(name=e.name, target=e.target, fallbacks=e.fallbacks,
                        version=e.version, updated_at=e.updated_at, origin=e.origin)
+            if now is not None and e.expired(now):
+                continue
             incoming.setdefault(e.name, []).append(e)
+        if now is not None:
+            self.purge(now)
         changed: list[str] = []
         for name, entries in sorted(incoming.items()):
             current = self.get(name)
@@ -352,8 +470,7 @@ class AliasTable:
                            key=AliasEntry.order_key)
             if not newer:
                 continue
-            for e in newer:
-                self._append(e)
+            self._append(*newer)
             changed.append(name)
         return changed
 
@@ -361,19 +478,26 @@ class AliasTable:
                        origin: str) -> list[str]:
         """`shoal alias import`: make the file's live aliases current here as new
         versions (whatever their versions in the file), leaving the others alone.
-        Returns the names that changed, sorted."""
+        Returns the names that changed, sorted. All or nothing: AliasTableFull (and
+        the table as it was) when the result would outgrow the table's bounds."""
         latest: dict[str, AliasEntry] = {}
         for e in entries:
             if e.name not in latest or e.order_key() > latest[e.name].order_key():
                 latest[e.name] = e
+        live = sorted((name, e) for name, e in latest.items() if e.target is not None)
+        if len(live) > MAX_ALIASES:
+            raise AliasTableFull(f"the file holds {len(live)} aliases; a table holds at "
+                                 f"most {MAX_ALIASES}: import fewer")
+        trial = self.copy()
         changed: list[str] = []
-        for name, e in sorted(latest.items()):
-            if e.target is None:
-                continue
-            before = self.get(name)
-            after = self.set(name, e.target, e.fallbacks, now, origin)
+        for name, e in live:
+            assert e.target is not None
+            before = trial.get(name)
+            after = trial.set(name, e.target, e.fallbacks, now, origin)
             if after is not before:
                 changed.append(name)
+        self._history, self._wire = trial._history, trial._wire
+        self._wire_bytes, self._oldest_removal = trial._wire_bytes, trial._oldest_removal
         return changed
 
     # -- file format -------------------------------------------------------------
@@ -407,6 +531,11 @@ class AliasTable:
         except AliasError as exc:
             raise AliasError(f"{source}: {exc}") from None
         return cls(entries)
+
+
+_SYNC_HEAD = json.dumps({"format": FORMAT, "version": FORMAT_VERSION},
+                        separators=(",", ":")).encode()[:-1] + b',"aliases":['
+_SYNC_TAIL = b"]}"
 
 
 @dataclass(frozen=True, slots=True)
