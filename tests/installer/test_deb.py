@@ -204,6 +204,42 @@ def _xvfb(display_log: Path) -> tuple[subprocess.Popen[bytes], str]:
     return proc, f":{number}"
 
 
+# a session bus as a desktop gives its apps, with nothing to start on demand (no service
+# folders): nothing but the app and the bus itself runs, and nothing writes into any HOME
+_BUS_CONFIG = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<busconfig>
+  <type>session</type>
+  <listen>unix:path={socket}</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow send_destination="*" eavesdrop="true"/>
+    <allow eavesdrop="true"/>
+    <allow own="*"/>
+  </policy>
+</busconfig>
+"""
+
+
+def _session_bus(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A D-Bus session bus of the test's own; returns once it listens (it writes its
+    address). Without one, libdbus (where Debian's dbus-x11 is installed) autolaunches a
+    bus for the app and writes ~/.dbus/ into the app's HOME."""
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "session.conf"
+    config.write_text(_BUS_CONFIG.format(socket=folder / "bus"))
+    read, write = os.pipe()
+    proc = subprocess.Popen(["dbus-daemon", f"--config-file={config}", "--nofork",
+                             "--nopidfile", "--nosyslog", f"--print-address={write}"],
+                            pass_fds=(write,), env={**os.environ, "HOME": str(folder)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    os.close(write)
+    with os.fdopen(read) as f:
+        address = f.readline().strip()  # written when the bus listens
+    assert address.startswith("unix:path="), "dbus-daemon did not start"
+    return proc, address
+
+
 # a window in `xwininfo -root -tree`: its indent (nesting), id, WM_CLASS, size
 _WINDOW = re.compile(r'^(\s+)(0x[0-9a-f]+) "[^"]*": \("([^"]*)" "([^"]*)"\)\s+(\d+)x(\d+)')
 
@@ -227,15 +263,18 @@ def _icons_in_tray(display: str) -> list[str]:
             and int(m[5]) <= 64 and int(m[6]) <= 64]
 
 
-def test_installed_app_shows_its_icon_in_a_real_tray(installed: Installed) -> None:
+def test_installed_app_shows_its_icon_in_a_real_tray(installed: Installed,
+                                                      tmp_path: Path) -> None:
     if not bundle.has_app_main():
         pytest.skip("app/main.py is not in this tree yet: the bundle has no app to start")
-    for tool in ("Xvfb", "trayer", "xwininfo"):
+    for tool in ("Xvfb", "trayer", "xwininfo", "dbus-daemon"):
         if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed (apt install xvfb trayer x11-utils)")
+            pytest.skip(f"{tool} is not installed (apt install xvfb trayer x11-utils dbus)")
     xvfb, display = _xvfb(ARTIFACTS / "xvfb.log")
     procs: list[subprocess.Popen[bytes]] = [xvfb]
     try:
+        bus, bus_address = _session_bus(tmp_path / "session-bus")
+        procs.append(bus)
         xenv = {**os.environ, "DISPLAY": display}
         procs.append(subprocess.Popen(["trayer", "--edge", "top", "--align", "right",
                                        "--widthtype", "request", "--height", "32"],
@@ -244,7 +283,7 @@ def test_installed_app_shows_its_icon_in_a_real_tray(installed: Installed) -> No
         until_sync(lambda: _tray_panel(display), "trayer's panel", timeout=30)
         assert _icons_in_tray(display) == []
         app, lines = start(installed, ["/usr/bin/shoal", "app"], "app.log", DISPLAY=display,
-                           QT_QPA_PLATFORM="xcb")
+                           QT_QPA_PLATFORM="xcb", DBUS_SESSION_BUS_ADDRESS=bus_address)
         try:
             until_sync(lambda: _icons_in_tray(display),
                        "the app's icon docked in trayer", timeout=90)
