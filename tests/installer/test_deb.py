@@ -236,7 +236,10 @@ def _session_bus(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
     os.close(write)
     with os.fdopen(read) as f:
         address = f.readline().strip()  # written when the bus listens
-    assert address.startswith("unix:path="), "dbus-daemon did not start"
+    if not address.startswith("unix:path="):
+        proc.terminate()
+        proc.wait(timeout=10)
+        raise AssertionError(f"dbus-daemon did not start (it wrote {address!r})")
     return proc, address
 
 
