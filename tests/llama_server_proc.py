@@ -36,10 +36,19 @@ from pathlib import Path
 
 import aiohttp
 
+from engine.runtimes.cpu_quirks import repack_here
+
 READY_TIMEOUT = 120.0  # s: loading a small model on a busy 2-core machine
 STOP_TIMEOUT = 10.0
 POLL_S = 0.05
 _LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
+
+
+def same_repacking() -> list[str]:
+    """llama-server's flag for what Shoal's runtime does with weights on this CPU (kept
+    unpacked on AMX CPUs, where llama.cpp's AMX path crashes: cpu_quirks.py), so that
+    both start and are compared on the same kernels."""
+    return [] if repack_here() else ["--no-repack"]
 
 
 class LlamaServer:
@@ -49,7 +58,7 @@ class LlamaServer:
                  threads: int | None = None, log: Path, extra: Sequence[str] = ()) -> None:
         self.cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", "0",
                     "--parallel", str(parallel), "-c", str(ctx_per_slot * parallel),
-                    "--no-ui", *extra]
+                    "--no-ui", *same_repacking(), *extra]
         if threads is not None:
             self.cmd += ["-t", str(threads), "-tb", str(threads)]
         self.log = log

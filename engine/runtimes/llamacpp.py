@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.runtimes.base import EngineInfo, RuntimeUnavailable, Sampling
+from engine.runtimes.cpu_quirks import repack_here
 from engine.runtimes.decode_thread import DecodeThreadEngine, Job
 from engine.runtimes.lanes import Lane, LaneWant, common_prefix, pick_lane, plan_batch
 from engine.runtimes.threaded import ThreadedGeneration
@@ -221,6 +222,7 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         _check_path(self.path)
         lib = _lib()
         mparams = lib.llama_model_default_params()
+        mparams.use_extra_bufts = repack_here()  # not on AMX CPUs: cpu_quirks.py
         model = lib.llama_model_load_from_file(self.path.encode(), mparams)
         if not model:
             raise ValueError(

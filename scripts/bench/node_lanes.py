@@ -66,6 +66,7 @@ from engine.models import ensure_embedded_default  # noqa: E402
 from engine.runtimes.base import GenerationRequest, Sampling  # noqa: E402
 from engine.runtimes.llamacpp import N_BATCH_MAX, LlamaCppEngine  # noqa: E402
 from scripts.lib.llama_server import BuildFailed, ensure_llama_server  # noqa: E402
+from tests.llama_server_proc import same_repacking  # noqa: E402
 
 DEFAULT_CACHE = Path(os.environ.get("SHOAL_BENCH_CACHE", "~/.cache/shoal-bench")).expanduser()
 LEVELS = (1, 2, 4, 8)
@@ -281,7 +282,7 @@ class Server:
                     str(self.port), "--parallel", str(n), "-c", str(window * n),
                     "--no-kv-unified", "-t", str(threads), "-tb", str(threads),
                     "-b", str(n_batch), "-ub", str(n_batch), "--cache-ram", "0",
-                    "--no-ui"]
+                    "--no-ui", *same_repacking()]
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
