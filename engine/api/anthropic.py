@@ -1,11 +1,16 @@
 """Anthropic's Messages API: ``POST /v1/messages`` and ``/v1/messages/count_tokens``.
 
 For agents that speak it (Claude Code with ``ANTHROPIC_BASE_URL=http://127.0.0.1:8453``):
-a system prompt, turns of text, ``tool_use`` and ``tool_result`` blocks, client tools
-and ``tool_choice``, ``stop_sequences`` and the sampling fields. A final assistant
-turn is the answer's beginning (prefill): the model continues it. Thinking blocks in
-earlier turns are dropped (as Anthropic does) and thinking stays off; image,
-document and server-tool blocks are refused by name (400).
+a system prompt, turns of text, ``system`` messages among the turns (Claude Code's
+mid-conversation system messages: they stay where they stand), ``tool_use`` and
+``tool_result`` blocks, client tools and ``tool_choice``, ``stop_sequences`` and the
+sampling fields. A final assistant turn is the answer's beginning (prefill): the model
+continues it. Thinking blocks in earlier turns are dropped (as Anthropic does) and
+thinking stays off; ``thinking``, ``output_config.effort``, ``context_management``,
+``cache_control`` markers, ``metadata`` and the ``?beta=true`` query are taken and
+ignored (none changes the prompt text); a structured-output format, image, document
+and server-tool blocks are refused by name (400). Claude Code's billing-header block is
+taken out before templating (engine.head.prompt.volatile).
 
 Streams follow Anthropic's event sequence: ``message_start``, then per block
 ``content_block_start``, ``content_block_delta`` (``text_delta`` or
@@ -46,6 +51,7 @@ from engine.head.prompt.turn import (
     chat_turn,
     off_loop,
 )
+from engine.head.prompt.volatile import without_volatile
 
 _THINKING_OFF = {"enable_thinking": False}
 _UNREADABLE = ("image", "document", "search_result", "container_upload")
@@ -73,15 +79,33 @@ def _inner_text(content: str | list[AnthropicInnerBlock] | None, where: str) -> 
     return "\n".join(parts)
 
 
-def system_text(system: str | list[AnthropicBlock] | None) -> str:
+def system_text(system: str | list[AnthropicBlock] | None, where: str = "system") -> str:
+    """The system text, less the per-request lines agents put at its head
+    (:func:`engine.head.prompt.volatile.without_volatile`), which would otherwise break
+    every prompt cache shared between conversations."""
     if system is None or isinstance(system, str):
-        return system or ""
+        return without_volatile(system or "")
     parts = []
     for block in system:
         if block.type != "text":
-            raise _refuse_block(block.type, "system")
-        parts.append(block.text or "")
+            raise _refuse_block(block.type, where)
+        text = without_volatile(block.text or "")
+        if text:
+            parts.append(text)
     return "\n".join(parts)
+
+
+def refused_field(req: AnthropicCountRequest) -> Refused | None:
+    """A field the head cannot honour that would change the answer; everything else a
+    client sends (thinking, effort, context_management, cache_control, metadata, the
+    beta query) is taken and, where Shoal has no use for it, ignored."""
+    fmt = (req.output_config or {}).get("format")
+    if fmt is not None or req.output_format is not None:
+        where = "output_config.format" if fmt is not None else "output_format"
+        return Refused(f"{where}: structured output (a JSON schema the answer must follow) "
+                       "is not supported; ask for JSON in the prompt and parse the text",
+                       where)
+    return None
 
 
 def _turn(role: str, blocks: list[AnthropicBlock], where: str,
@@ -128,17 +152,31 @@ def _turn(role: str, blocks: list[AnthropicBlock], where: str,
 
 
 def to_chat(req: AnthropicCountRequest) -> Chat:
-    """A Messages request in the head's terms; Refused names what cannot be taken."""
+    """A Messages request in the head's terms; Refused names what cannot be taken.
+
+    A ``system`` message inside ``messages`` (Claude Code sends them) stays where it
+    stands, as a system turn; the template decides how it is shown
+    (engine.head.prompt.templates)."""
+    problem = refused_field(req)
+    if problem is not None:
+        raise problem
     messages: list[dict[str, Any]] = []
     system = system_text(req.system)
     if system:
         messages.append({"role": "system", "content": system})
     names: dict[str, str] = {}
     for i, msg in enumerate(req.messages):
-        if isinstance(msg.content, str):
+        if msg.role == "system":
+            text = system_text(msg.content, f"messages[{i}]")
+            if text:
+                messages.append({"role": "system", "content": text})
+        elif isinstance(msg.content, str):
             messages.append({"role": msg.role, "content": msg.content})
         else:
             messages.extend(_turn(msg.role, msg.content, f"messages[{i}]", names))
+    if not any(m["role"] != "system" for m in messages):
+        raise Refused("messages: send at least one user message (system messages alone "
+                      "ask nothing)", "messages")
     prefill = ""
     last = messages[-1] if messages else None
     if last is not None and last["role"] == "assistant" and not last.get("tool_calls") \

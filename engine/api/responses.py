@@ -1,9 +1,13 @@
 """OpenAI's Responses API: ``POST /v1/responses``, stateless.
 
 For Codex-style agents and Copilot's bring-your-own-key endpoint: ``instructions``,
-``input`` as text or items (messages, ``function_call`` and ``function_call_output``;
-``reasoning`` items are dropped), function tools and ``tool_choice``,
-``max_output_tokens``. The head keeps no responses (``store`` is always false): a
+``input`` as text or items (messages, ``developer`` ones as system turns,
+``function_call`` and ``function_call_output``; ``reasoning`` items are dropped),
+function tools, ``namespace`` tools (offered as the functions they hold, a call going
+back with its namespace), hosted tools (``web_search`` and the like: left out of the
+prompt and of the response, since OpenAI's servers would run them), ``tool_choice``,
+``max_output_tokens``; ``include``, ``reasoning`` and ``client_metadata`` are taken and
+ignored. The head keeps no responses (``store`` is always false): a
 request naming ``previous_response_id`` or a ``conversation`` is refused with the
 fix, send the whole conversation as input items. ``prompt_cache_key`` keeps a
 conversation on the node that holds its prompt cache, like ``X-Session-Id``.
@@ -23,6 +27,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -36,6 +41,7 @@ from engine.api.schemas import (
     ResponsesItem,
     ResponsesPart,
     ResponsesRequest,
+    ResponsesTool,
     SamplingRequest,
     decode_as,
 )
@@ -97,6 +103,8 @@ def _items(items: list[ResponsesItem], messages: list[dict[str, Any]]) -> None:
             names[item.call_id] = item.name
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": _arguments(item.arguments)}}
+            if item.namespace:
+                call["namespace"] = item.namespace  # named as the model knows it later
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)  # text then calls: one turn
@@ -122,20 +130,100 @@ def _items(items: list[ResponsesItem], messages: list[dict[str, Any]]) -> None:
                           "message, function_call and function_call_output items", at)
 
 
-def _tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
+# Tools that OpenAI's servers run for the model: a client that offers them (Codex offers
+# web_search) expects them done by someone else, so they are left out of the prompt, and
+# out of the response's tools: the model is never told it has them, and nothing claims
+# that they ran.
+HOSTED = ("web_search", "web_search_preview", "file_search", "code_interpreter",
+          "image_generation", "computer_use", "computer_use_preview", "mcp")
+MAX_TOOLS = 512  # functions offered to the model, namespaces' members included
+
+
+def _hosted(kind: str) -> bool:
+    return any(kind == h or kind.startswith(h + "_") for h in HOSTED)
+
+
+def _function(tool: ResponsesTool, at: str) -> dict[str, Any]:
+    if tool.type != "function" or not tool.name:
+        what = "a function tool needs a name" if tool.type == "function" else \
+            f"tools of type {tool.type[:64]!r} are not supported"
+        raise Refused(f"{at}: {what}; Shoal offers function tools (type, name, description, "
+                      "parameters), namespaces of them, and leaves hosted tools out", at)
+    return {"type": "function", "function": {
+        "name": tool.name, "description": tool.description or "",
+        "parameters": tool.parameters or {"type": "object", "properties": {}}}}
+
+
+@dataclass
+class Offered:
+    """The tools as the model sees them (function tools, a namespace's members among
+    them), which namespace each of its names belongs to, and the request's tools less the
+    hosted ones (what the response says it offered)."""
+
+    tools: list[dict[str, Any]] | None = None
+    namespaces: dict[str, tuple[str, str]] = field(default_factory=dict)  # seen -> (ns, name)
+    shown: list[dict[str, Any]] = field(default_factory=list)
+
+    def called(self, seen: str) -> tuple[str | None, str]:
+        """A call of ``seen`` as the client named it: (its namespace, its name)."""
+        ns, name = self.namespaces.get(seen, (None, seen))
+        return ns, name
+
+    def seen_name(self, namespace: str | None, name: str) -> str:
+        """The name the model knows a client's (namespace, name) by."""
+        if namespace:
+            for seen, (ns, inner) in self.namespaces.items():
+                if ns == namespace and inner == name:
+                    return seen
+        return name
+
+
+def offered(req: ResponsesRequest) -> Offered:
+    """The request's tools in the head's terms. A ``namespace`` tool's functions are offered
+    under their own names (as ``namespace.name`` where a name is taken twice), and a call
+    of one goes back to the client with its namespace; hosted tools are left out."""
     if not req.tools:
-        return None
-    out = []
+        return Offered()
+    out: list[dict[str, Any]] = []
+    found = Offered()
+    members: list[tuple[str, ResponsesTool, str]] = []
     for i, tool in enumerate(req.tools):
-        if tool.type != "function" or not tool.name:
-            what = f"{tool.type[:64]!r} tools run on OpenAI's servers" \
-                if tool.type != "function" else "a function tool needs a name"
-            raise Refused(f"tools[{i}]: {what}; Shoal offers function tools (type, name, "
-                          "description, parameters)", f"tools[{i}]")
-        out.append({"type": "function", "function": {
-            "name": tool.name, "description": tool.description or "",
-            "parameters": tool.parameters or {"type": "object", "properties": {}}}})
-    return out
+        at = f"tools[{i}]"
+        if _hosted(tool.type):
+            continue
+        if tool.type == "namespace":
+            if not tool.name or not tool.tools:
+                raise Refused(f"{at}: a namespace tool needs a name and its tools", at)
+            for j, inner in enumerate(tool.tools):
+                members.append((tool.name, inner, f"{at}.tools[{j}]"))
+            found.shown.append({"type": "namespace", "name": tool.name,
+                                "description": tool.description or "",
+                                "tools": [_shown(_function(t, at)) for t in tool.tools]})
+        else:
+            out.append(_function(tool, at))
+            found.shown.append(_shown(out[-1]))
+    taken = {t["function"]["name"] for t in out}
+    for ns, inner, at in members:
+        fn = _function(inner, at)
+        name = fn["function"]["name"]
+        seen = name if name not in taken else f"{ns}.{name}"
+        if seen in taken:
+            raise Refused(f"{at}: the tool name {seen[:64]!r} is offered twice", at)
+        taken.add(seen)
+        fn["function"]["name"] = seen
+        found.namespaces[seen] = (ns, name)
+        out.append(fn)
+    if len(out) > MAX_TOOLS:
+        raise Refused(f"tools: {len(out)} functions offered, at most {MAX_TOOLS}; offer "
+                      "fewer", "tools")
+    found.tools = out or None
+    return found
+
+
+def _shown(tool: dict[str, Any]) -> dict[str, Any]:
+    fn = tool["function"]
+    return {"type": "function", "name": fn["name"], "description": fn["description"],
+            "parameters": fn["parameters"], "strict": False}
 
 
 def _choice(req: ResponsesRequest, tools: list[dict[str, Any]] | None) -> ToolChoice:
@@ -178,6 +266,11 @@ def refused_field(req: ResponsesRequest) -> Refused | None:
 
 def to_chat(req: ResponsesRequest) -> Chat:
     """A Responses request in the head's terms; Refused names what cannot be taken."""
+    return convert(req)[0]
+
+
+def convert(req: ResponsesRequest) -> tuple[Chat, Offered]:
+    """The request in the head's terms, and the tools as offered to the model."""
     problem = refused_field(req)
     if problem is not None:
         raise problem
@@ -191,9 +284,18 @@ def to_chat(req: ResponsesRequest) -> Chat:
         _items(req.input, messages)
     if not any(m["role"] != "system" for m in messages):
         raise Refused("input is empty; send the user's text or input items", "input")
-    tools = _tools(req)
-    return Chat(messages=messages, tools=tools, choice=_choice(req, tools),
-                parallel=req.parallel_tool_calls is not False)
+    tools = offered(req)
+    _name_calls(messages, tools)
+    return Chat(messages=messages, tools=tools.tools, choice=_choice(req, tools.tools),
+                parallel=req.parallel_tool_calls is not False), tools
+
+
+def _name_calls(messages: list[dict[str, Any]], tools: Offered) -> None:
+    """Earlier calls of a namespace's tools under the names the model knows them by."""
+    for m in messages:
+        for call in m.get("tool_calls", ()):
+            fn = call["function"]
+            fn["name"] = tools.seen_name(call.pop("namespace", None), fn["name"])
 
 
 def _template_kwargs(req: ResponsesRequest) -> dict[str, Any]:
@@ -228,16 +330,14 @@ class _Output:
     (event type, fields) in ``events`` (a text delta, the one event of every token, as
     a `Delta` that the stream writes without building its dict)."""
 
-    def __init__(self, rid: str, req: ResponsesRequest, tools: list[dict[str, Any]] | None,
+    def __init__(self, rid: str, req: ResponsesRequest, tools: Offered,
                  parallel: bool) -> None:
         self.rid = rid
         self.req = req
         self.parallel = parallel
         self.created = int(time.time())
-        self.tools = [{"type": "function", "name": t["function"]["name"],
-                       "description": t["function"]["description"],
-                       "parameters": t["function"]["parameters"], "strict": False}
-                      for t in tools or []]
+        self.offered = tools
+        self.tools = tools.shown
         self.items: list[dict[str, Any]] = []
         self.events: list[tuple[str, dict[str, Any] | Delta]] = []
         self.text: dict[str, Any] | None = None  # the message item being written
@@ -313,9 +413,12 @@ class _Output:
                 return  # parallel_tool_calls false: the first call only
             self._close_text()
             args = ev.arguments_fragment or "{}"
+            namespace, name = self.offered.called(ev.name or "")
             item = {"id": f"fc_{self.rid[5:]}_{len(self.items)}", "type": "function_call",
                     "status": "in_progress", "call_id": ev.id or f"call_{ev.index}",
-                    "name": ev.name or "", "arguments": ""}
+                    "name": name, "arguments": ""}
+            if namespace is not None:
+                item["namespace"] = namespace
             index = self._add(item)
             item["arguments"] = args
             item["status"] = "completed"
@@ -416,9 +519,9 @@ class ResponsesJSON(Wire):
 # -- the route -----------------------------------------------------------------------
 
 
-def _decoded(body: bytes) -> tuple[ResponsesRequest, Chat]:
+def _decoded(body: bytes) -> tuple[ResponsesRequest, Chat, Offered]:
     req: ResponsesRequest = decode_as(ResponsesRequest, body)
-    return req, to_chat(req)
+    return req, *convert(req)
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
@@ -426,7 +529,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     body = await request.read()
     try:
         # off the loop when large: a body of many small items takes long to decode
-        req, chat = await off_loop(len(body), lambda: _decoded(body))
+        req, chat, tools = await off_loop(len(body), lambda: _decoded(body))
     except BadRequest as exc:
         return error_for(request, 400, str(exc), code="invalid_request")
     except Refused as exc:
@@ -446,7 +549,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
                                tool_choice=chat.choice)
     except RequestError as exc:
         return refusal(request, exc, names)
-    output = _Output("resp_" + turn.session[2:], req, chat.tools, chat.parallel)
+    output = _Output("resp_" + turn.session[2:], req, tools, chat.parallel)
     wire: Wire = (ResponsesStream(request, head, output) if req.stream
                   else ResponsesJSON(request, head, output))
     return await answer(request, head, turn, wire, names)

@@ -298,7 +298,9 @@ _Blocks = Annotated[list[AnthropicBlock], msgspec.Meta(max_length=100_000)]
 
 
 class AnthropicMessage(msgspec.Struct):
-    role: Literal["user", "assistant"]
+    # "system" inside messages: Claude Code's mid-conversation system messages
+    # (anthropic-beta mid-conversation-system-2026-04-07)
+    role: Literal["user", "assistant", "system"]
     content: _Str | _Blocks
 
 
@@ -324,6 +326,10 @@ class AnthropicCountRequest(msgspec.Struct, kw_only=True):
     tools: Annotated[list[AnthropicTool], msgspec.Meta(max_length=512)] | None = None
     tool_choice: AnthropicToolChoice | None = None
     thinking: dict[str, Any] | None = None
+    # read only to refuse what would change the answer (a structured-output format);
+    # effort, context_management and cache_control markers are taken and ignored
+    output_config: dict[str, Any] | None = None
+    output_format: Any = None
 
 
 class AnthropicRequest(AnthropicCountRequest, kw_only=True):
@@ -363,6 +369,7 @@ class ResponsesItem(msgspec.Struct, kw_only=True):
     id: _Id | None = None
     call_id: _Id | None = None
     name: _Name | None = None
+    namespace: _Name | None = None  # a function_call of a tool inside a namespace tool
     arguments: _Str | None = None
     output: _Str | _Parts | None = None
 
@@ -373,6 +380,8 @@ class ResponsesTool(msgspec.Struct, kw_only=True):
     description: _Str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    # a ``namespace`` tool: the function tools it groups (Codex's multi_agent_v1)
+    tools: Annotated[list[ResponsesTool], msgspec.Meta(max_length=512)] | None = None
 
 
 class ResponsesNamedChoice(msgspec.Struct, kw_only=True):

@@ -414,7 +414,11 @@ async def test_responses_refusals():
                        previous_response_id="resp_123")
         assert "keeps no responses" in err.value.message
         assert err.value.param == "previous_response_id"
-        for kw, words in (({"tools": [{"type": "web_search"}]}, "run on OpenAI's servers"),
+        for kw, words in (({"tools": [{"type": "custom", "name": "apply_patch"}]},
+                           "tools of type 'custom' are not supported"),
+                          # a hosted tool is left out: offered alone, there is nothing
+                          ({"tools": [{"type": "web_search"}], "tool_choice": "required"},
+                           "offers no tools"),
                           ({"input": [{"role": "user", "content": [
                               {"type": "input_image", "image_url": "data:,"}]}]},
                            "image input is not supported"),

@@ -170,6 +170,44 @@ def _normalise(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# --- system messages after the first turn -------------------------------------
+
+
+def later_system(messages: list[dict[str, Any]]) -> list[int]:
+    """The indexes of system messages that do not open the conversation."""
+    return [i for i, m in enumerate(messages) if i > 0 and m["role"] == "system"]
+
+
+def _shown(content: str, rendered: str) -> bool:
+    """Whether a template kept a message's text (it can trim it, not drop it)."""
+    text = content.strip()
+    return not text or text[:64] in rendered
+
+
+def fold_later_system(messages: list[dict[str, Any]], later: list[int]) -> list[dict[str, Any]]:
+    """For a template that allows one system message only (it refuses others, or drops
+    them): each later system message's text goes into the user turn right after it, or
+    else the one right before it, or else becomes a user turn of its own. Either
+    neighbour is already in the conversation when the system message is, so a
+    conversation that grows keeps the same prompt for its earlier turns (and its cache)."""
+    out = [dict(m) for m in messages]
+    drop: set[int] = set()
+    for i in later:
+        text = out[i]["content"]
+        after = i + 1 if i + 1 < len(out) and out[i + 1]["role"] == "user" else None
+        kept = [j for j in range(i) if j not in drop]  # folded ones are gone from there
+        before = kept[-1] if kept and out[kept[-1]]["role"] == "user" else None
+        if after is not None:
+            out[after]["content"] = f"{text}\n\n{out[after]['content']}"
+        elif before is not None:
+            out[before]["content"] = f"{out[before]['content']}\n\n{text}"
+        else:
+            out[i]["role"] = "user"
+            continue
+        drop.add(i)
+    return [m for j, m in enumerate(out) if j not in drop]
+
+
 # --- the template ------------------------------------------------------------
 
 
@@ -207,13 +245,30 @@ class ChatTemplate:
         add_generation_prompt: bool = True,
         **kwargs: Any,
     ) -> str:
+        normal = _normalise(messages)
+        later = later_system(normal)
+        if not later:
+            return self._render(normal, tools, add_generation_prompt, kwargs)
+        # system messages after the first turn (Claude Code sends them): where they stand
+        # when the template shows them there, else folded into a neighbouring user turn
+        try:
+            text = self._render(normal, tools, add_generation_prompt, kwargs)
+        except TemplateError:
+            text = None
+        if text is not None and all(_shown(normal[i]["content"], text) for i in later):
+            return text
+        return self._render(fold_later_system(normal, later), tools, add_generation_prompt,
+                            kwargs)
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                add_generation_prompt: bool, kwargs: dict[str, Any]) -> str:
         template = self._tool_template if tools and self._tool_template else self._template
         context: dict[str, Any] = {
             "bos_token": self.bos_text,
             "eos_token": self.eos_text,
             "documents": None,
             **kwargs,
-            "messages": _normalise(messages),
+            "messages": messages,
             "tools": tools or None,
             "add_generation_prompt": add_generation_prompt,
         }
