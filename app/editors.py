@@ -4,13 +4,15 @@ models, generated from the fleet's live model and alias list, and the panel that
 The builders are pure (text in, text out) so a test can parse each snippet in its own
 format: Continue's ``config.yaml`` (YAML), Zed's ``settings.json`` (JSON), the fields of
 JetBrains AI Assistant and Cline (``Field: value`` lines), shell lines for Aider, Claude
-Code and any OpenAI or Ollama client, and Codex's ``config.toml`` (TOML). Formats as
+Code and any OpenAI or Ollama client, Codex's ``config.toml`` (TOML) and opencode's
+``opencode.json`` (JSON). Formats as
 documented by each client: Continue's config.yaml reference (``provider: openai`` with
 ``apiBase``, ``roles``), Zed's
 ``language_models.openai_compatible`` with ``available_models``, Aider's
 ``OPENAI_API_BASE`` with ``--model openai/NAME``, Ollama's ``OLLAMA_HOST``, Claude Code's
 ``ANTHROPIC_BASE_URL`` (Anthropic Messages), Codex's ``model_providers`` with
-``wire_api = "responses"`` (the Responses API).
+``wire_api = "responses"`` (the Responses API), opencode's ``provider`` with the
+``@ai-sdk/openai-compatible`` package.
 """
 
 from __future__ import annotations
@@ -226,6 +228,24 @@ def codex_toml(base_url: str, models: Sequence[Offer], chat: str | None = None) 
     return Snippet("Codex", "toml", "~/.codex/config.toml", "\n".join(lines) + "\n")
 
 
+def opencode_json(base_url: str, models: Sequence[Offer], chat: str | None = None) -> Snippet:
+    """opencode reads providers from ``~/.config/opencode/opencode.json``; an
+    OpenAI-compatible one names the AI SDK package that speaks Chat Completions."""
+    first = _pick(models, chat)
+    entries = {m.name: {"name": f"{m.label} (Shoal)", "tool_call": m.tools,
+                        "limit": {"context": m.window, "output": min(4096, m.window // 4)}}
+               for m in models}
+    doc: dict[str, object] = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {"shoal": {"npm": "@ai-sdk/openai-compatible", "name": PROVIDER,
+                               "options": {"baseURL": base_url, "apiKey": DUMMY_KEY},
+                               "models": entries}}}
+    if first is not None:
+        doc["model"] = f"shoal/{first.name}"
+    return Snippet("opencode", "json", "~/.config/opencode/opencode.json (merge into "
+                   "provider)", json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+
+
 def clients_shell(base_url: str) -> Snippet:
     lines = ["# OpenAI SDKs and tools",
              f"export OPENAI_BASE_URL={shlex.quote(base_url)}",
@@ -240,7 +260,8 @@ def snippets(base_url: str, models: Sequence[Offer], chat: str | None = None) ->
     return [continue_yaml(base_url, models, chat), zed_json(base_url, models),
             jetbrains_fields(base_url, models, chat), cline_fields(base_url, models, chat),
             aider_shell(base_url, models, chat), claude_code_shell(base_url, models, chat),
-            codex_toml(base_url, models, chat), clients_shell(base_url)]
+            codex_toml(base_url, models, chat), opencode_json(base_url, models, chat),
+            clients_shell(base_url)]
 
 
 # -- the panel -----------------------------------------------------------------------

@@ -119,10 +119,21 @@ def test_codex_toml_parses_and_speaks_the_responses_api():
     assert "model" not in tomllib.loads(editors.codex_toml(BASE, []).text)
 
 
+def test_opencode_json_names_an_openai_compatible_provider():
+    doc = json.loads(editors.opencode_json(BASE, [PLAIN, ODD], ODD.name).text)
+    assert doc["model"] == f"shoal/{ODD.name}"
+    provider = doc["provider"]["shoal"]
+    assert provider["npm"] == "@ai-sdk/openai-compatible"
+    assert provider["options"]["baseURL"] == BASE
+    assert set(provider["models"]) == {PLAIN.name, ODD.name}
+    assert provider["models"][PLAIN.name]["limit"]["context"] == PLAIN.window
+    assert "model" not in json.loads(editors.opencode_json(BASE, []).text)
+
+
 def test_every_client_has_a_snippet_naming_the_url():
     got = snippets(BASE, [CHAT])
     assert [s.client for s in got] == ["Continue", "Zed", "JetBrains AI Assistant", "Cline",
-                                      "Aider", "Claude Code", "Codex",
+                                      "Aider", "Claude Code", "Codex", "opencode",
                                       "OpenAI or Ollama client"]
     for s in got:
         assert BASE.removesuffix("/v1") in s.text and s.where
