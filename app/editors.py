@@ -200,6 +200,28 @@ def aider_shell(base_url: str, models: Sequence[Offer], chat: str | None = None)
                    "\n".join(lines) + "\n")
 
 
+# What an agent sends with every request before the user's words, in tokens (its system
+# prompt and tools, measured with Gemma 3's tokenizer through the head's
+# /v1/messages/count_tokens on the requests the pinned versions sent: tests/fixtures/
+# agents), and the window a model needs for it with room for an answer.
+AGENT_PROMPT = {"Claude Code": 22_000, "Codex": 9_700}
+ANSWER_ROOM = 8_192
+
+
+def too_small(agent: str, models: Sequence[Offer]) -> str:
+    """The panel's warning when no model the fleet serves (with tool calling: an agent's
+    work is tool calls) has a window for ``agent``'s own prompt; "" when one has."""
+    need = AGENT_PROMPT[agent] + ANSWER_ROOM
+    able = [m.window for m in models if m.tools]
+    if not models or (able and max(able) >= need):
+        return ""
+    largest = f"the largest is {max(able):,}" if able else "none of them calls tools"
+    return (f"{agent} sends about {AGENT_PROMPT[agent]:,} tokens of system prompt and tools "
+            f"with every request, and no model the fleet serves with tool calling has room "
+            f"for it ({largest}): serve one with a window of {need:,} tokens or more "
+            "(Gemma 3 and Qwen2.5-Coder have 32,768).")
+
+
 def claude_code_shell(base_url: str, models: Sequence[Offer],
                       chat: str | None = None) -> Snippet:
     """Claude Code talks Anthropic Messages to ``ANTHROPIC_BASE_URL`` (the root: it adds
@@ -212,7 +234,7 @@ def claude_code_shell(base_url: str, models: Sequence[Offer],
                   f"export ANTHROPIC_DEFAULT_HAIKU_MODEL={shlex.quote(first.name)}"]
     lines.append("claude")
     return Snippet("Claude Code", "shell", "a terminal, in your project's folder",
-                   "\n".join(lines) + "\n")
+                   "\n".join(lines) + "\n", warning=too_small("Claude Code", models))
 
 
 def codex_toml(base_url: str, models: Sequence[Offer], chat: str | None = None) -> Snippet:
@@ -225,7 +247,8 @@ def codex_toml(base_url: str, models: Sequence[Offer], chat: str | None = None) 
     lines += ['model_provider = "shoal"', "", "[model_providers.shoal]",
               f"name = {json.dumps(PROVIDER)}", f"base_url = {json.dumps(base_url)}",
               'wire_api = "responses"']
-    return Snippet("Codex", "toml", "~/.codex/config.toml", "\n".join(lines) + "\n")
+    return Snippet("Codex", "toml", "~/.codex/config.toml", "\n".join(lines) + "\n",
+                   warning=too_small("Codex", models))
 
 
 def opencode_json(base_url: str, models: Sequence[Offer], chat: str | None = None) -> Snippet:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 import tomllib
+from typing import Any
 
 import pytest
 import yaml
@@ -128,6 +129,20 @@ def test_opencode_json_names_an_openai_compatible_provider():
     assert set(provider["models"]) == {PLAIN.name, ODD.name}
     assert provider["models"][PLAIN.name]["limit"]["context"] == PLAIN.window
     assert "model" not in json.loads(editors.opencode_json(BASE, []).text)
+
+
+@pytest.mark.parametrize(("agent", "build"), [("Claude Code", editors.claude_code_shell),
+                                              ("Codex", editors.codex_toml)])
+def test_the_agents_warn_when_no_model_has_room_for_their_prompt(agent: str, build: Any):
+    small = Offer("smollm2", 8192, tools=True, fim=False)
+    big_plain = Offer("base", 131072, tools=False, fim=False)
+    roomy = Offer("gemma", 32768, tools=True, fim=False)
+    warning = build(BASE, [small, big_plain]).warning
+    assert warning.startswith(f"{agent} sends about ") and "the largest is 8,192" in warning
+    assert "\n" not in warning
+    assert build(BASE, [small, roomy]).warning == ""
+    assert "none of them calls tools" in build(BASE, [big_plain]).warning
+    assert build(BASE, []).warning == ""  # nothing served: the panel says so itself
 
 
 def test_every_client_has_a_snippet_naming_the_url():
