@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import until_sync
+
 SHOAL = [sys.executable, "-m", "engine.cli"]
 READY_TIMEOUT = 30.0
 
@@ -119,13 +121,10 @@ class Cluster:
 
     def join_port(self, head: Proc, timeout: float = 10.0) -> int:
         """The port a head started with --fleet-listen takes joins on (from its log)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            m = re.search(r"taking nodes that join on [\d.]+:(\d+)", head.log_text())
-            if m:
-                return int(m.group(1))
-            time.sleep(0.05)
-        raise AssertionError(f"no join port in the head's log:\n{head.log_text()}")
+        found = until_sync(lambda: re.search(r"taking nodes that join on [\d.]+:(\d+)",
+                                             head.log_text()),
+                           "the join port in the head's log", timeout=timeout)
+        return int(found.group(1))
 
     def joined_node(self, identity: str, *args: str, model: str = "anything", lanes: int = 2,
                     env: dict[str, str] | None = None) -> Proc:

@@ -93,9 +93,8 @@ async def live_head(*, nodes: int = 1, lanes: int = 4, speed: float = 0.0,
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        async with asyncio.timeout(10):
-            while sum(1 for p in fleet.pools.values() if p.state == "ready") < nodes:
-                await asyncio.sleep(0.05)
+        await until(lambda: sum(1 for p in fleet.pools.values() if p.state == "ready")
+                    >= nodes, f"{nodes} node(s) ready")
         yield Live(head, port, agents)
     finally:
         await runner.cleanup()
