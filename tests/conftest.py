@@ -66,3 +66,19 @@ def llama_server_binary() -> Path:
                     "builds it once for this machine (about 30 minutes on 2 cores)",
                     pytrace=False)
     return found
+
+
+@pytest.fixture(scope="session")
+def agent_binaries() -> dict[str, Path]:
+    """The coding agents the tests run, at their pinned versions, installed once per machine
+    by scripts/test (scripts/lib/agents.py). Missing is a failure, not a skip: the agents'
+    tests must run wherever the suite runs."""
+    from scripts.lib.agents import PINS, cache_root, installed
+
+    found = {a.name: installed(a.name) for a in PINS}
+    missing = [f"{a.package}@{a.version}" for a in PINS if found[a.name] is None]
+    if missing:
+        pytest.fail(f"agents not installed under {cache_root()}: {', '.join(missing)}; run "
+                    "scripts/test, or .venv/bin/python scripts/lib/agents.py, which installs "
+                    "them once for this machine", pytrace=False)
+    return {name: path for name, path in found.items() if path is not None}

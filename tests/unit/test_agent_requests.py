@@ -1,10 +1,12 @@
 """The agents' request bodies in the head's terms, without sockets: Anthropic Messages and
 the Responses API as template messages, tools and tool choice; Chat Completions'
-tool choice; conversation keys and the placement hints they give."""
+tool choice; conversation keys and the placement hints they give; and every request the
+real agents sent (tests/fixtures/agents), through the same decoders and templates."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +16,23 @@ from hypothesis import strategies as st
 
 from engine.api import anthropic, responses
 from engine.api.context import conversation_key, routing_of
-from engine.api.schemas import AnthropicRequest, ResponsesRequest, decode_as
-from engine.api.turns import Refused, openai_tool_choice
+from engine.api.schemas import (
+    AnthropicRequest,
+    ResponsesRequest,
+    decode_as,
+    decode_chat,
+    unsupported,
+)
+from engine.api.turns import (
+    Chat,
+    Refused,
+    openai_tool_choice,
+    to_template_messages,
+    tool_names,
+)
+from engine.head.prompt.templates import ChatTemplate, builtin_template
 from engine.head.prompt.turn import Routing, ToolChoice
+from tests.agent_fixtures import fixture_files, hosted_tools, load, offered_tools, tool_results
 
 TOOL = {"name": "get_weather", "description": "the weather",
         "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
@@ -268,3 +284,100 @@ def test_a_derived_key_steers_the_later_turns_only():
 def test_conversation_keys_never_run_their_parts_together(a: str, b: str, c: str, d: str):
     if (a, b) != (c, d):
         assert conversation_key(convo(a, b)) != conversation_key(convo(c, d))
+
+
+# -- the requests the real agents sent (tests/fixtures/agents, recorded by
+# tests/integration/test_real_agents.py) -----------------------------------------------
+
+AGENT_FIXTURES = fixture_files()
+BILLING_LINE = "x-anthropic-billing-header:"
+
+
+def fixture_id(path: Path) -> str:
+    return f"{path.parent.name}/{path.stem}"
+
+
+def decode_fixture(path: str, body: dict[str, Any]) -> Chat:
+    """A recorded body through the decoders of the route it was sent to, as the head's
+    route takes it (Refused or BadRequest when the head would answer 400)."""
+    raw = json.dumps(body).encode()
+    if path == "/v1/messages":
+        return anthropic.to_chat(decode_as(AnthropicRequest, raw))
+    if path == "/v1/responses":
+        return responses.to_chat(decode_as(ResponsesRequest, raw))
+    assert path == "/v1/chat/completions", path
+    req = decode_chat(raw)
+    problem = unsupported(req)
+    if problem is not None:
+        raise Refused(problem, "")
+    return Chat(messages=to_template_messages(req), tools=req.tools,
+                choice=openai_tool_choice(req.tool_choice, req.tools))
+
+
+def structured(body: dict[str, Any]) -> bool:
+    """Claude Code's session-title request asks for a JSON schema (output_config.format),
+    which the head refuses by name: the one request an agent sends that it may refuse."""
+    return (body.get("output_config") or {}).get("format") is not None
+
+
+def test_every_pinned_agent_has_recorded_requests():
+    assert {p.parent.name.rsplit("-", 1)[0] for p in AGENT_FIXTURES} == \
+        {"claude", "codex", "opencode", "cn", "aider"}
+
+
+@pytest.mark.parametrize("path", AGENT_FIXTURES, ids=fixture_id)
+def test_recorded_agent_request_decodes(path: Path):
+    """Each request a real agent sent is taken (nothing refused), keeps its turns' roles,
+    and offers the model every client tool the agent offered; tool results come back as
+    tool messages. Claude Code and Codex need the decoding of issue 22: a system message
+    inside ``messages``, Codex's namespace and hosted tools, and the billing-header line
+    taken out of the prompt."""
+    fx = load(path)
+    route, body = fx["path"], fx["body"]
+    if structured(body):
+        with pytest.raises(Refused, match=r"^output_config\.format: structured output"):
+            decode_fixture(route, body)
+        return
+    chat = decode_fixture(route, body)  # needs issue 22's decoding for Claude Code, Codex
+    roles = [m["role"] for m in chat.messages]
+    assert set(roles) <= {"system", "user", "assistant", "tool"} and "user" in roles
+    assert roles[0] == "system"  # every agent sends its instructions first
+    assert sorted(tool_names(chat.tools)) == sorted(offered_tools(route, body))
+    if body.get("tools"):
+        assert chat.choice == ToolChoice()  # the model decides
+    results = tool_results(route, body)
+    shown = [m["content"] for m in chat.messages if m["role"] == "tool"]
+    assert len(shown) == len(results)
+    assert all(r in s for r, s in zip(results, shown, strict=True))
+    if route == "/v1/messages":
+        # system messages inside `messages` stay system turns, where they stand
+        inner = [m for m in body["messages"] if m["role"] == "system"]
+        assert roles.count("system") == 1 + len(inner)
+        assert all(BILLING_LINE not in str(m["content"]) for m in chat.messages)
+    if route == "/v1/responses":
+        # developer items are system turns; hosted tools are left out, not refused
+        items = [i for i in body["input"] if i.get("type", "message") == "message"]
+        assert roles.count("system") == bool(body.get("instructions")) + sum(
+            i["role"] in ("system", "developer") for i in items)
+        assert hosted_tools(body) == ["web_search"]
+        assert "web_search" not in tool_names(chat.tools)
+    if route == "/v1/chat/completions":
+        assert roles == [m["role"] for m in body["messages"]]
+
+
+@pytest.mark.parametrize("path", [p for p in AGENT_FIXTURES
+                                  if not structured(load(p)["body"])], ids=fixture_id)
+def test_recorded_agent_request_renders(path: Path):
+    """The decoded request through a built-in ChatML template (which shows later system
+    turns where they stand) and Gemma's (one system message: the others are folded): the
+    prompt holds the agent's last turn and each tool result, and no billing line."""
+    fx = load(path)
+    chat = decode_fixture(fx["path"], fx["body"])
+    last = next(m["content"] for m in reversed(chat.messages) if m["content"])
+    for family in ("chatml", "gemma"):
+        text = ChatTemplate(builtin_template(family), family=family).render(
+            chat.messages, tools=chat.tools)
+        assert last.strip()[-200:] in text, family
+        assert BILLING_LINE not in text
+        for result in tool_results(fx["path"], fx["body"]):
+            assert result.strip() in text
