@@ -59,6 +59,9 @@ PROMPTS = ("What is two plus two? Answer with one word.",
            "Name one colour of the rainbow. Answer with one word.")
 
 
+_NO_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=30)
+
+
 @dataclass
 class Request:
     at: float
@@ -85,7 +88,9 @@ class Recorder:
                 self.requests.append(rec)
         headers = {k: v for k, v in request.headers.items()
                    if k.lower() not in ("host", "content-length", "accept-encoding")}
-        async with aiohttp.ClientSession(auto_decompress=False) as s, s.request(
+        # no total timeout: a long answer on a slow machine outlasts aiohttp's 5 minutes
+        async with aiohttp.ClientSession(auto_decompress=False, timeout=_NO_TIMEOUT) as s, \
+                s.request(
                 request.method, self.upstream + request.path_qs, data=body,
                 headers=headers) as up:
             out = web.StreamResponse(status=up.status, headers={
