@@ -214,13 +214,15 @@ def base_env(home: Path) -> dict[str, str]:
     return env
 
 
-def setup_agent(name: str, base_url: str, binary: Path, root: Path) -> Setup:
-    """A temporary HOME and project folder for ``name``, configured from its snippet."""
+def setup_agent(name: str, base_url: str, binary: Path, root: Path,
+                models: Sequence[Offer] | None = None) -> Setup:
+    """A temporary HOME and project folder for ``name``, configured from its snippet for
+    ``models`` (default: the scripted head's one)."""
     home, project = root / "home", root / "project"
     home.mkdir(parents=True, exist_ok=True)
     project.mkdir(parents=True, exist_ok=True)
     env = base_env(home)
-    snippet = SNIPPETS[name](base_url, offers())
+    snippet = SNIPPETS[name](base_url, offers() if models is None else models)
     command: list[str] = []
     if snippet.kind == "shell":
         exports, words = shell_snippet(snippet.text)
