@@ -117,6 +117,12 @@ async def prepared(name: str, bench: Bench, binaries: dict[str, Path], tmp: Path
     return await asyncio.to_thread(setup_agent, name, bench.base_url, binaries[name], tmp)
 
 
+def parted_at(a: str, b: str) -> int:
+    """How many characters two prompts share from their start."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)))
+
+
 def api_posts(bench: Bench, route: str) -> list[Recorded]:
     return bench.recorder.posts(route)
 
@@ -166,7 +172,16 @@ async def test_shell_tool_round_trip(name: str, agent_binaries: dict[str, Path],
     # the next request carried the tool's output back, and the model saw it
     carried = [r for r in posts if any(model.result in t for t in results(r))]
     assert carried, why
-    assert any("<tool_response>" in p and model.result in p for p in prompts)
+    # and the prompt that carried it extends the one that called the tool, unchanged: the
+    # node can reuse that prefill (its prompt cache) for the next turn
+    called = [p for p in prompts if model.nonce in p and model.result not in p
+              and f"\n{shell.tool}: " in p]
+    answered = [p for p in prompts if "<tool_response>" in p and model.result in p]
+    assert called and answered, why
+    same = parted_at(called[-1], answered[0])
+    assert answered[0].startswith(called[-1]), \
+        f"the prompts part at {same} of {len(called[-1])} characters: " \
+        f"{called[-1][same - 80:same + 80]!r} / {answered[0][same - 80:same + 80]!r}"
 
 
 AIDER_FILE = "greeting.py"
@@ -318,3 +333,28 @@ async def test_claude_code_interactive_start_up(agent_binaries: dict[str, Path],
 
 async def _shows(term: Terminal, text: str) -> bool:
     return text in await term.screen()
+
+
+async def test_two_claude_code_sessions_share_the_prefill_of_their_system_prompt(
+        agent_binaries: dict[str, Path], tmp_path: Path):
+    """Two `claude -p` sessions in one folder, with different first prompts: their
+    prompts agree up to the first user turn (the ~20,000-token system prompt and tools),
+    so the second reuses the first's prefill. Claude Code's billing-header line, which
+    differs between sessions, is what would part them."""
+    asks = [f"First question {secrets.token_hex(6)}", f"Other question {secrets.token_hex(6)}"]
+
+    def model(prompt: str) -> str | None:
+        return "Answered." if any(a in prompt for a in asks) else "Title"
+
+    async with recorded_head(model) as bench:
+        setup = await prepared("claude", bench, agent_binaries, tmp_path)
+        runs = [await run_agent(setup, ["-p", ask, "--allowedTools", "Bash"]) for ask in asks]
+        prompts = list(bench.engine().prompts)
+    why = f"{[r.tail() for r in runs]}\nrequests: {bench.recorder.summary()}"
+    assert [r.rc for r in runs] == [0, 0], why
+    first, second = (next(p for p in prompts if ask in p and "\nBash: " in p) for ask in asks)
+    user_turn = first.rindex("<|im_start|>user\n", 0, first.index(asks[0]))
+    same = parted_at(first, second)
+    assert same >= user_turn, (f"the sessions' prompts part at {same} of the {user_turn} "
+                               f"characters before the user's turn: "
+                               f"{first[same - 60:same + 60]!r} / {second[same - 60:same + 60]!r}")
