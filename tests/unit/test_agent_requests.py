@@ -381,3 +381,30 @@ def test_recorded_agent_request_renders(path: Path):
         assert BILLING_LINE not in text
         for result in tool_results(fx["path"], fx["body"]):
             assert result.strip() in text
+
+
+def conversations() -> dict[str, list[Path]]:
+    """Each recorded conversation's main turns (those that offer tools), by agent and
+    test: the turn that called a tool, then the one that carried its result."""
+    out: dict[str, list[Path]] = {}
+    for path in AGENT_FIXTURES:
+        body = load(path)["body"]
+        if body.get("tools") and not structured(body):
+            what = path.stem.split("-")[1]
+            out.setdefault(f"{path.parent.name}/{what}", []).append(path)
+    return {k: v for k, v in out.items() if len(v) > 1}
+
+
+@pytest.mark.parametrize("paths", conversations().values(), ids=conversations().keys())
+def test_a_recorded_conversation_keeps_one_affinity(paths: list[Path]):
+    """An agent's turns of one conversation reach the node that holds its prompt cache:
+    from its session header, its prompt_cache_key or, failing both, the conversation's
+    own key (which the billing-header line must not change)."""
+    keys = []
+    for path in paths:
+        fx = load(path)
+        request = make_mocked_request("POST", fx["path"], headers=fx["headers"])
+        chat = decode_fixture(fx["path"], fx["body"])
+        keys.append(routing_of(request, chat.messages,
+                               cache_key=fx["body"].get("prompt_cache_key")).affinity)
+    assert keys[0] is not None and keys == [keys[0]] * len(keys)
