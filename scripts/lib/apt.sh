@@ -12,14 +12,17 @@
 #   desktop-file-utils      desktop-file-validate checks the autostart entry
 #   nginx                   a real reverse proxy in front of a head (tests/integration/
 #                           test_admin_trust.py); started by the test only, never as a service
+#   tmux, git               the coding agents' tests: Claude Code's interactive start in a
+#                           terminal, aider's repository (the npm agents need Node.js 20 and
+#                           its npm, which scripts/lib/agents.py asks for by name if missing)
 # The installers (scripts/build-installer) and their tests (tests/installer):
 #   dpkg-dev, zstd, binutils    dpkg-shlibdeps, dpkg-deb -Zzstd, the .tar.zst, ar to read a .deb
 SHOAL_APT_QT="libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0
   libxcb-render-util0 libxcb-shape0 libxcb-xkb1 libxcb-xfixes0 libxcb-sync1 libxcb-shm0
   libx11-xcb1 libxkbcommon-x11-0 libegl1 libgl1 libfontconfig1 libdbus-1-3 libglib2.0-0"
 SHOAL_APT_PACKAGES="cmake build-essential iproute2 dbus gnome-keyring libsecret-tools
-  $SHOAL_APT_QT xvfb trayer xdotool xclip x11-utils desktop-file-utils nginx dpkg-dev zstd
-  binutils"
+  $SHOAL_APT_QT xvfb trayer xdotool xclip x11-utils desktop-file-utils nginx tmux git
+  dpkg-dev zstd binutils"
 
 # ensure_apt [PACKAGES]  (default: everything the suite needs)
 ensure_apt() {
