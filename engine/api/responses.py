@@ -184,6 +184,11 @@ def offered(req: ResponsesRequest) -> Offered:
     of one goes back to the client with its namespace; hosted tools are left out."""
     if not req.tools:
         return Offered()
+    # counted before anything is built: 512 namespaces of 512 would be 262,144 functions
+    total = sum(len(t.tools or ()) if t.type == "namespace" else 1 for t in req.tools)
+    if total > MAX_TOOLS:
+        raise Refused(f"tools: {total} functions offered, at most {MAX_TOOLS}; offer fewer",
+                      "tools")
     out: list[dict[str, Any]] = []
     found = Offered()
     members: list[tuple[str, ResponsesTool, str]] = []
@@ -213,9 +218,6 @@ def offered(req: ResponsesRequest) -> Offered:
         fn["function"]["name"] = seen
         found.namespaces[seen] = (ns, name)
         out.append(fn)
-    if len(out) > MAX_TOOLS:
-        raise Refused(f"tools: {len(out)} functions offered, at most {MAX_TOOLS}; offer "
-                      "fewer", "tools")
     found.tools = out or None
     return found
 

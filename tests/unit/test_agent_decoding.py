@@ -174,3 +174,10 @@ def test_earlier_calls_of_namespaced_tools_keep_the_name_the_model_knows():
     assert names == ["spawn_agent", "multi_agent_v1.spawn_agent"]
     assert chat.messages[1]["tool_calls"][0]["function"]["name"] == "multi_agent_v1.spawn_agent"
     assert tools.called("multi_agent_v1.spawn_agent") == ("multi_agent_v1", "spawn_agent")
+
+
+def test_namespaces_are_counted_before_their_functions_are_built():
+    many = [{"type": "namespace", "name": f"ns{i}", "tools": [SPAWN] * 100} for i in range(6)]
+    with pytest.raises(Refused) as err:
+        responses.convert(responses_request(tools=many))
+    assert "600 functions offered, at most 512" in str(err.value)
