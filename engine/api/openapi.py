@@ -166,8 +166,13 @@ _REFINE: dict[str, dict[str, Any]] = {
                                         "maxLength": s.MAX_BODY}}]},
         "n": _ONE, "best_of": _ONE, "echo": _NO, "logprobs": _NOTHING,
         "logit_bias": _EMPTY_MAP},
+    # the head answers an empty input with 400 ("input is empty"): say it is needed
     "ResponsesRequest": {"previous_response_id": _NULL, "conversation": _NULL,
-                         "background": _NO, "top_logprobs": _NOTHING},
+                         "background": _NO, "top_logprobs": _NOTHING,
+                         "input": {"anyOf": [
+                             {"type": "string", "minLength": 1, "maxLength": s.MAX_BODY},
+                             {"type": "array", "minItems": 1, "maxItems": 100_000,
+                              "items": {"$ref": REF.format(name="ResponsesItem")}}]}},
     "ResponsesItem": {"type": {"anyOf": [{"enum": [
         "message", "function_call", "function_call_output", "reasoning"]}, _NULL]}},
     "ResponsesPart": {"type": {"enum": ["input_text", "output_text", "text",
@@ -188,16 +193,20 @@ _REFINE: dict[str, dict[str, Any]] = {
 }
 
 
+_NEEDED = ("prompt", "input")  # optional in the structs, refused when empty: required here
+
+
 def _refine(components: dict[str, Any]) -> None:
     for name, props in _REFINE.items():
         schema = components[name]
         for prop, value in props.items():
             default = schema["properties"][prop].get("default", ...)
             schema["properties"][prop] = dict(value)
-            if default is not ... and prop != "prompt":
+            if default is not ... and prop not in _NEEDED:
                 schema["properties"][prop]["default"] = default
-    completion = components["CompletionRequest"]
-    completion["required"] = sorted({*completion.get("required", []), "prompt"})
+    for name, field in (("CompletionRequest", "prompt"), ("ResponsesRequest", "input")):
+        needed = components[name]
+        needed["required"] = sorted({*needed.get("required", []), field})
     if "required" in components["ContentPart"]:
         components["ContentPart"]["required"] = sorted(
             {*components["ContentPart"]["required"], "text"})
