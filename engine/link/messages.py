@@ -31,6 +31,11 @@ class Rates(msgspec.Struct, frozen=True, array_like=True):
     prefill_tps: _Rate = 0.0
     decode_tps: _Rate = 0.0
     ttft_ms: _Rate = 0.0
+    # prefill priced by length (engine.runtimes.prefill_fit): seconds per prompt token, and
+    # the extra seconds per token for every token of context before it (attention grows
+    # with the context); both 0.0 until fitted, and then prefill_tps prices it
+    prefill_s_per_token: _Rate = 0.0
+    prefill_s_per_token_ctx: _Rate = 0.0
 
 
 class NodeHello(msgspec.Struct, frozen=True, array_like=True, tag="node_hello", tag_field="t"):
@@ -58,6 +63,8 @@ class HeadHello(msgspec.Struct, frozen=True, array_like=True, tag="head_hello", 
     # this head, which dialed, carries all its sessions to the node over this one link
     # (engine.link.mux) if the node said it can; otherwise one generation per connection
     channels: bool = False
+    # this head reads Progress records (an older one refuses unknown tags)
+    progress: bool = False
 
 
 class SamplingParams(msgspec.Struct, frozen=True, array_like=True):
@@ -124,6 +131,30 @@ class Stats(msgspec.Struct, frozen=True, array_like=True, tag="stats", tag_field
     rates: Rates = Rates()
     sessions: _Count = 0  # generations running now, all heads together
     peak_busy: Annotated[int, msgspec.Meta(ge=0, le=1024)] = 0  # most lanes ever busy at once
+    # the KV pool that all lanes share: cells held by parked prefixes (reclaimable), and
+    # the longest prompt a new session can bring now (0: not said; the window then)
+    kv_parked: _Count = 0
+    max_prompt: _Count = 0
+    # bytes of memory the node uses now, and the budget it keeps within (0: not said)
+    mem_used: _Count = 0
+    mem_budget: _Count = 0
+    # "" awake, "asleep" (the model unloaded after --idle-unload), "waking" (loading)
+    sleep: Literal["", "asleep", "waking"] = ""
+    # prompt tokens served so far: reused from a lane, restored from the host-memory
+    # cache, and prefilled
+    prompt_from_lanes: _Count = 0
+    prompt_from_host: _Count = 0
+    prompt_prefilled: _Count = 0
+
+
+class Progress(msgspec.Struct, frozen=True, array_like=True, tag="progress", tag_field="t"):
+    """Node to head, before the first token: the prompt is being prefilled (``prefilled``
+    of ``prompt`` tokens), or the model is loading (``loading``: the node was asleep).
+    Sent only to a head whose hello said ``progress``."""
+
+    prefilled: _Count
+    prompt: _Count
+    loading: bool = False
 
 
 class AliasSync(msgspec.Struct, frozen=True, array_like=True, tag="alias_sync", tag_field="t"):
@@ -153,7 +184,7 @@ class End(msgspec.Struct, frozen=True, array_like=True, tag="end", tag_field="t"
 
 # what a channel carries: what one connection carries, and its end
 ChannelRecord = (Generate | Accepted | Tokens | Done | Renew | Cancel | Ping | Pong | Stats
-                 | Error | End)
+                 | Error | End | Progress)
 MAX_BATCH = 4096
 _Channel = Annotated[int, msgspec.Meta(ge=1, lt=1 << 31)]
 
@@ -166,7 +197,7 @@ class Batch(msgspec.Struct, frozen=True, array_like=True, tag="batch", tag_field
 
 
 Record = (NodeHello | HeadHello | Generate | Accepted | Tokens | Done | Renew | Cancel
-          | Ping | Pong | Stats | Error | AliasSync | End | Batch)
+          | Ping | Pong | Stats | Error | AliasSync | End | Batch | Progress)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)

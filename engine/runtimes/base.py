@@ -67,6 +67,33 @@ class EngineStats:
     # why the engine takes no generation now (an upstream that stopped answering); "" when
     # it does. The node then refuses sessions as busy and reports every lane busy.
     down: str = ""
+    kv_parked: int = 0  # cells held by parked prefixes (reclaimed when a session needs them)
+    max_prompt: int = 0  # the longest prompt a new session can bring now; 0: the window
+    mem_used: int = 0  # bytes the engine's process holds (0: not measured)
+    mem_budget: int = 0  # bytes it keeps within (0: no budget)
+    prompt_from_lanes: int = 0  # prompt tokens reused from a parked lane, so far
+    prompt_from_host: int = 0  # prompt tokens restored from the host-memory cache, so far
+    prompt_prefilled: int = 0  # prompt tokens prefilled, so far
+    prefill_s_per_token: float = 0.0  # engine.runtimes.prefill_fit; 0.0 until fitted
+    prefill_s_per_token_ctx: float = 0.0
+
+
+class Admission(Protocol):
+    """An engine whose lanes share one KV pool says, before it is asked, whether a new
+    session fits now (the node then refuses it as busy at once, and the head places it
+    elsewhere)."""
+
+    def admission(self, prompt_tokens: int, max_tokens: int) -> str | None:
+        """None when it fits now; else why not, one line."""
+        ...
+
+
+class Sleeper(Protocol):
+    """An engine that can free its model and pool while idle and load them again."""
+
+    async def suspend(self) -> None: ...
+
+    async def resume(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
