@@ -121,6 +121,88 @@ def test_a_pong_or_stats_keeps_a_slow_prefill_alive() -> None:
     assert "no first token" in f.reason
 
 
+def drive(state: at.AttemptState, records: list[tuple[float, at.Event]], *, end: float,
+          pong_s: float = 0.01) -> tuple[at.AttemptState, list[tuple[float, at.Action]]]:
+    """Run the machine as the session's IO does: each record at its time, and a Tick at
+    every deadline in between; the node answers each ping ``pong_s`` later (a pong moves
+    only the connection's last record, which the next Tick carries)."""
+    out: list[tuple[float, at.Action]] = []
+    pending = sorted(records, key=lambda r: r[0])
+    pongs: list[float] = []
+    heard = state.heard_at
+    ticked = -math.inf
+    while not state.final:
+        # a timer that rang a hair early (float rounding) rings again a moment later
+        due = max(at.next_deadline(state, L), ticked + 1e-6)
+        record_at = pending[0][0] if pending else math.inf
+        pong_at = min(pongs, default=math.inf)
+        now = min(due, record_at, pong_at)
+        if now > end:
+            break
+        event: at.Event
+        if now == record_at:
+            event = pending.pop(0)[1]
+            heard = now
+        elif now == pong_at:
+            pongs.remove(now)
+            heard = now
+            continue
+        else:
+            event = at.Tick(heard_at=heard)
+            ticked = now
+        state, actions = at.step(state, event, now, L)
+        out.extend((now, a) for a in actions)
+        pongs.extend(now + pong_s for a in actions if isinstance(a, at.SendPing))
+    return state, out
+
+
+def every(start: float, stop: float, event: at.Event, step: float = 1.0
+          ) -> list[tuple[float, at.Event]]:
+    return [(start + i * step, event) for i in range(int((stop - start) / step) + 1)]
+
+
+PREFILLING = at.GotProgress(prefilled=100, prompt=20_000)
+LOADING = at.GotProgress(prefilled=0, prompt=20_000, loading=True)
+ANSWER = [(120.5, at.GotTokens(0, 1)), (120.6, at.GotTokens(1, 1)), (121.0, at.GotDone())]
+
+
+@pytest.mark.parametrize(("records", "outcome", "when", "why"), [
+    # a 20 000-token prompt at 400 tok/s is due by 60.1 s; this prefill takes 120 s
+    ([(0.1, at.GotAccepted()), *every(1.0, 120.0, PREFILLING), *ANSWER],
+     "Finished", 121.0, ""),
+    ([(0.1, at.GotAccepted()), *ANSWER], "Failover", 60.1, "no first token"),
+    # progress that stops is progress no more: one lease after the last report
+    ([(0.1, at.GotAccepted()), *every(1.0, 70.0, PREFILLING), *ANSWER],
+     "Failover", 80.0, "no first token"),
+    # an asleep node loads its model before it accepts (30 s), reporting as it goes
+    ([*every(1.0, 30.0, LOADING), (30.5, at.GotAccepted()), (31.0, at.GotTokens(0, 1)),
+      (31.5, at.GotDone())], "Finished", 31.5, ""),
+    ([(30.5, at.GotAccepted()), (31.0, at.GotTokens(0, 1))], "Failover", 10.0,
+     "no answer to the generation"),
+    # after the first token, progress says nothing: the next token is due in one lease
+    ([(0.1, at.GotAccepted()), (0.2, at.GotTokens(0, 1)), *every(1.0, 30.0, PREFILLING),
+      (30.5, at.GotTokens(1, 1))], "Failover", 10.2, "no token"),
+])
+def test_progress_before_the_first_token_keeps_a_long_prefill_alive(
+        records: list[tuple[float, at.Event]], outcome: str, when: float, why: str) -> None:
+    state, out = drive(fresh(prompt=20_000, prefill_tps=400.0), records, end=200.0)
+    assert state.final
+    last_at, last = out[-1]
+    assert type(last).__name__ == outcome, out[-3:]
+    assert last_at == pytest.approx(when)
+    if why:
+        assert isinstance(last, at.Failover) and why in last.reason and not last.hung
+
+
+def test_progress_never_brings_the_first_token_bound_earlier() -> None:
+    state, _ = run(fresh(prompt=20_000, prefill_tps=400.0), (0.1, at.GotAccepted()),
+                   (0.5, PREFILLING))
+    assert state.progress_by == pytest.approx(60.1)
+    state, _ = run(state, (55.0, PREFILLING))
+    assert state.progress_by == pytest.approx(65.0)
+    assert state.heard_at == 55.0  # a progress record is heard like any other
+
+
 def test_unknown_prefill_rate_is_priced_at_the_floor() -> None:
     assert at.first_token_due(1.0, 1000, 0.0, L) == pytest.approx(1.0 + 10 + 1000 / 50)
     assert at.first_token_due(1.0, 1000, 500.0, L) == pytest.approx(1.0 + 10 + 2)
@@ -193,6 +275,8 @@ def test_the_fast_path_for_tokens_in_order_decides_as_the_general_path() -> None
             event: at.Event
             if k == 0 and rng.random() < 0.8:
                 event = at.GotAccepted()
+            elif rng.random() < 0.1:
+                event = at.GotProgress(prefilled=k, prompt=10, loading=rng.random() < 0.5)
             else:
                 index = slow.expected + rng.choice([0, 0, 0, 0, 1, -1])
                 event = at.GotTokens(index, rng.randint(1, 3))

@@ -15,12 +15,16 @@ What is decided, in this order at every step:
    over (the node answers pings, so only this connection is dropped). In time means:
    ``accepted`` within one lease of sending; the first token within one lease plus the
    prompt's prefill at the node's measured rate (``prefill_floor_tps`` when unknown)
-   of ``accepted``; every later token within one lease of the one before.
+   of ``accepted``; every later token within one lease of the one before. Before the first
+   token (accepted or not yet), a ``progress`` record (the node is prefilling the prompt, or loading its model
+   after sleeping) moves that bound to one lease after it, never earlier: a node that
+   keeps reporting is never failed over for a long prefill or a slow load.
 4. **Renewals**: once accepted, the lease is renewed every third of a lease. They
    go out from the attempt's own task, whatever the HTTP client reads.
 
-Records from the node: ``accepted`` starts renewals; ``tokens`` must arrive in
-index order (a gap or a repeat fails the attempt over); ``done`` finishes it;
+Records from the node: ``accepted`` starts renewals; ``progress`` counts as progress
+(above); ``tokens`` must arrive in index order (a gap or a repeat fails the attempt
+over); ``done`` finishes it;
 ``error`` ends it as busy (before any token: try the next node at once), a
 refusal of the request (``bad_request``, ``context_length_exceeded``: final, no
 other node would take it) or a node failure (fail over).
@@ -54,6 +58,15 @@ class GotTokens:
 
 
 @dataclass(frozen=True, slots=True)
+class GotProgress:
+    """The node is prefilling (``prefilled`` of ``prompt`` tokens) or loading its model."""
+
+    prefilled: int
+    prompt: int
+    loading: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class GotDone:
     pass
 
@@ -71,7 +84,7 @@ class Lost:
     reason: str
 
 
-Event = Tick | GotAccepted | GotTokens | GotDone | GotError | Lost
+Event = Tick | GotAccepted | GotProgress | GotTokens | GotDone | GotError | Lost
 
 # -- what to do ----------------------------------------------------------------------
 
@@ -213,6 +226,9 @@ def _step(state: AttemptState, event: Event, now: float,
         state = replace(state, accepted=True, renew_at=now + limits.lease_s / 3,
                         progress_by=first_token_due(now, state.prompt_tokens,
                                                     state.prefill_tps, limits))
+    elif isinstance(event, GotProgress) and state.expected == 0:
+        # still before the first token: the node is working on it
+        state = replace(state, progress_by=max(state.progress_by, now + limits.lease_s))
     elif isinstance(event, GotTokens) and final is None:
         state = replace(state, expected=state.expected + event.count,
                         progress_by=now + limits.lease_s)

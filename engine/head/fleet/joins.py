@@ -68,7 +68,7 @@ class JoinListener:
                     hello = await exchange_hellos(
                         link, m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
                                           listen_port=self.listen_port,
-                                          probe=self.fleet.probe),
+                                          probe=self.fleet.probe, progress=True),
                         responder=True, expect=(m.NodeHello, m.HeadHello), timeout_s=bound)
             finally:
                 self._pending.release(address)

@@ -325,7 +325,8 @@ class NodePool:
                                   timeout_s=self.fleet.handshake_timeout_s)
                 hello = await exchange_hellos(
                     link, m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
-                                      probe=self.fleet.probe, channels=True),
+                                      probe=self.fleet.probe, channels=True,
+                                      progress=True),
                     responder=False, expect=m.NodeHello,
                     timeout_s=self.fleet.handshake_timeout_s)
             except (OSError, TimeoutError, LinkError, LinkClosed) as exc:

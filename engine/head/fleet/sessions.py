@@ -539,6 +539,8 @@ class _Attempt:
             event = at.Lost(rec.reason)
         elif isinstance(rec, m.Accepted):
             event = at.GotAccepted()
+        elif isinstance(rec, m.Progress):
+            event = at.GotProgress(rec.prefilled, rec.prompt, rec.loading)
         elif isinstance(rec, m.Done):
             self.done = rec
             event = at.GotDone()

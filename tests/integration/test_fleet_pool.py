@@ -1,0 +1,152 @@
+"""A head in process and a scripted node on the real link (127.0.0.1, Noise): what the
+head does with a node's prefill progress and the report of its shared KV pool.
+
+The scripted node speaks the link's records itself, so each test decides exactly what
+the node says and when (its pace is set by the head's own renewals, never by a clock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from engine.errors import RequestError
+from engine.head.fleet.links import Fleet, NodePool
+from engine.head.fleet.sessions import Finish, Job, SessionRunner
+from engine.link import messages as m
+from engine.link.hello import exchange_hellos
+from engine.link.transport import Incoming, Link, LinkClosed, accept, dial, serve
+from tests.integration.test_hostile_link import TOKEN, join_listener
+from tests.waiting import until
+
+pytestmark = pytest.mark.timeout(60)
+LEASE_MS = 600  # renewals every 0.2 s; a 10-token prompt's first token is due 0.8 s after
+RENEWALS = 10  # the scripted prefill: 2 s of renewals, well past that bound
+
+
+@dataclass
+class Joined:
+    link: Link
+    hello: m.HeadHello  # what the head said
+    fleet: Fleet
+    pool: NodePool
+
+
+def node_hello(identity: str = "s", lanes: int = 1) -> m.NodeHello:
+    return m.NodeHello(identity=identity, model="m", runtime="scripted",
+                       context_window=4096, lanes=lanes)
+
+
+@contextlib.asynccontextmanager
+async def joined_node(identity: str = "s") -> AsyncIterator[Joined]:
+    """A head's fleet and join listener, and one scripted node joined to it."""
+    listener, fleet, port = await join_listener()
+    link: Link | None = None
+    try:
+        link = await dial("127.0.0.1", port, psk=TOKEN)
+        hello = await exchange_hellos(link, node_hello(identity), responder=False,
+                                      expect=m.HeadHello, timeout_s=5)
+        pool = await until(lambda: next((p for p in fleet.pools.values()
+                                         if p.state == "ready"), None), "the node joined")
+        yield Joined(link, hello, fleet, pool)
+    finally:
+        if link is not None:
+            link.close()
+        await listener.close()
+        await fleet.close()
+
+
+async def prefill_slowly(link: Link, *, report: bool) -> int:
+    """Take one generation and prefill it for RENEWALS renewals, sending a Progress record
+    at each when ``report``, then answer two tokens. Returns the renewals seen (fewer
+    when the head gave the session up and dropped the connection)."""
+    gen = await link.recv()
+    assert isinstance(gen, m.Generate)
+    link.send(m.Accepted(session=gen.session))
+    renewals = 0
+    try:
+        while renewals < RENEWALS:
+            rec = await link.recv()
+            if isinstance(rec, m.Renew):
+                renewals += 1
+                if report:
+                    link.send(m.Progress(prefilled=renewals, prompt=len(gen.prompt)))
+        link.send(m.Tokens(ids=[104, 105], index=0))
+        link.send(m.Done(finish_reason="length", prompt_tokens=len(gen.prompt),
+                         completion_tokens=2))
+    except LinkClosed:
+        pass
+    return renewals
+
+
+async def run_job(runner: SessionRunner) -> list[int] | RequestError:
+    ids: list[int] = []
+    try:
+        async for item in runner.run(Job(session="s1", model="m", prompt=[1] * 10,
+                                         max_tokens=2)):
+            if isinstance(item, Finish):
+                assert item.moves == 0
+                return ids
+            ids.extend(item)
+    except RequestError as exc:
+        return exc
+    raise AssertionError("the session ended without a Finish")
+
+
+async def test_a_node_reporting_its_prefill_is_not_failed_over_past_the_first_token_bound(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="shoal.head")
+    async with joined_node() as node:
+        assert node.hello.progress  # the head said it reads Progress
+        runner = SessionRunner(node.fleet, lease_ms=LEASE_MS, queue_timeout_s=0.5)
+        job = asyncio.create_task(run_job(runner))
+        renewals = await prefill_slowly(node.link, report=True)
+        assert await job == [104, 105]
+        assert renewals == RENEWALS
+        assert "no first token" not in caplog.text
+
+
+async def test_a_node_silent_but_for_pongs_past_the_first_token_bound_is_failed_over(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="shoal.head")
+    async with joined_node() as node:
+        runner = SessionRunner(node.fleet, lease_ms=LEASE_MS, queue_timeout_s=0.5)
+        job = asyncio.create_task(run_job(runner))
+        renewals = await prefill_slowly(node.link, report=False)
+        got = await job
+        assert isinstance(got, RequestError), got  # the only node failed it: nowhere to go
+        assert renewals < RENEWALS
+        assert "no first token in time" in caplog.text
+
+
+async def test_a_head_that_dials_a_node_says_it_reads_progress() -> None:
+    hellos: asyncio.Queue[m.HeadHello] = asyncio.Queue()
+    links: list[Link] = []
+
+    async def answer(incoming: Incoming) -> None:
+        link = await accept(incoming, psk=TOKEN, timeout_s=5)
+        links.append(link)
+        await hellos.put(await exchange_hellos(link, node_hello(), responder=True,
+                                               expect=m.HeadHello, timeout_s=5))
+
+    tasks: set[asyncio.Task[None]] = set()
+    server = await serve(lambda inc: tasks.add(asyncio.create_task(answer(inc))),
+                         "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    fleet = Fleet(model="m", head_id="h-dial", psk=TOKEN)
+    try:
+        fleet.add_dialed("127.0.0.1", port)
+        hello = await asyncio.wait_for(hellos.get(), 10)
+        assert hello.progress and hello.head_id == "h-dial"
+    finally:
+        await fleet.close()
+        for link in links:
+            link.close()
+        server.close()
+        await server.wait_closed()
+        await asyncio.gather(*tasks, return_exceptions=True)
