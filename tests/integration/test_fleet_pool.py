@@ -61,18 +61,20 @@ async def joined_node(identity: str = "s") -> AsyncIterator[Joined]:
         await fleet.close()
 
 
-async def prefill_slowly(link: Link, *, report: bool) -> int:
-    """Take one generation and prefill it for RENEWALS renewals, sending a Progress record
-    at each when ``report``, then answer two tokens. Returns the renewals seen (fewer
-    when the head gave the session up and dropped the connection)."""
+async def prefill_slowly(link: Link, *, report: bool, renewals_due: int = RENEWALS) -> int:
+    """Take one generation and prefill it for ``renewals_due`` renewals (answering pings),
+    sending a Progress record at each when ``report``, then answer two tokens. Returns
+    the renewals seen (fewer when the head gave the session up and dropped the link)."""
     gen = await link.recv()
     assert isinstance(gen, m.Generate)
     link.send(m.Accepted(session=gen.session))
     renewals = 0
     try:
-        while renewals < RENEWALS:
+        while renewals < renewals_due:
             rec = await link.recv()
-            if isinstance(rec, m.Renew):
+            if isinstance(rec, m.Ping):
+                link.send(m.Pong(nonce=rec.nonce))
+            elif isinstance(rec, m.Renew):
                 renewals += 1
                 if report:
                     link.send(m.Progress(prefilled=renewals, prompt=len(gen.prompt)))
@@ -84,11 +86,12 @@ async def prefill_slowly(link: Link, *, report: bool) -> int:
     return renewals
 
 
-async def run_job(runner: SessionRunner) -> list[int] | RequestError:
+async def run_job(runner: SessionRunner, session: str = "s1", prompt: int = 10,
+                  affinity: str | None = None) -> list[int] | RequestError:
     ids: list[int] = []
     try:
-        async for item in runner.run(Job(session="s1", model="m", prompt=[1] * 10,
-                                         max_tokens=2)):
+        async for item in runner.run(Job(session=session, model="m", prompt=[1] * prompt,
+                                         max_tokens=2, affinity=affinity)):
             if isinstance(item, Finish):
                 assert item.moves == 0
                 return ids
@@ -121,6 +124,41 @@ async def test_a_node_silent_but_for_pongs_past_the_first_token_bound_is_failed_
         got = await job
         assert isinstance(got, RequestError), got  # the only node failed it: nowhere to go
         assert renewals < RENEWALS
+        assert "no first token in time" in caplog.text
+
+
+async def report_rates(node: Joined, rates: m.Rates) -> None:
+    node.link.send(m.Stats(lanes=1, lanes_busy=0, kv_used=0, kv_total=4096, rates=rates))
+    await until(lambda: node.pool.stats is not None, "the node's stats at the head")
+
+
+async def test_the_first_token_bound_follows_the_nodes_fitted_prefill_cost() -> None:
+    async with joined_node() as node:
+        # 0.25 s a token: the 10-token prompt is due 2.5 s (and a lease) after accepted,
+        # not the 0.2 s that the floor rate gives a node that has not fitted its cost
+        await report_rates(node, m.Rates(prefill_tps=40.0, prefill_s_per_token=0.25))
+        runner = SessionRunner(node.fleet, lease_ms=LEASE_MS, queue_timeout_s=0.5)
+        job = asyncio.create_task(run_job(runner))
+        renewals = await prefill_slowly(node.link, report=False, renewals_due=8)  # 1.6 s
+        assert await job == [104, 105]
+        assert renewals == 8
+
+
+async def test_the_node_holding_the_conversation_is_given_the_new_tokens_prefill_only(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="shoal.head")
+    async with joined_node() as node:
+        await report_rates(node, m.Rates(prefill_tps=20.0, prefill_s_per_token=0.05))
+        runner = SessionRunner(node.fleet, lease_ms=LEASE_MS, queue_timeout_s=0.5)
+        first = asyncio.create_task(run_job(runner, "t1", prompt=100, affinity="conv"))
+        assert await prefill_slowly(node.link, report=False, renewals_due=0) == 0
+        assert await first == [104, 105]
+        # the node holds the 102 tokens of the first turn: 8 new ones are due in 0.4 s
+        # (and a lease), not the whole 110 in 5.5 s; a silent 1.6 s is too long
+        second = asyncio.create_task(run_job(runner, "t2", prompt=110, affinity="conv"))
+        renewals = await prefill_slowly(node.link, report=False, renewals_due=8)
+        assert isinstance(await second, RequestError)
+        assert renewals < 8
         assert "no first token in time" in caplog.text
 
 

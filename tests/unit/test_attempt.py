@@ -208,6 +208,30 @@ def test_unknown_prefill_rate_is_priced_at_the_floor() -> None:
     assert at.first_token_due(1.0, 1000, 500.0, L) == pytest.approx(1.0 + 10 + 2)
 
 
+FIT = {"s_per_token": 1e-3, "s_per_token_ctx": 1e-7}
+
+
+@pytest.mark.parametrize(("prompt", "tps", "kw", "due"), [
+    # fitted: 20 000 tokens cost 20 s per token and 20 s of context (1e-7 x 20 000 x 10 000)
+    (20_000, 400.0, FIT, 1.0 + 10 + 20 + 20),
+    # holding 19 800 of them: 200 new tokens, each after the 19 800 and half the rest
+    (20_000, 400.0, {**FIT, "cached": 19_800}, 1.0 + 10 + 0.2 + 1e-7 * 200 * 19_900),
+    # a held count beyond the prompt leaves one token to prefill
+    (20_000, 400.0, {**FIT, "cached": 10**9}, 1.0 + 10 + 1e-3 + 1e-7 * 19_999.5),
+    # not fitted: the whole prompt at its rate, whatever it holds (it may have lost it,
+    # and such a node may not report progress either)
+    (20_000, 400.0, {"cached": 19_800}, 1.0 + 10 + 50),
+    (20_000, 0.0, {"cached": 19_800}, 1.0 + 10 + 400),
+])
+def test_the_first_token_is_due_after_the_prefill_priced_by_length(
+        prompt: int, tps: float, kw: dict, due: float) -> None:
+    assert at.first_token_due(1.0, prompt, tps, L, **kw) == pytest.approx(due)
+    state = at.start(0.0, prompt_tokens=prompt, prefill_tps=tps, wall_deadline=600.0,
+                     limits=L, **kw)
+    state, _ = run(state, (1.0, at.GotAccepted()))
+    assert state.progress_by == pytest.approx(due)
+
+
 def test_accepted_but_no_tokens_while_answering_pings_fails_over_within_one_lease() -> None:
     # a node whose runtime never starts the generation but whose loop answers pings
     state, _ = run(fresh(prompt=10, prefill_tps=1000.0), (0.1, at.GotAccepted()))

@@ -18,6 +18,7 @@ from engine.head.fleet.placement import (
     has_free_lane,
     node_load,
     place,
+    prefill_seconds,
 )
 
 POLICIES: tuple[Policy, ...] = ("load-aware", "least-loaded", "round-robin")
@@ -88,6 +89,42 @@ def test_estimate_drops_unmeasured_terms() -> None:
     assert estimate_seconds(node("a"), r, 0.0, 20.0) == pytest.approx(5.0)
     assert estimate_seconds(node("a"), r, 500.0, 0.0) == pytest.approx(2.0)
     assert estimate_seconds(node("a"), r, 0.0, 0.0) == 0.0
+
+
+@pytest.mark.parametrize(("tokens", "cached", "tps", "a", "b", "seconds"), [
+    (1000, 0, 500.0, 0.0, 0.0, 2.0),  # not fitted: at the measured rate
+    (1000, 0, 0.0, 0.0, 0.0, 0.0),  # nothing measured: left out
+    (1000, 0, 500.0, 1e-3, 0.0, 1.0),  # a fitted cost wins over the rate
+    (1000, 0, 0.0, 1e-3, 1e-6, 1.0 + 1e-6 * 1000 * 500),  # each token after half the rest
+    (8000, 0, 0.0, 1e-3, 1e-6, 8.0 + 1e-6 * 8000 * 4000),  # 8x the tokens, 20x the time
+    (200, 4000, 0.0, 1e-3, 1e-6, 0.2 + 1e-6 * 200 * 4100),  # after 4000 held tokens
+    (200, 4000, 500.0, 0.0, 0.0, 0.4),  # a rate does not know the context
+    (-5, 0, 500.0, 1e-3, 1e-6, 0.0),
+])
+def test_prefill_is_priced_by_length(tokens: int, cached: int, tps: float, a: float, b: float,
+                                     seconds: float) -> None:
+    got = prefill_seconds(tokens, cached, tps=tps, s_per_token=a, s_per_token_ctx=b)
+    assert got == pytest.approx(seconds)
+
+
+def test_estimate_uses_the_nodes_fitted_prefill_cost() -> None:
+    fitted = node("a", prefill_s_per_token=1e-3, prefill_s_per_token_ctx=1e-6)
+    r = req(prompt_tokens=1000, max_tokens=100)
+    assert estimate_seconds(fitted, r, 500.0, 20.0) == pytest.approx(1.5 + 5.0)
+    # holding the first 800 tokens, it prefills 200 after them
+    assert estimate_seconds(fitted, r, 500.0, 20.0, cached=800) == pytest.approx(
+        0.2 + 1e-6 * 200 * 900 + 5.0)
+
+
+def test_a_long_prompt_goes_where_its_length_costs_least() -> None:
+    # "steep" reads short prompts twice as fast, but its cost grows with the context
+    flat = node("flat", prefill_tps=500.0, prefill_s_per_token=2e-3, decode_tps=0.0)
+    steep = node("steep", prefill_tps=1000.0, prefill_s_per_token=1e-3,
+                 prefill_s_per_token_ctx=1e-6, decode_tps=0.0)
+    p = placed(place(req(prompt_tokens=1000), [flat, steep], now=0.0))
+    assert (p.node, p.reason) == ("steep", "load-aware est 1.5s")
+    p = placed(place(req(prompt_tokens=8000), [flat, steep], now=0.0))
+    assert (p.node, p.reason) == ("flat", "load-aware est 16.0s")
 
 
 # --- load-aware --------------------------------------------------------------------
@@ -502,3 +539,16 @@ def test_the_node_holding_the_prefix_is_priced_with_the_new_tokens_only() -> Non
     # a claim beyond the prompt counts as the prompt less one token
     p = placed(place(replace(turn, affinity_cached=10**9), [slow, fast], now=0.0))
     assert p.node == "slow"
+
+
+def test_the_node_holding_the_prefix_is_priced_by_its_fitted_cost_after_it() -> None:
+    # each of the 200 new tokens attends to the 20 000 held before it: 0.2 + 4.02 s
+    held = node("held", prefill_tps=1000.0, prefill_s_per_token=1e-3,
+                prefill_s_per_token_ctx=1e-6, decode_tps=0.0, context_window=32768)
+    # the whole prompt in 2.0 s
+    fast = node("fast", prefill_tps=10_100.0, decode_tps=0.0, context_window=32768)
+    turn = req(prompt_tokens=20_200, affinity="held", affinity_cached=20_000)
+    p = placed(place(turn, [held, fast], now=0.0))  # 4.22 s is beyond 1.25 x 2.0 s
+    assert (p.node, p.reason) == ("fast", "load-aware est 2.0s")
+    p = placed(place(turn, [held, fast], now=0.0, affinity_slack=2.2))
+    assert (p.node, p.reason) == ("held", "affinity")

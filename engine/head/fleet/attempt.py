@@ -14,11 +14,11 @@ What is decided, in this order at every step:
 3. **No progress**: an attempt that gets neither tokens nor ``done`` in time fails
    over (the node answers pings, so only this connection is dropped). In time means:
    ``accepted`` within one lease of sending; the first token within one lease plus the
-   prompt's prefill at the node's measured rate (``prefill_floor_tps`` when unknown)
-   of ``accepted``; every later token within one lease of the one before. Before the first
-   token (accepted or not yet), a ``progress`` record (the node is prefilling the prompt, or loading its model
-   after sleeping) moves that bound to one lease after it, never earlier: a node that
-   keeps reporting is never failed over for a long prefill or a slow load.
+   prompt's prefill (:func:`prefill_allowance`) of ``accepted``; every later token
+   within one lease of the one before. Before the first token (accepted or not yet), a
+   ``progress`` record (the node is prefilling the prompt, or loading its model after
+   sleeping) moves that bound to one lease after it, never earlier: a node that keeps
+   reporting is never failed over for a long prefill or a slow load.
 4. **Renewals**: once accepted, the lease is renewed every third of a lease. They
    go out from the attempt's own task, whatever the HTTP client reads.
 
@@ -35,6 +35,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from typing import Literal
+
+from engine.head.fleet.placement import prefill_seconds
 
 # -- what happened -------------------------------------------------------------------
 
@@ -162,8 +164,7 @@ class AttemptState:
     pinged_at: float
     progress_by: float  # accepted, the first token, or the next token is due by then
     wall_deadline: float
-    prompt_tokens: int
-    prefill_tps: float  # the node's measured prefill rate; 0.0 when unknown
+    prefill_s: float  # the seconds the node is given to prefill (prefill_allowance)
     accepted: bool = False
     renew_at: float = math.inf
     expected: int = 0  # index of the next token
@@ -172,17 +173,43 @@ class AttemptState:
 
 
 def start(now: float, *, prompt_tokens: int, prefill_tps: float, wall_deadline: float,
-          limits: Limits, heard_at: float | None = None) -> AttemptState:
-    """The state right after the generation was sent (silence counts from now)."""
+          limits: Limits, heard_at: float | None = None, cached: int = 0,
+          s_per_token: float = 0.0, s_per_token_ctx: float = 0.0) -> AttemptState:
+    """The state right after the generation was sent (silence counts from now); the
+    prefill is priced by :func:`prefill_allowance` from the node's rates."""
     return AttemptState(heard_at=max(now, heard_at or now), pinged_at=-math.inf,
                         progress_by=now + limits.lease_s, wall_deadline=wall_deadline,
-                        prompt_tokens=prompt_tokens, prefill_tps=prefill_tps)
+                        prefill_s=prefill_allowance(
+                            prompt_tokens, prefill_tps, limits, cached=cached,
+                            s_per_token=s_per_token, s_per_token_ctx=s_per_token_ctx))
+
+
+def prefill_allowance(prompt_tokens: int, prefill_tps: float, limits: Limits, *,
+                      cached: int = 0, s_per_token: float = 0.0,
+                      s_per_token_ctx: float = 0.0) -> float:
+    """Seconds a node is given to prefill a prompt of ``prompt_tokens``, of which it holds
+    the first ``cached`` (0: not known), before its first token is late.
+
+    A node that fitted its cost (``s_per_token``, ``s_per_token_ctx``) is priced by it for
+    the part it does not hold (it reports Progress too, so a cache it lost since costs no
+    failover). Else the whole prompt at its measured ``prefill_tps``, or at
+    ``limits.prefill_floor_tps`` when it has not measured one.
+    """
+    if s_per_token > 0 or s_per_token_ctx > 0:
+        held = max(min(cached, prompt_tokens - 1), 0)
+        return prefill_seconds(prompt_tokens - held, held, tps=0.0, s_per_token=s_per_token,
+                               s_per_token_ctx=s_per_token_ctx)
+    rate = prefill_tps if prefill_tps > 0 else limits.prefill_floor_tps
+    return prefill_seconds(prompt_tokens, tps=max(rate, 1e-9))
 
 
 def first_token_due(accepted_at: float, prompt_tokens: int, prefill_tps: float,
-                    limits: Limits) -> float:
-    rate = prefill_tps if prefill_tps > 0 else limits.prefill_floor_tps
-    return accepted_at + limits.lease_s + prompt_tokens / max(rate, 1e-9)
+                    limits: Limits, *, cached: int = 0, s_per_token: float = 0.0,
+                    s_per_token_ctx: float = 0.0) -> float:
+    """When the first token is due, for a generation accepted at ``accepted_at``."""
+    return accepted_at + limits.lease_s + prefill_allowance(
+        prompt_tokens, prefill_tps, limits, cached=cached, s_per_token=s_per_token,
+        s_per_token_ctx=s_per_token_ctx)
 
 
 def next_deadline(state: AttemptState, limits: Limits) -> float:
@@ -206,8 +233,8 @@ def step(state: AttemptState, event: Event, now: float,
         # of the state, which cost more than everything else the head does per token
         return AttemptState(
             heard_at=now, pinged_at=state.pinged_at, progress_by=now + limits.lease_s,
-            wall_deadline=state.wall_deadline, prompt_tokens=state.prompt_tokens,
-            prefill_tps=state.prefill_tps, accepted=state.accepted,
+            wall_deadline=state.wall_deadline, prefill_s=state.prefill_s,
+            accepted=state.accepted,
             renew_at=state.renew_at, expected=state.expected + event.count,
             pings=state.pings, final=False), _DELIVER
     return _step(state, event, now, limits)
@@ -224,8 +251,7 @@ def _step(state: AttemptState, event: Event, now: float,
     final: Final | None = _record(state, event, now, limits, actions)
     if isinstance(event, GotAccepted):
         state = replace(state, accepted=True, renew_at=now + limits.lease_s / 3,
-                        progress_by=first_token_due(now, state.prompt_tokens,
-                                                    state.prefill_tps, limits))
+                        progress_by=now + limits.lease_s + state.prefill_s)
     elif isinstance(event, GotProgress) and state.expected == 0:
         # still before the first token: the node is working on it
         state = replace(state, progress_by=max(state.progress_by, now + limits.lease_s))

@@ -262,7 +262,9 @@ class NodePool:
             kv_used=st.kv_used if st else 0, kv_total=st.kv_total if st else 0,
             prefill_tps=st.rates.prefill_tps if st else 0.0,
             decode_tps=st.rates.decode_tps if st else 0.0,
-            full_until=self.full_until, ready=self.state == "ready")
+            full_until=self.full_until, ready=self.state == "ready",
+            prefill_s_per_token=st.rates.prefill_s_per_token if st else 0.0,
+            prefill_s_per_token_ctx=st.rates.prefill_s_per_token_ctx if st else 0.0)
 
     def describe(self) -> dict[str, object]:
         st = self.stats

@@ -30,10 +30,17 @@ Estimate of a session's completion time on node ``n``::
 
     load     = max(n.own_sessions, n.reported_busy)
     slowdown = 1 + load / n.lanes
-    est      = prompt_tokens / prefill_tps + max_tokens * slowdown / decode_tps
+    est      = prefill + max_tokens * slowdown / decode_tps
+    prefill  = p * a + b * p * (c + p / 2)    a node that fitted its cost (a, b)
+             | p / prefill_tps                one that has not (yet)
 
-``decode_tps`` is per lane; batching more lanes slows each one, so a node that
-is already running ``lanes - 1`` sessions decodes at about half its idle rate.
+``p`` is the prompt tokens the node must prefill: the whole prompt, or on the node
+holding the session's prompt cache the part it does not hold; ``c`` the tokens it
+holds before them (:func:`prefill_seconds`). ``a`` is the node's seconds per prompt
+token and ``b`` the extra seconds per token for every token of context before it
+(attention grows with the context), so a long prompt costs more per token than a
+short one. ``decode_tps`` is per lane; batching more lanes slows each one, so a node
+that is already running ``lanes - 1`` sessions decodes at about half its idle rate.
 A node that has not measured a rate yet is priced at the mean of the measured
 nodes serving the model. A term whose rate nobody has measured is left out
 (it would be the same on every node), so with nothing measured every estimate
@@ -43,7 +50,7 @@ is 0 and nodes tie; ties go to the lower load, then the lower key.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal, assert_never
 
 Policy = Literal["load-aware", "least-loaded", "round-robin"]
@@ -67,6 +74,9 @@ class NodeView:
     decode_tps: float  # tokens/s per lane; 0.0 = not measured yet
     full_until: float = 0.0  # refused a session as full: full until then (or fresher stats)
     ready: bool = True  # linked now (not connecting, unreachable or left)
+    # the node's fitted prefill cost (prefill_seconds); both 0.0 until it fitted them
+    prefill_s_per_token: float = 0.0
+    prefill_s_per_token_ctx: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,14 +119,34 @@ def kv_percent(n: NodeView) -> float:
     return n.kv_used / n.kv_total * 100.0 if n.kv_total > 0 else 0.0
 
 
-def estimate_seconds(
-    n: NodeView, req: PlacementRequest, prefill_tps: float, decode_tps: float
-) -> float:
-    """Seconds to finish ``req`` on ``n`` at the given (already resolved) rates.
+def prefill_seconds(tokens: int, cached: int = 0, *, tps: float, s_per_token: float = 0.0,
+                    s_per_token_ctx: float = 0.0) -> float:
+    """Seconds to prefill ``tokens`` new prompt tokens after ``cached`` tokens of context.
 
-    A rate <= 0 means nobody measured it: that term is dropped, see the module doc.
+    With a fitted cost (``s_per_token`` a, ``s_per_token_ctx`` b, from the node's rates):
+    ``n * a + b * n * (c + n / 2)``, each token costing a plus b for every token before
+    it (the c held ones and, on average, half the new ones). Without one: ``n / tps``;
+    0.0 when ``tps`` <= 0 too (nobody measured it).
     """
-    prefill = req.prompt_tokens / prefill_tps if prefill_tps > 0 else 0.0
+    n = max(tokens, 0)
+    if s_per_token > 0 or s_per_token_ctx > 0:
+        return n * s_per_token + s_per_token_ctx * n * (max(cached, 0) + n / 2)
+    return n / tps if tps > 0 else 0.0
+
+
+def estimate_seconds(
+    n: NodeView, req: PlacementRequest, prefill_tps: float, decode_tps: float,
+    cached: int = 0,
+) -> float:
+    """Seconds to finish ``req`` on ``n`` at the given (already resolved) rates, where
+    ``n`` already holds the first ``cached`` prompt tokens.
+
+    ``n``'s fitted prefill cost wins over ``prefill_tps``. A rate <= 0 means nobody
+    measured it: that term is dropped, see the module doc.
+    """
+    prefill = prefill_seconds(req.prompt_tokens - cached, cached, tps=prefill_tps,
+                              s_per_token=n.prefill_s_per_token,
+                              s_per_token_ctx=n.prefill_s_per_token_ctx)
     if decode_tps <= 0:
         return prefill
     slowdown = 1.0 + node_load(n) / n.lanes if n.lanes > 0 else 1.0
@@ -164,14 +194,14 @@ def place(
     # stays true after that node failed this one session.
     mean_prefill = _mean(n.prefill_tps for n in serving)
     mean_decode = _mean(n.decode_tps for n in serving)
-    cached = min(max(req.affinity_cached, 0), req.prompt_tokens - 1)
-    held_req = replace(req, prompt_tokens=req.prompt_tokens - cached) if cached > 0 else req
+    cached = max(min(req.affinity_cached, req.prompt_tokens - 1), 0)
     est = {
         n.key: estimate_seconds(
             n,
-            held_req if n.key == req.affinity else req,
+            req,
             n.prefill_tps if n.prefill_tps > 0 else mean_prefill,
             n.decode_tps if n.decode_tps > 0 else mean_decode,
+            cached if n.key == req.affinity else 0,
         )
         for n in free
     }

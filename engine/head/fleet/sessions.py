@@ -155,8 +155,7 @@ class SessionRunner:
 
     def _try_place(self, job: Job, prompt_len: int, max_tokens: int,
                    exclude: frozenset[str]) -> tuple[NodePool, NodeConn, str] | Refusal:
-        held = (self._affinity.get(job.affinity)
-                if job.affinity and not job.first_turn else None)
+        held = self._held(job)
         req = PlacementRequest(model=job.model, prompt_tokens=prompt_len,
                                max_tokens=max_tokens, exclude=exclude,
                                affinity=held[0] if held else None,
@@ -312,10 +311,11 @@ class SessionRunner:
                          pool.address, reason)
                 self.fleet.emit(ev.SessionPlaced(session=job.session, model=job.model,
                                                  node=node, reason=reason))
+            cached = self._held_on(job, pool.key)  # before the next turn is remembered
             if job.affinity:
                 self._remember(job.affinity, pool.key, len(context))
             attempt = _Attempt(self, pool, conn, job, context, remaining, wall_deadline,
-                               deliver)
+                               deliver, cached=cached)
             try:
                 await attempt.run()
             finally:
@@ -355,6 +355,17 @@ class SessionRunner:
                     return
                 continue
             assert_never(decision)
+
+    def _held(self, job: Job) -> tuple[str, int] | None:
+        """The node holding this conversation's prompt cache and the tokens it holds, as
+        last remembered; None when the key does not steer the conversation."""
+        return (self._affinity.get(job.affinity)
+                if job.affinity and not job.first_turn else None)
+
+    def _held_on(self, job: Job, key: str) -> int:
+        """The prompt tokens node ``key`` holds of this conversation (0: none known)."""
+        held = self._held(job)
+        return held[1] if held is not None and held[0] == key else 0
 
     def _remember(self, session: str, key: str, tokens: int) -> None:
         self._affinity[session] = (key, tokens)
@@ -490,8 +501,9 @@ class _Attempt:
 
     def __init__(self, runner: SessionRunner, pool: NodePool, conn: NodeConn, job: Job,
                  context: list[int], max_tokens: int, wall_deadline: float,
-                 deliver: Callable[[list[int]], None]) -> None:
+                 deliver: Callable[[list[int]], None], *, cached: int = 0) -> None:
         self.runner = runner
+        self.cached = cached  # prompt tokens the node holds already, as far as known
         self.pool = pool
         self.conn = conn
         self.job = job
@@ -518,8 +530,11 @@ class _Attempt:
             self.final = at.Failover(str(exc), drop=False)
             return
         stats = self.pool.stats
+        rates = stats.rates if stats is not None else m.Rates()
         self._state = at.start(self.runner.clock(), prompt_tokens=len(self.context),
-                               prefill_tps=stats.rates.prefill_tps if stats else 0.0,
+                               prefill_tps=rates.prefill_tps, cached=self.cached,
+                               s_per_token=rates.prefill_s_per_token,
+                               s_per_token_ctx=rates.prefill_s_per_token_ctx,
                                wall_deadline=self.wall_deadline, limits=self.runner.limits)
         self.conn.sink = self._on_record
         if self.conn.closed:  # closed before the sink was in place: nobody will call it
