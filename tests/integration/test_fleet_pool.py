@@ -162,6 +162,21 @@ async def test_the_node_holding_the_conversation_is_given_the_new_tokens_prefill
         assert "no first token in time" in caplog.text
 
 
+async def test_a_node_whose_pool_is_full_now_queues_the_request_until_it_has_room() -> None:
+    async with joined_node() as node:
+        # the window holds 4096 tokens, the pool has room for 50 more now
+        node.link.send(m.Stats(lanes=1, lanes_busy=0, kv_used=4046, kv_total=4096,
+                               max_prompt=50, kv_parked=0))
+        await until(lambda: node.pool.view().max_prompt == 50, "the pool's report")
+        runner = SessionRunner(node.fleet, lease_ms=LEASE_MS, queue_timeout_s=20)
+        job = asyncio.create_task(run_job(runner, prompt=100))
+        await until(lambda: runner.queued == 1, "the request queued for the pool")
+        node.link.send(m.Stats(lanes=1, lanes_busy=0, kv_used=100, kv_total=4096,
+                               max_prompt=3996, kv_parked=100))
+        assert await prefill_slowly(node.link, report=False, renewals_due=0) == 0
+        assert await job == [104, 105]
+
+
 async def test_a_head_that_dials_a_node_says_it_reads_progress() -> None:
     hellos: asyncio.Queue[m.HeadHello] = asyncio.Queue()
     links: list[Link] = []

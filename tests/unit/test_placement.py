@@ -16,9 +16,11 @@ from engine.head.fleet.placement import (
     Refusal,
     estimate_seconds,
     has_free_lane,
+    kv_percent,
     node_load,
     place,
     prefill_seconds,
+    takes_prompt,
 )
 
 POLICIES: tuple[Policy, ...] = ("load-aware", "least-loaded", "round-robin")
@@ -404,7 +406,7 @@ def test_context_length_exceeded_names_prompt_and_largest_window() -> None:
     assert r == Refusal(
         "context_length_exceeded",
         "prompt of 9000 tokens exceeds every node's context window (largest 8192); "
-        "shorten the conversation or serve with a larger --max-context",
+        "shorten the conversation, or serve a model with a longer window",
     )
 
 
@@ -442,6 +444,106 @@ def test_no_free_lane_names_the_lanes() -> None:
     assert "1 with no idle connection" in r.message
 
 
+# --- the KV pool the lanes share ----------------------------------------------------
+
+
+@pytest.mark.parametrize(("max_prompt", "prompt", "takes"), [
+    (0, 8000, True),  # not said: the window alone decides
+    (1001, 1000, True),  # the prompt and one token
+    (1000, 1000, False),
+    (500, 1000, False),
+])
+def test_takes_prompt(max_prompt: int, prompt: int, takes: bool) -> None:
+    assert takes_prompt(node("a", max_prompt=max_prompt), prompt) is takes
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_pool_that_cannot_take_the_prompt_now_counts_as_busy(policy: Policy) -> None:
+    # "a" is the fastest and first in key order, but its pool has room for 500 tokens now
+    nodes = [node("a", decode_tps=80.0, max_prompt=500), node("b")]
+    assert placed(place(req(prompt_tokens=1000), nodes, now=0.0, policy=policy)).node == "b"
+    # a shorter prompt fits there
+    assert placed(place(req(prompt_tokens=400), nodes, now=0.0, policy=policy)).node == "a"
+
+
+def test_full_pools_queue_the_request_rather_than_refuse_it() -> None:
+    nodes = [node("a", max_prompt=300), node("b", max_prompt=999), node("c", reported_busy=4)]
+    r = refused(place(req(prompt_tokens=1000), nodes, now=0.0))
+    assert r.code == "no_free_lane"
+    assert "3 nodes" in r.message and "4/12 lanes busy" in r.message
+    assert "2 cannot hold the prompt now (KV pool full)" in r.message
+    assert "raise --max-batch" in r.message  # c's lanes are busy
+    r = refused(place(req(prompt_tokens=1000), nodes[:2], now=0.0))
+    assert "2 cannot hold the prompt now (KV pool full)" in r.message
+    assert r.message.endswith("; wait and retry or add a node")  # more lanes would not help
+
+
+def test_context_length_exceeded_only_when_no_window_holds_the_prompt() -> None:
+    # a full pool holds the prompt later; a window too small never does
+    nodes = [node("a", context_window=4096), node("b", context_window=16384, max_prompt=100)]
+    assert refused(place(req(prompt_tokens=9000), nodes, now=0.0)).code == "no_free_lane"
+    r = refused(place(req(prompt_tokens=20_000), nodes, now=0.0))
+    assert r.code == "context_length_exceeded"
+    assert "largest 16384" in r.message and "--max-context" not in r.message
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("sleep", ["asleep", "waking"])
+def test_an_awake_node_that_can_serve_goes_before_an_asleep_one(policy: Policy,
+                                                                 sleep: str) -> None:
+    # the asleep node is faster, idler and first in key order: awake wins all the same
+    nodes = [node("a", decode_tps=80.0, sleep=sleep), node("b", decode_tps=10.0,
+                                                            own_sessions=2)]
+    for cursor in range(4):
+        p = placed(place(req(), nodes, now=0.0, policy=policy, cursor=cursor))
+        assert p.node == "b", (cursor, p)
+    # an asleep node is a candidate: the request wakes it, and the log says so
+    p = placed(place(req(), nodes[:1], now=0.0, policy=policy))
+    assert p.node == "a" and p.reason.endswith(f", {sleep} (the request wakes it)")
+    # and with every awake node busy, it takes the request rather than queue it
+    busy = [nodes[0], replace(nodes[1], own_sessions=4)]
+    assert placed(place(req(), busy, now=0.0, policy=policy)).node == "a"
+
+
+def test_round_robin_rotates_over_the_awake_nodes_while_one_is_free() -> None:
+    nodes = [node("a", sleep="asleep"), node("b"), node("c"), node("d", sleep="waking")]
+    cursor, seen = 0, []
+    for _ in range(4):
+        p = placed(place(req(), nodes, now=0.0, policy="round-robin", cursor=cursor))
+        seen.append(p.node)
+        cursor = p.cursor
+    assert seen == ["b", "c", "b", "c"]
+    nodes = [nodes[0], replace(nodes[1], reported_busy=4), replace(nodes[2], idle_conns=0),
+             nodes[3]]
+    p = placed(place(req(), nodes, now=0.0, policy="round-robin", cursor=2))
+    assert (p.node, p.cursor) == ("d", 0)
+
+
+def test_affinity_to_an_asleep_node_gives_way_to_an_awake_one() -> None:
+    nodes = [node("a"), node("held", sleep="asleep")]
+    turn = req(affinity="held", affinity_cached=900)
+    assert placed(place(turn, nodes, now=0.0)).node == "a"
+    p = placed(place(turn, [nodes[1]], now=0.0))
+    assert (p.node, p.reason) == ("held", "affinity, asleep (the request wakes it)")
+
+
+def test_a_preferred_node_wins_asleep_or_not() -> None:
+    nodes = [node("a", identity="box-a"), node("b", identity="box-b", sleep="asleep")]
+    p = placed(place(req(prefer=("box-b",)), nodes, now=0.0))
+    assert (p.node, p.reason) == ("b", "prefer, asleep (the request wakes it)")
+
+
+def test_parked_prefixes_do_not_count_against_pool_high() -> None:
+    # 95% of the cells are in use, 60% of them by parked prefixes a session may reclaim
+    parked = node("parked", decode_tps=80.0, kv_used=950, kv_parked=600)
+    assert kv_percent(parked) == pytest.approx(35.0)
+    assert kv_percent(node("odd", kv_used=10, kv_parked=50)) == 0.0
+    nodes = [parked, node("slow", decode_tps=10.0)]
+    assert placed(place(req(), nodes, now=0.0)).node == "parked"
+    nodes = [replace(parked, kv_parked=0), nodes[1]]
+    assert placed(place(req(), nodes, now=0.0)).node == "slow"
+
+
 # --- properties -----------------------------------------------------------------------
 
 _nodes = st.builds(
@@ -459,6 +561,10 @@ _nodes = st.builds(
     prefill_tps=st.sampled_from([0.0, 100.0, 1000.0, 5000.0]),
     decode_tps=st.sampled_from([0.0, 5.0, 20.0, 60.0]),
     full_until=st.sampled_from([0.0, 0.0, 5.0, 20.0]),
+    max_prompt=st.sampled_from([0, 0, 100, 2000, 9000]),
+    sleep=st.sampled_from(["", "", "asleep", "waking"]),
+    prefill_s_per_token=st.sampled_from([0.0, 1e-3]),
+    prefill_s_per_token_ctx=st.sampled_from([0.0, 1e-6]),
 )
 
 
@@ -503,9 +609,13 @@ def test_place_only_returns_a_free_node_that_holds_the_prompt(
         and (r.pin_host is None or n.identity == r.pin_host)
         and n.context_window >= r.prompt_tokens + 1
         and has_free_lane(n, now)
+        and (n.max_prompt == 0 or n.max_prompt >= r.prompt_tokens + 1)
     ]
     if isinstance(result, Placement):
         assert result.node in {n.key for n in fits}
+        pick = next(n for n in fits if n.key == result.node)
+        if pick.sleep and not result.reason.startswith("prefer"):
+            assert not any(n.sleep == "" for n in fits), (result, fits)
     else:
         assert not fits
         assert result.message

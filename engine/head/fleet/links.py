@@ -155,12 +155,14 @@ class NodePool:
     # -- events from connections -------------------------------------------------
 
     def on_stats(self, st: m.Stats) -> None:
+        old = self.stats
         before = self.reported_busy
         self.stats = st
         self.stats_at = self.fleet.clock()
         if st.lanes_busy < st.lanes:
             self.full_until = 0.0
-        if st.lanes_busy < before:
+        # a lane freed, or the pool that the lanes share has room for a longer prompt
+        if st.lanes_busy < before or (old is not None and 0 < old.max_prompt < st.max_prompt):
             self.fleet.capacity_changed()
 
     def on_refused(self, why: str) -> None:
@@ -264,7 +266,9 @@ class NodePool:
             decode_tps=st.rates.decode_tps if st else 0.0,
             full_until=self.full_until, ready=self.state == "ready",
             prefill_s_per_token=st.rates.prefill_s_per_token if st else 0.0,
-            prefill_s_per_token_ctx=st.rates.prefill_s_per_token_ctx if st else 0.0)
+            prefill_s_per_token_ctx=st.rates.prefill_s_per_token_ctx if st else 0.0,
+            max_prompt=st.max_prompt if st else 0, kv_parked=st.kv_parked if st else 0,
+            sleep=st.sleep if st else "")
 
     def describe(self) -> dict[str, object]:
         st = self.stats

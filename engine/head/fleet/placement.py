@@ -8,23 +8,33 @@ Order of decisions:
 
 1. Candidates: nodes serving ``req.model``, not in ``req.exclude`` (they already
    failed this session), named ``req.pin_host`` when pinned, linked now (``ready``),
-   and whose window holds the prompt plus one generated token. Refusals:
-   ``unknown_node`` when the pin names no node serving the model (final: it can never
-   be placed), ``node_down`` when it names one that is not linked now (final: the
-   user asked for that node only), ``no_node`` when nothing linked serves the model
-   (after the exclusions; the head waits for a node then),
-   ``context_length_exceeded`` when some do but none can hold the prompt,
-   ``no_free_lane`` when every capable node is busy (the head queues on that).
-2. ``prefer``: the first named node (by identity) with a free lane wins outright,
-   ahead of speed and affinity; a name with no free node is passed over.
-3. Affinity (every policy): the node holding the session's prompt cache wins
-   while its estimate is within ``affinity_slack`` x the best estimate. That node
-   is priced with only the part of the prompt it does not hold yet
-   (``req.affinity_cached`` tokens are already there): a long conversation's next
-   turn costs it a few hundred tokens of prefill, and the whole prompt anywhere else.
-4. The policy: ``load-aware`` (lowest estimate, after skipping nodes at or
-   above ``pool_high`` % KV occupancy unless that skips all), ``least-loaded``
-   (fewest sessions) or ``round-robin`` (rotate over capable nodes by key).
+   and whose window (the longest session the node's model takes there) holds the
+   prompt plus one generated token. Refusals: ``unknown_node`` when the pin names no
+   node serving the model (final: it can never be placed), ``node_down`` when it names
+   one that is not linked now (final: the user asked for that node only), ``no_node``
+   when nothing linked serves the model (after the exclusions; the head waits for a
+   node then), ``context_length_exceeded`` when some do but no window holds the
+   prompt (final).
+2. Free now: a candidate with a free lane (:func:`has_free_lane`) whose KV pool, which
+   all its lanes share, takes the prompt now (:func:`takes_prompt`: the node's
+   ``max_prompt``, when it said one). A pool that cannot counts as a busy node does:
+   ``no_free_lane`` when no candidate is free (the head queues on that, and parked
+   prefixes and ending sessions free the pool meanwhile). An asleep node is free (the
+   request wakes it), but below every awake one in the steps that follow.
+3. ``prefer``: the first named node (by identity) that is free wins outright, ahead of
+   speed, affinity and sleep; a name with no free node is passed over.
+4. Affinity (every policy): the node holding the session's prompt cache wins
+   while its estimate is within ``affinity_slack`` x the best estimate, unless it is
+   asleep and an awake node is free. That node is priced with only the part of the
+   prompt it does not hold yet (``req.affinity_cached`` tokens are already there): a
+   long conversation's next turn costs it a few hundred tokens of prefill, and the
+   whole prompt anywhere else.
+5. The policy, awake nodes before asleep or waking ones in each: ``load-aware``
+   (lowest estimate, after skipping nodes at or above ``pool_high`` % KV occupancy
+   unless that skips all; cells held by parked prefixes, which a new session may
+   reclaim, are not counted), ``least-loaded`` (fewest sessions) or ``round-robin``
+   (rotate over the candidates by key, passing over an asleep node while an awake one
+   is free).
 
 Estimate of a session's completion time on node ``n``::
 
@@ -54,6 +64,7 @@ from dataclasses import dataclass
 from typing import Literal, assert_never
 
 Policy = Literal["load-aware", "least-loaded", "round-robin"]
+Sleep = Literal["", "asleep", "waking"]  # awake; model unloaded while idle; loading it
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +88,11 @@ class NodeView:
     # the node's fitted prefill cost (prefill_seconds); both 0.0 until it fitted them
     prefill_s_per_token: float = 0.0
     prefill_s_per_token_ctx: float = 0.0
+    # the KV pool all its lanes share: the longest prompt a new session can bring now
+    # (0: not said; the window then), and the cells parked prefixes hold (reclaimable)
+    max_prompt: int = 0
+    kv_parked: int = 0
+    sleep: Sleep = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +130,21 @@ def has_free_lane(n: NodeView, now: float) -> bool:
     return node_load(n) < n.lanes and n.idle_conns > 0 and now >= n.full_until
 
 
+def takes_prompt(n: NodeView, prompt_tokens: int) -> bool:
+    """Whether the node's KV pool takes a prompt of ``prompt_tokens`` (and one token)
+    now; a node that has not said (``max_prompt`` 0) is judged by its window alone."""
+    return n.max_prompt <= 0 or prompt_tokens + 1 <= n.max_prompt
+
+
+def awake(n: NodeView) -> bool:
+    return n.sleep == ""
+
+
 def kv_percent(n: NodeView) -> float:
-    # A node that has not reported its pool yet is not held against it.
-    return n.kv_used / n.kv_total * 100.0 if n.kv_total > 0 else 0.0
+    # A node that has not reported its pool yet is not held against it, nor are the cells
+    # its parked prefixes hold (a new session reclaims them).
+    held = max(n.kv_used - n.kv_parked, 0)
+    return held / n.kv_total * 100.0 if n.kv_total > 0 else 0.0
 
 
 def prefill_seconds(tokens: int, cached: int = 0, *, tps: float, s_per_token: float = 0.0,
@@ -182,13 +210,14 @@ def place(
         return Refusal(
             "context_length_exceeded",
             f"prompt of {req.prompt_tokens} tokens {verb} every node's context window "
-            f"(largest {largest}); shorten the conversation or serve with a larger "
-            "--max-context",
+            f"(largest {largest}); shorten the conversation, or serve a model with a "
+            "longer window",
         )
 
-    free = [n for n in capable if has_free_lane(n, now)]
+    free = [n for n in capable if has_free_lane(n, now) and takes_prompt(n, req.prompt_tokens)]
     if not free:
         return Refusal("no_free_lane", _no_free_lane_message(req, capable, now))
+    any_awake = any(awake(n) for n in free)
 
     # Rates come from every node of the model, excluded or not: a measurement
     # stays true after that node failed this one session.
@@ -206,13 +235,14 @@ def place(
         for n in free
     }
 
-    def rank(n: NodeView) -> tuple[float, int, str]:
-        return (est[n.key], node_load(n), n.key)
+    def rank(n: NodeView) -> tuple[bool, float, int, str]:
+        return (not awake(n), est[n.key], node_load(n), n.key)
 
     for name in req.prefer:
         named = [n for n in free if n.identity == name]
         if named:
-            return Placement(min(named, key=rank).key, "prefer", cursor)
+            pick = min(named, key=rank)
+            return Placement(pick.key, _woken("prefer", pick), cursor)
 
     pool = free
     if policy == "load-aware":
@@ -221,27 +251,39 @@ def place(
     if req.affinity is not None:
         # The affinity node skips the pool_high test: its KV already holds this
         # session's prompt, so staying there costs the pool only the new turn.
-        held = next((n for n in free if n.key == req.affinity), None)
+        # An asleep node lost its pool with its model, and must load that first.
+        held = next((n for n in free if n.key == req.affinity
+                     and (awake(n) or not any_awake)), None)
         best = min(est[n.key] for n in pool)
         if held is not None and est[held.key] <= affinity_slack * best:
-            return Placement(held.key, "affinity", cursor)
+            return Placement(held.key, _woken("affinity", held), cursor)
 
     if policy == "load-aware":
         pick = min(pool, key=rank)
-        return Placement(pick.key, f"load-aware est {est[pick.key]:.1f}s", cursor)
+        return Placement(pick.key, _woken(f"load-aware est {est[pick.key]:.1f}s", pick),
+                         cursor)
     if policy == "least-loaded":
-        pick = min(pool, key=lambda n: (node_load(n), n.key))
-        return Placement(pick.key, f"least-loaded load {node_load(pick)}/{pick.lanes}", cursor)
+        pick = min(pool, key=lambda n: (not awake(n), node_load(n), n.key))
+        return Placement(pick.key,
+                         _woken(f"least-loaded load {node_load(pick)}/{pick.lanes}", pick),
+                         cursor)
     if policy == "round-robin":
         # The ring is every capable node, busy or not, so positions stay put
-        # while a node fills and frees; busy ones are skipped.
+        # while a node fills and frees; busy ones are skipped, and asleep ones while
+        # an awake one is free.
         start = cursor % len(capable)
+        keys = {n.key for n in free if awake(n) or not any_awake}
         for step in range(len(capable)):
             i = (start + step) % len(capable)
-            if has_free_lane(capable[i], now):
-                return Placement(capable[i].key, "round-robin", (i + 1) % len(capable))
+            if capable[i].key in keys:
+                return Placement(capable[i].key, _woken("round-robin", capable[i]),
+                                 (i + 1) % len(capable))
         raise AssertionError("unreachable: free is non-empty")
     assert_never(policy)
+
+
+def _woken(reason: str, n: NodeView) -> str:
+    return reason if awake(n) else f"{reason}, {n.sleep} (the request wakes it)"
 
 
 def _mean(rates: Iterable[float]) -> float:
@@ -300,8 +342,14 @@ def _no_free_lane_message(req: PlacementRequest, capable: Sequence[NodeView], no
     unconnected = sum(1 for n in capable if n.idle_conns <= 0 and node_load(n) < n.lanes)
     if unconnected:
         extra.append(f"{unconnected} with no idle connection")
+    pool_full = sum(1 for n in capable if not takes_prompt(n, req.prompt_tokens))
+    if pool_full:
+        extra.append(f"{pool_full} cannot hold the prompt now (KV pool full)")
     detail = "; ".join([f"{busy}/{lanes} lanes busy", *extra])
+    # more lanes do not help where the pool is what is short
+    fix = ("wait and retry or add a node" if pool_full == len(capable)
+           else "wait and retry, add a node or raise --max-batch")
     return (
         f"no free lane on the {_plural(len(capable), 'node')} serving '{req.model}' that "
-        f"can hold the prompt ({detail}); wait and retry, add a node or raise --max-batch"
+        f"can hold the prompt ({detail}); {fix}"
     )
