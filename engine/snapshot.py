@@ -15,6 +15,7 @@ NodeState = Literal["connecting", "ready", "unreachable", "left"]
 LinkKind = Literal["dialed", "joined", "local"]
 ServingState = Literal["off", "loading", "serving", "paused", "failed"]
 AliasState = Literal["ok", "fallback", "unavailable", "shadowed"]
+SleepState = Literal["", "asleep", "waking"]  # awake; model unloaded while idle; loading
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,18 @@ class NodeSnapshot:
     peak_busy: int
     connections: int
     error: str | None
+    # the KV pool its lanes share: cells parked prefixes hold (reclaimable, within
+    # kv_used), and the longest prompt a new session can bring now (0: not said)
+    kv_parked: int = 0
+    max_prompt: int = 0
+    mem_used: int = 0  # bytes the node holds now (0: not said)
+    mem_budget: int = 0  # bytes it keeps within (0: no budget said)
+    sleep: SleepState = ""
+    # prompt tokens it has served so far: reused from a lane, restored from its host
+    # memory cache, prefilled
+    prompt_from_lanes: int = 0
+    prompt_from_host: int = 0
+    prompt_prefilled: int = 0
 
     @property
     def kv_percent(self) -> float:

@@ -116,20 +116,38 @@ def _fleet(out: _Writer, head: Any) -> None:
               ("shoal_node_lanes_busy", "gauge", "lanes busy on a node, all heads together"),
               ("shoal_node_kv_used", "gauge", "KV cache cells in use on a node"),
               ("shoal_node_kv_total", "gauge", "KV cache cells a node has"),
+              ("shoal_node_kv_parked", "gauge",
+               "KV cache cells a node's parked prompt prefixes hold (within kv_used; a new "
+               "session may reclaim them)"),
               ("shoal_node_own_sessions", "gauge", "this head's sessions on a node"),
-              ("shoal_node_sessions_total", "counter", "sessions this head placed on a node"))
+              ("shoal_node_sessions_total", "counter", "sessions this head placed on a node"),
+              ("shoal_node_memory_used_bytes", "gauge",
+               "bytes of memory a node holds now (0: it did not say)"),
+              ("shoal_node_memory_budget_bytes", "gauge",
+               "bytes of memory a node keeps within (0: it did not say)"))
     keys = {"shoal_node_up": None, "shoal_node_lanes": "lanes",
             "shoal_node_lanes_busy": "lanes_busy", "shoal_node_kv_used": "kv_used",
-            "shoal_node_kv_total": "kv_total", "shoal_node_own_sessions": "own_sessions",
-            "shoal_node_sessions_total": "sessions_total"}
+            "shoal_node_kv_total": "kv_total", "shoal_node_kv_parked": "kv_parked",
+            "shoal_node_own_sessions": "own_sessions",
+            "shoal_node_sessions_total": "sessions_total",
+            "shoal_node_memory_used_bytes": "mem_used",
+            "shoal_node_memory_budget_bytes": "mem_budget"}
+    labelled = [(p, d, {"node": str(d.get("identity") or p.address), "address": str(p.address),
+                        "model": str(d.get("model") or "")}) for p, d in rows]
     for name, kind, what in gauges:
         out.family(name, kind, what)
-        for pool, d in rows:
-            labels = {"node": str(d.get("identity") or pool.address),
-                      "address": str(pool.address), "model": str(d.get("model") or "")}
+        for _pool, d, labels in labelled:
             key = keys[name]
             value = (1 if d.get("state") == "ready" else 0) if key is None else d.get(key)
             out.sample(name, _as_number(value), **labels)
+    name = "shoal_node_prompt_tokens_total"
+    out.family(name, "counter", "prompt tokens a node has served, by where they came from: "
+               "reused from a lane (lane), restored from its host-memory cache (host), "
+               "prefilled (prefill); as the node counts them since it started")
+    for _pool, d, labels in labelled:
+        for source, key in (("lane", "prompt_from_lanes"), ("host", "prompt_from_host"),
+                            ("prefill", "prompt_prefilled")):
+            out.sample(name, _as_number(d.get(key)), **labels, source=source)
     ready = [d for _p, d in rows if d.get("state") == "ready"]
     out.family("shoal_lanes", "gauge", "lanes of the ready nodes")
     out.sample("shoal_lanes", sum(_as_number(d.get("lanes")) for d in ready))

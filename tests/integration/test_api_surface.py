@@ -65,6 +65,19 @@ def mock_model(name: str = MODEL, template: str | None = None) -> HeadModel:
 
 
 @contextlib.asynccontextmanager
+async def serving(head: Head) -> AsyncIterator[int]:
+    """The head's app on 127.0.0.1 until the block ends; yields its port."""
+    runner = web.AppRunner(build_app(head), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
 async def live_head(*, nodes: int = 1, lanes: int = 4, speed: float = 0.0,
                     queue_timeout_s: float = 20.0, model: HeadModel | None = None,
                     policy: Policy = "load-aware",
@@ -87,17 +100,12 @@ async def live_head(*, nodes: int = 1, lanes: int = 4, speed: float = 0.0,
                                            queue_timeout_s=queue_timeout_s))
     for key, value in attrs.items():
         setattr(head, key, value)
-    runner = web.AppRunner(build_app(head), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        await until(lambda: sum(1 for p in fleet.pools.values() if p.state == "ready")
-                    >= nodes, f"{nodes} node(s) ready")
-        yield Live(head, port, agents)
+        async with serving(head) as port:
+            await until(lambda: sum(1 for p in fleet.pools.values() if p.state == "ready")
+                        >= nodes, f"{nodes} node(s) ready")
+            yield Live(head, port, agents)
     finally:
-        await runner.cleanup()
         await head.close()
         for agent in agents:
             await agent.close()

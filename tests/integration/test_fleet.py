@@ -170,6 +170,32 @@ async def test_restarted_node_is_picked_up_again(cluster: Cluster):
         assert r.status == 200
 
 
+POOL_KEYS = ("kv_parked", "max_prompt", "mem_used", "mem_budget", "prompt_from_lanes",
+             "prompt_from_host", "prompt_prefilled")
+
+
+async def test_the_fleet_view_carries_each_nodes_pool_report(cluster: Cluster):
+    cluster.token()
+    head = cluster.head([cluster.node("n0")])
+    await wait_ready(head, 1)
+    async with aiohttp.ClientSession() as http, \
+            http.post(url(head, "/v1/chat/completions"), json=chat_body(max_tokens=5)) as r:
+        assert r.status == 200
+    (entry,) = (await until(lambda: idle_state(head), "the node's stats after it"))["nodes"]
+    # what the node says of its KV pool, memory and prompt tokens, as counts (the mock
+    # node's own values: test_fleet_pool shows the head passing on any it is given)
+    assert {k: type(entry[k]) for k in POOL_KEYS} == dict.fromkeys(POOL_KEYS, int), entry
+    assert entry["sleep"] == ""  # a mock node never sleeps
+    async with aiohttp.ClientSession() as http, http.get(url(head, "/metrics")) as r:
+        text = await r.text()
+    for family in ("shoal_node_kv_parked", "shoal_node_memory_used_bytes",
+                   "shoal_node_memory_budget_bytes"):
+        assert re.search(rf'^{family}{{node="n0",[^}}]*}} \d+$', text, re.M), family
+    for source in ("lane", "host", "prefill"):
+        assert re.search(rf'^shoal_node_prompt_tokens_total{{node="n0",[^}}]*'
+                         rf'source="{source}"}} \d+$', text, re.M), source
+
+
 async def test_two_heads_share_one_lane_nodes_without_exceeding_lanes(cluster: Cluster):
     cluster.token()
     nodes = [cluster.node(f"n{i}", lanes=1, speed=400.0) for i in range(2)]

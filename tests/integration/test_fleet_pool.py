@@ -13,14 +13,17 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import aiohttp
 import pytest
 
 from engine.errors import RequestError
 from engine.head.fleet.links import Fleet, NodePool
 from engine.head.fleet.sessions import Finish, Job, SessionRunner
+from engine.head.head import Head
 from engine.link import messages as m
 from engine.link.hello import exchange_hellos
 from engine.link.transport import Incoming, Link, LinkClosed, accept, dial, serve
+from tests.integration.test_api_surface import mock_model, parse_metrics, serving
 from tests.integration.test_hostile_link import TOKEN, join_listener
 from tests.waiting import until
 
@@ -203,3 +206,32 @@ async def test_a_head_that_dials_a_node_says_it_reads_progress() -> None:
         server.close()
         await server.wait_closed()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+REPORT = {"kv_parked": 300, "max_prompt": 3000, "mem_used": 2_000_000_000,
+          "mem_budget": 3_000_000_000, "sleep": "asleep", "prompt_from_lanes": 1200,
+          "prompt_from_host": 340, "prompt_prefilled": 5600}
+
+
+async def test_the_fleet_view_and_metrics_show_what_the_node_says_of_its_pool() -> None:
+    async with joined_node("pooled") as node:
+        node.link.send(m.Stats(lanes=1, lanes_busy=0, kv_used=1000, kv_total=4096,
+                               **REPORT))  # type: ignore[arg-type]
+        await until(lambda: node.pool.stats is not None, "the node's stats at the head")
+        head = Head([mock_model("m")], node.fleet, SessionRunner(node.fleet))
+        async with serving(head) as port, aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/v1/fleet") as r:
+                (entry,) = (await r.json())["nodes"]
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
+                text = await r.text()
+    assert entry["identity"] == "pooled"
+    assert {k: entry[k] for k in REPORT} == REPORT
+    assert node.pool.view().sleep == "asleep" and node.pool.view().kv_parked == 300
+    samples = {(name, labels.get("source", "")): value
+               for name, labels, value in parse_metrics(text) if labels.get("node") == "pooled"}
+    assert samples[("shoal_node_kv_parked", "")] == 300
+    assert samples[("shoal_node_memory_used_bytes", "")] == 2_000_000_000
+    assert samples[("shoal_node_memory_budget_bytes", "")] == 3_000_000_000
+    assert {source: samples[("shoal_node_prompt_tokens_total", source)]
+            for source in ("lane", "host", "prefill")} == {"lane": 1200, "host": 340,
+                                                          "prefill": 5600}

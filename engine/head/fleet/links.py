@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal, TypedDict
 
 from engine import events as ev
 from engine.head.fleet.node_state import NodeEvent, NodeState, transition
@@ -83,6 +84,20 @@ class NodeConn:
 
     def abort(self) -> None:
         self.link.abort()
+
+
+class PoolReport(TypedDict):
+    """What a node said last of the KV pool its lanes share, its memory and its sleep
+    (engine.link.messages.Stats; zeros and "" before it said anything)."""
+
+    kv_parked: int
+    max_prompt: int
+    mem_used: int
+    mem_budget: int
+    sleep: Literal["", "asleep", "waking"]
+    prompt_from_lanes: int
+    prompt_from_host: int
+    prompt_prefilled: int
 
 
 @dataclass
@@ -270,6 +285,14 @@ class NodePool:
             max_prompt=st.max_prompt if st else 0, kv_parked=st.kv_parked if st else 0,
             sleep=st.sleep if st else "")
 
+    def pool_report(self) -> PoolReport:
+        st = self.stats or m.Stats(lanes=1, lanes_busy=0, kv_used=0, kv_total=0)
+        return PoolReport(kv_parked=st.kv_parked, max_prompt=st.max_prompt,
+                          mem_used=st.mem_used, mem_budget=st.mem_budget, sleep=st.sleep,
+                          prompt_from_lanes=st.prompt_from_lanes,
+                          prompt_from_host=st.prompt_from_host,
+                          prompt_prefilled=st.prompt_prefilled)
+
     def describe(self) -> dict[str, object]:
         st = self.stats
         busy = max(self.own_sessions, st.lanes_busy if st else 0)
@@ -285,6 +308,7 @@ class NodePool:
             "decode_tps": round(st.rates.decode_tps, 1) if st else 0.0,
             "ttft_ms": round(st.rates.ttft_ms, 1) if st else 0.0,
             "connections": self.conns, "error": self.last_error or None,
+            **self.pool_report(),
         }
 
     # -- keeping connections up (dialed nodes) ---------------------------------------
