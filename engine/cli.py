@@ -12,11 +12,12 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from engine import cli_argv
 from engine.cli_parser import build_parser
 from engine.cli_run import leave, node_lines, run, setup_logging, wait_for_window
-from engine.config import ConfigError, load_config
+from engine.config import Config, ConfigError, load_config
 from engine.errors import ShoalError, StartError
 from engine.secrets import TokenError
 from engine.service import Shoal
@@ -38,12 +39,28 @@ def _split(text: str) -> tuple[str, ...]:
     return tuple(p.strip() for p in text.split(",") if p.strip())
 
 
-def _discovery(args: argparse.Namespace, home: Path) -> DiscoverySettings:
-    """Discovery from the flags, over $SHOAL_HOME/config.toml where they leave it out."""
+def _config(home: Path) -> Config:
     try:
-        cfg = load_config(home)
+        return load_config(home)
     except ConfigError as exc:
         raise StartError(str(exc)) from None
+
+
+# the options of how a node holds its model, and their NodeSettings fields
+MEMORY_OPTIONS = {"memory_budget": "memory_budget", "kv_type": "kv_type",
+                  "idle_unload": "idle_unload_s"}
+
+
+def _memory(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    """How the node holds its model: the flags given, over config.toml's ``[node]``
+    (NodeSettings' defaults where neither says)."""
+    given = vars(args)
+    return {**cfg.node_memory,
+            **{field: given[dest] for dest, field in MEMORY_OPTIONS.items() if dest in given}}
+
+
+def _discovery(args: argparse.Namespace, cfg: Config) -> DiscoverySettings:
+    """Discovery from the flags, over $SHOAL_HOME/config.toml where they leave it out."""
     seeds = _split(getattr(args, "seeds", "") or "") or tuple(cfg.seeds)
     return DiscoverySettings(mode=getattr(args, "discovery", None) or cfg.discovery,
                              seeds=seeds,
@@ -69,11 +86,11 @@ def _allow_hosts(specs: list[str]) -> tuple[str, ...]:
         raise StartError(str(exc)) from None
 
 
-def _node(args: argparse.Namespace, *, listen: str | None,
-          embedded_default: bool = False) -> NodeSettings:
+def _node(args: argparse.Namespace, *, listen: str | None, embedded_default: bool = False,
+          cfg: Config | None = None) -> NodeSettings:
     """The node of `shoal node` (``--model`` required) or `shoal node join`
     (``embedded_default``: without ``--model`` it serves the embedded default, the model
-    `shoal serve` and the app serve when none is given)."""
+    `shoal serve` and the app serve when none is given); ``cfg``: config.toml's."""
     fronts = args.runtime in UPSTREAM_RUNTIMES
     if fronts and not args.upstream:
         raise StartError(f"--runtime {args.runtime} fronts an engine you run; give its "
@@ -92,7 +109,8 @@ def _node(args: argparse.Namespace, *, listen: str | None,
                         identity=args.identity, listen=listen,
                         insecure_no_auth=args.insecure_no_auth,
                         handshake_timeout_s=args.handshake_timeout_ms / 1000,
-                        idle_timeout_s=args.idle_timeout_ms / 1000, mock_speed=args.mock_speed)
+                        idle_timeout_s=args.idle_timeout_ms / 1000, mock_speed=args.mock_speed,
+                        **_memory(args, cfg or Config()))
 
 
 def serve_settings(args: argparse.Namespace, home: Path) -> Settings:
@@ -110,19 +128,29 @@ def serve_settings(args: argparse.Namespace, home: Path) -> Settings:
         cors_allow=_cors(args.cors_allow), allow_hosts=_allow_hosts(args.allow_host),
         node_port=args.node_port)
     embedded = not (args.fleet or args.fleet_listen) or args.local_node
+    cfg = _config(home)
     node = NodeSettings(model=args.model, runtime=args.runtime, max_context=args.max_context,
-                        lanes=args.max_batch or LANES_DEFAULT,
-                        mock_speed=args.mock_speed) if embedded else None
-    return Settings(home=home, head=head, node=node, discovery=_discovery(args, home),
+                        lanes=args.max_batch or LANES_DEFAULT, mock_speed=args.mock_speed,
+                        **_memory(args, cfg)) if embedded else None
+    return Settings(home=home, head=head, node=node, discovery=_discovery(args, cfg),
                     auth_file=args.fleet_auth, offline=args.offline)
 
 
 def join_settings(args: argparse.Namespace, home: Path, code: str | None) -> Settings:
     """`shoal node join`: a node that dials the fleet's head (given, in the join code
     ``code``, or found on the network); the embedded default model unless --model."""
-    return Settings(home=home, node=_node(args, listen=None, embedded_default=True),
+    cfg = _config(home)
+    return Settings(home=home, node=_node(args, listen=None, embedded_default=True, cfg=cfg),
                     join=JoinSettings(head=args.head, code=code, head_port=args.head_port),
-                    discovery=_discovery(args, home), auth_file=args.auth_file,
+                    discovery=_discovery(args, cfg), auth_file=args.auth_file,
+                    offline=args.offline)
+
+
+def node_settings(args: argparse.Namespace, home: Path) -> Settings:
+    """`shoal node`: a node that heads dial (at --listen)."""
+    cfg = _config(home)
+    return Settings(home=home, node=_node(args, listen=args.listen, cfg=cfg),
+                    discovery=_discovery(args, cfg), auth_file=args.auth_file,
                     offline=args.offline)
 
 
@@ -197,10 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                    state=_joined_heads))
         if args.command == "node":
             setup_logging("shoal-node")
-            settings = Settings(home=home, node=_node(args, listen=args.listen),
-                                discovery=_discovery(args, home), auth_file=args.auth_file,
-                                offline=args.offline)
-            return asyncio.run(run(settings, _node_banner))
+            return asyncio.run(run(node_settings(args, home), _node_banner))
     except (ShoalError, TokenError) as exc:
         print(f"shoal: {exc}", file=sys.stderr)
         return 2

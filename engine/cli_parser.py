@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import __version__
+from engine.sizes import KV_TYPES, Share, budget_bytes, parse_budget, parse_idle_unload
 
 
 def _positive(text: str) -> int:
@@ -27,6 +28,42 @@ def _percent(text: str) -> float:
     if not 0 < value <= 100:
         raise argparse.ArgumentTypeError(f"{value} must be between 0 and 100")
     return value
+
+
+def _memory_budget(text: str) -> int | Share:
+    """``--memory-budget``: bytes, or a share of RAM (kept as one; checked against it)."""
+    from engine.runtimes.budget import total_memory_bytes
+
+    try:
+        budget = parse_budget(text)
+        budget_bytes(budget, total_memory_bytes())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return budget
+
+
+def _idle_unload(text: str) -> float | None:
+    try:
+        return parse_idle_unload(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _memory_options(p: argparse.ArgumentParser) -> None:
+    """How a node holds its model. Left out of the result unless given, so that the
+    config file's ``[node]`` (then the defaults) stands (engine.cli)."""
+    p.add_argument("--memory-budget", type=_memory_budget, default=argparse.SUPPRESS,
+                   metavar="SIZE", help="memory the model and the KV cache all lanes share "
+                   "may use: 6G, 6GiB, 4096M, 512MB (binary units) or 50%% of this "
+                   "machine's RAM (default: a share that leaves the desktop room, about half "
+                   "of it; or the config file's)")
+    p.add_argument("--kv-type", choices=KV_TYPES, default=argparse.SUPPRESS,
+                   help="the KV cache's number type: f16 (full quality) or q8_0 (half the "
+                   "memory, so about twice the context) (default f16)")
+    p.add_argument("--idle-unload", type=_idle_unload, default=argparse.SUPPRESS,
+                   metavar="MIN|never", help="unload the model after this many minutes "
+                   "without a request; it loads again on the next one (default 15; 0 or "
+                   "never: keep it loaded)")
 
 
 def _discovery_options(p: argparse.ArgumentParser, *, again: bool = False) -> None:
@@ -78,6 +115,7 @@ def _node_options(p: argparse.ArgumentParser, *, listen: bool, again: bool = Fal
         help="drop a link silent for longer; heads ping every 15 s (default 120000)")
     add("--mock-speed", type=float, default=0.0,
         help="mock runtime: tokens/s per lane (0 = unlimited)")
+    _memory_options(p)
 
 
 def _serve_parser(sub: Any) -> None:
@@ -104,6 +142,7 @@ def _serve_parser(sub: Any) -> None:
                        "on the local node (default: what the model and device allow)")
     serve.add_argument("--max-batch", type=_positive, default=8,
                        help="lanes of the local node (default 8)")
+    _memory_options(serve)
     serve.add_argument("--offline", action="store_true",
                        help="pull nothing; fail if the model is not in the cache")
     serve.add_argument("--local-node", action="store_true",

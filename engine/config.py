@@ -9,6 +9,10 @@ settings in force.
 mode = "both"            # lan | tailnet | both | none
 seeds = ["10.0.0.5:8454"]
 tailscale_socket = "/var/run/tailscale/tailscaled.sock"
+[node]                   # how this machine's node holds its model (flags override)
+memory_budget = "12GiB"  # or "50%" of this machine's RAM, or bytes; absent: the default share
+kv_type = "f16"          # f16 | q8_0
+idle_unload = 15         # minutes idle before the model unloads; 0 or "never": it stays
 ```
 """
 
@@ -30,6 +34,19 @@ from engine.settings import (
     Settings,
     split_hostport,
 )
+from engine.sizes import (
+    BUDGET_FORMS,
+    IDLE_FORMS,
+    KV_TYPES,
+    Budget,
+    KvType,
+    budget_value,
+    check_bytes,
+    idle_unload_minutes,
+    idle_unload_s,
+    parse_budget,
+    parse_idle_unload,
+)
 
 MODES = ("lan", "tailnet", "both", "none")
 
@@ -43,6 +60,8 @@ class Config:
     discovery: DiscoveryMode = "both"
     seeds: list[str] = field(default_factory=list)
     tailscale_socket: str | None = None
+    # [node]'s memory_budget, kv_type and idle_unload as NodeSettings fields, those given
+    node_memory: dict[str, Any] = field(default_factory=dict)
 
 
 def config_path(home: Path) -> Path:
@@ -66,7 +85,42 @@ def parse_config(text: str, *, source: str) -> Config:
     sock = section.get("tailscale_socket")
     if sock is not None and not isinstance(sock, str):
         raise ConfigError(f"{source}: discovery.tailscale_socket must be a path string")
-    return Config(discovery=cast(DiscoveryMode, mode), seeds=seeds, tailscale_socket=sock)
+    return Config(discovery=cast(DiscoveryMode, mode), seeds=seeds, tailscale_socket=sock,
+                  node_memory=node_memory(_table(data, "node", source), source))
+
+
+def node_memory(section: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """``[node]``'s memory_budget, kv_type and idle_unload, as the NodeSettings fields
+    memory_budget, kv_type and idle_unload_s; only those present. ConfigError (one line)."""
+    out: dict[str, Any] = {}
+    if "memory_budget" in section:
+        value = section["memory_budget"]
+        try:
+            if isinstance(value, str):
+                out["memory_budget"] = parse_budget(value)
+            elif isinstance(value, int) and not isinstance(value, bool):  # bytes
+                out["memory_budget"] = check_bytes(value)
+            else:
+                raise ValueError(f"give {BUDGET_FORMS}, as a string")
+        except ValueError as exc:
+            raise ConfigError(f"{source}: node.memory_budget: {exc}") from None
+    if "kv_type" in section:
+        kv = section["kv_type"]
+        if kv not in KV_TYPES:
+            raise ConfigError(f"{source}: node.kv_type is {kv!r}; use {' or '.join(KV_TYPES)}")
+        out["kv_type"] = kv
+    if "idle_unload" in section:
+        value = section["idle_unload"]
+        try:
+            if isinstance(value, str):
+                out["idle_unload_s"] = parse_idle_unload(value)
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                out["idle_unload_s"] = idle_unload_s(float(value))
+            else:
+                raise ValueError(f"give {IDLE_FORMS}")
+        except ValueError as exc:
+            raise ConfigError(f"{source}: node.idle_unload: {exc}") from None
+    return out
 
 
 def load_config(home: Path) -> Config:
@@ -102,6 +156,9 @@ def load_config(home: Path) -> Config:
 # lanes = 8
 # max_context = 4096
 # paused = false
+# memory_budget = "12GiB"      # absent: the default share of this machine's RAM
+# kv_type = "f16"
+# idle_unload = 15             # minutes, or "never"
 # [discovery]
 # mode = "both"
 # [app]                        # the app's own choices, kept as they are
@@ -162,7 +219,8 @@ def machine_settings(home: Path, base: Settings | None = None
     if node_t.get("enabled") is False:
         node = None
     elif node is not None or node_t.get("enabled") is True:
-        node = replace(node or NodeSettings(), **_typed(node_t, NODE_KEYS, "node", source))
+        node = replace(node or NodeSettings(), **_typed(node_t, NODE_KEYS, "node", source),
+                       **cfg.node_memory)
     fleet = _typed(_table(data, "fleet", source), FLEET_KEYS, "fleet", source)
     if head is not None and "listen" in fleet:
         head = replace(head, fleet_listen=fleet["listen"])
@@ -209,6 +267,9 @@ def save_machine_settings(settings: Settings, app: dict[str, Any]) -> None:
                   "max_context": node.max_context, "paused": node.paused,
                   "identity": node.identity}
         node_t.update({k: v for k, v in values.items() if v is not None})
+        if node.memory_budget is not None:
+            node_t["memory_budget"] = budget_value(node.memory_budget)
+        node_t.update(kv_type=node.kv_type, idle_unload=idle_unload_minutes(node.idle_unload_s))
     doc["node"] = node_t
     d = settings.discovery
     discovery: dict[str, Any] = {"mode": d.mode, "seeds": list(d.seeds)}
@@ -228,6 +289,24 @@ AppValue = bool | int | float | str
 
 
 @dataclass(frozen=True, slots=True)
+class NodeMemory:
+    """How this machine's node holds its model: what a person chose for the node's next
+    start (NodeSettings' fields of the same names)."""
+
+    memory_budget: Budget
+    kv_type: KvType
+    idle_unload_s: float | None
+
+    @classmethod
+    def of(cls, node: NodeSettings) -> NodeMemory:
+        return cls(node.memory_budget, node.kv_type, node.idle_unload_s)
+
+    def over(self, node: NodeSettings) -> NodeSettings:
+        return replace(node, memory_budget=self.memory_budget, kv_type=self.kv_type,
+                       idle_unload_s=self.idle_unload_s)
+
+
+@dataclass(frozen=True, slots=True)
 class NextStart:
     """What waits for the next start, over the settings in force: the changes a person
     made for it (each None: as in force), and a fleet this machine is in but has not
@@ -238,6 +317,7 @@ class NextStart:
     discovery: DiscoverySettings | None = None
     queue_timeout_s: float | None = None
     join: JoinSettings | None = None
+    node_memory: NodeMemory | None = None  # for the node's next start (a model loaded)
 
     def over(self, s: Settings) -> Settings:
         """``s`` (in force) as the next start will have it. A fleet port applies only
@@ -250,7 +330,10 @@ class NextStart:
                               if head.fleet_listen is not None else None),
                 queue_timeout_s=(self.queue_timeout_s if self.queue_timeout_s is not None
                                  else head.queue_timeout_s))
-        return replace(s, head=head, discovery=self.discovery or s.discovery,
+        node = s.node
+        if node is not None and self.node_memory is not None:
+            node = self.node_memory.over(node)
+        return replace(s, head=head, node=node, discovery=self.discovery or s.discovery,
                        join=s.join if s.join is not None else self.join)
 
 

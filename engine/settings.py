@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from engine.sizes import IDLE_UNLOAD_DEFAULT_S, Budget, KvType
+
 Policy = Literal["load-aware", "least-loaded", "round-robin"]
 DiscoveryMode = Literal["lan", "tailnet", "both", "none"]
 KeysMode = Literal["auto", "on", "off"]
@@ -46,6 +48,11 @@ class NodeSettings:
     idle_timeout_s: float = 120.0
     mock_speed: float = 0.0  # the mock runtime's tokens/s per lane (0: unlimited)
     paused: bool = False  # start without taking sessions
+    # the memory the model and the KV pool all lanes share may take: bytes, a share of RAM
+    # (engine.sizes.Share), or None: the runtime's default share of this machine's RAM
+    memory_budget: Budget = None
+    kv_type: KvType = "f16"  # q8_0: half the KV memory, so about twice the context
+    idle_unload_s: float | None = IDLE_UNLOAD_DEFAULT_S  # unload the idle model; None: never
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,8 @@ from engine.head.prompt.model import load_head_model as _load_head_model
 from engine.head.prompt.templates import TemplateError
 from engine.runtimes import registry
 from engine.runtimes.base import Engine, RuntimeUnavailable
+from engine.runtimes.budget import total_memory_bytes
+from engine.sizes import Budget, Share, budget_bytes
 
 REPORT_EVERY_S = 0.25
 
@@ -106,11 +108,20 @@ def _finish(label: str, state: str, message: str, emit: Emit, pulls: Pulls) -> N
 
 
 async def load_engine(model: Resolved, *, name: str, lanes: int, max_context: int | None,
-                      mock_speed: float) -> Engine:
-    """An engine loaded and running its decode thread (the load runs off the loop)."""
+                      mock_speed: float, memory_budget: Budget = None,
+                      kv_type: str = "f16") -> Engine:
+    """An engine loaded and running its decode thread (the load runs off the loop).
+    ``memory_budget``: a share of RAM is taken of this machine's."""
+    total = (await asyncio.to_thread(total_memory_bytes) if isinstance(memory_budget, Share)
+             else 0)
+    try:
+        budget = budget_bytes(memory_budget, total)
+    except ValueError as exc:  # a share of a small machine
+        raise StartError(str(exc), code="bad_budget") from None
     try:
         engine = registry.make_engine(model.runtime, model.path, model_name=name, lanes=lanes,
-                                      max_context=max_context, mock_speed=mock_speed)
+                                      max_context=max_context, mock_speed=mock_speed,
+                                      memory_budget=budget, kv_type=kv_type)
         await engine.start()
     except (RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
         raise StartError(str(exc), code="cannot_load") from None

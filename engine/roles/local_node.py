@@ -51,12 +51,15 @@ class LocalNode:
         try:
             engine = await load_engine(model, name=name, lanes=settings.lanes,
                                        max_context=settings.max_context,
-                                       mock_speed=settings.mock_speed)
+                                       mock_speed=settings.mock_speed,
+                                       memory_budget=settings.memory_budget,
+                                       kv_type=settings.kv_type)
             # an engine it fronts has its own tokenizer: check it against each head's
             probe = engine.probe if isinstance(engine, UpstreamEngine) else []
             agent = NodeAgent(engine, identity=settings.identity or socket.gethostname(),
                               psk=psk, handshake_timeout_s=settings.handshake_timeout_s,
-                              idle_timeout_s=settings.idle_timeout_s, probe=probe,
+                              idle_timeout_s=settings.idle_timeout_s,
+                              idle_unload_s=settings.idle_unload_s, probe=probe,
                               probe_source=f"the {engine.info.runtime} at {engine.info.path}")
             agent.paused = settings.paused
             await agent.listen_on(sock)

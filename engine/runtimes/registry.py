@@ -46,6 +46,8 @@ class EngineSpec:
     lanes: int = 8  # 0 for an upstream: as many as it says
     max_context: int | None = None  # None: sized for this device
     mock_speed: float = 0.0  # the mock runtime's tokens/s per lane (0: unlimited)
+    memory_budget: int | None = None  # bytes for the model and its KV pool; None: default
+    kv_type: str = "f16"  # the KV pool's number type: f16 or q8_0 (llama.cpp only)
 
 
 class ResolvedModel(NamedTuple):
@@ -82,7 +84,8 @@ def _gguf_model(spec: str | None, home: Path, offline: bool, progress: Progress 
 
 def _llamacpp_engine(spec: EngineSpec) -> Engine:
     return llamacpp.LlamaCppEngine(spec.path, model_name=spec.model_name, lanes=spec.lanes,
-                                   max_context=spec.max_context)
+                                   max_context=spec.max_context,
+                                   memory_budget=spec.memory_budget, kv_type=spec.kv_type)
 
 
 # -- mlx: a model folder, or a repo id mlx-lm finds in the Hugging Face cache itself ----
@@ -100,7 +103,7 @@ def _mlx_model(spec: str | None, home: Path, offline: bool, progress: Progress |
 
 def _mlx_engine(spec: EngineSpec) -> Engine:
     return mlx.MlxEngine(spec.path, model_name=spec.model_name, lanes=spec.lanes,
-                         max_context=spec.max_context)
+                         max_context=spec.max_context, memory_budget=spec.memory_budget)
 
 
 # -- mock: built in; the spec only names it --------------------------------------------
@@ -216,10 +219,13 @@ def resolve_model(runtime_id: str, spec: str | None, *, home: Path, offline: boo
 
 
 def make_engine(runtime_id: str, path: str, *, model_name: str, lanes: int = 8,
-                max_context: int | None = None, mock_speed: float = 0.0) -> Engine:
-    """A node's engine, not started yet (``await engine.start()`` loads the model)."""
+                max_context: int | None = None, mock_speed: float = 0.0,
+                memory_budget: int | None = None, kv_type: str = "f16") -> Engine:
+    """A node's engine, not started yet (``await engine.start()`` loads the model).
+    ``memory_budget`` and ``kv_type``: for the runtimes that size a KV pool (llama.cpp
+    takes both, mlx the budget; the mock and the engines a node fronts, neither)."""
     spec = EngineSpec(path=path, model_name=model_name, lanes=lanes, max_context=max_context,
-                      mock_speed=mock_speed)
+                      mock_speed=mock_speed, memory_budget=memory_budget, kv_type=kv_type)
     return get_runtime(runtime_id).make_engine(spec)
 
 

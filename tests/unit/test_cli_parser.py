@@ -28,6 +28,8 @@ def parse(*argv: str) -> argparse.Namespace:
       "--discovery", "none"],
      ["node", "--model", "m", "--max-batch", "3", "--offline", "--discovery", "none",
       "join", "h:8454"]),
+    (["node", "join", "--memory-budget", "6G", "--kv-type", "q8_0", "--idle-unload", "never"],
+     ["node", "--memory-budget", "6G", "--kv-type", "q8_0", "--idle-unload", "never", "join"]),
 ])
 def test_options_go_before_or_after_the_verb(after: list[str], before: list[str]) -> None:
     assert vars(parse(*after)) == vars(parse(*before))
@@ -99,3 +101,38 @@ def test_which_values_are_secrets_in_argv(tmp_path: Path) -> None:
         assert _secrets_in_argv(parse("node", "join", "--code", kept)) == {}
     assert _secrets_in_argv(parse("serve", "--api-key", "k")) == {"api_key": "k"}
     assert _secrets_in_argv(parse("serve")) == {}
+
+
+@pytest.mark.parametrize("verb", [["serve"], ["node"], ["node", "join"]])
+def test_how_a_node_holds_its_model_is_an_option_of_each_node(verb: list[str]) -> None:
+    from engine.sizes import GiB, Share
+
+    args = parse(*verb, "--memory-budget", "6GiB", "--kv-type", "q8_0", "--idle-unload", "30")
+    assert (args.memory_budget, args.kv_type, args.idle_unload) == (6 * GiB, "q8_0", 1800.0)
+    args = parse(*verb, "--memory-budget", "50%", "--idle-unload", "0")
+    assert (args.memory_budget, args.idle_unload) == (Share(50.0), None)
+    # left out: not in the result, so that config.toml's [node] (then the default) stands
+    left_out = vars(parse(*verb))
+    assert not {"memory_budget", "kv_type", "idle_unload"} & set(left_out)
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["serve", "--memory-budget", "6X"], "argument --memory-budget: '6X' is not a memory "
+     "budget; give a size like 6G, 6GiB, 4096M or 512MB (binary units), or a share of this "
+     "machine's RAM like 50%"),
+    (["node", "--memory-budget", "128M"], "argument --memory-budget: a memory budget of "
+     "128 MiB cannot hold a model and its KV cache; give at least 256M"),
+    (["node", "join", "--memory-budget", "0.000001%"], "too little for a model and its KV "
+     "cache; give a larger share or a size of at least 256M"),
+    (["serve", "--kv-type", "q4_0"], "argument --kv-type: invalid choice: 'q4_0' (choose from "),
+    (["node", "join", "--idle-unload", "soon"], "argument --idle-unload: 'soon' is not an idle "
+     "time; give minutes from 0 to 10080 (like 15), or never"),
+    (["serve", "--idle-unload", "-5"], "argument --idle-unload: '-5' is not an idle time"),
+])
+def test_a_wrong_value_is_refused_in_one_line(argv: list[str], line: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        parse(*argv)
+    assert done.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line in last

@@ -23,6 +23,17 @@ def test_discovery_settings_are_read(tmp_path):
     ('[discovery]\nmode = "radio"\n', "use one of lan, tailnet, both, none"),
     ('[discovery]\nseeds = "a:1"\n', "must be a list"),
     ('discovery = 3\n', "must be a table"),
+    ('[node]\nmemory_budget = "6X"\n',
+     "config.toml: node.memory_budget: '6X' is not a memory budget; give a size like 6G"),
+    ('[node]\nmemory_budget = "100M"\n', "node.memory_budget: a memory budget of 100 MiB"),
+    ("[node]\nmemory_budget = true\n", "config.toml: node.memory_budget: give a size like 6G"),
+    ("[node]\nmemory_budget = 6.5\n", "as a string"),
+    ('[node]\nkv_type = "q4_0"\n', "config.toml: node.kv_type is 'q4_0'; use f16 or q8_0"),
+    ("[node]\nkv_type = 8\n", "config.toml: node.kv_type is 8; use f16 or q8_0"),
+    ("[node]\nidle_unload = -1\n", "node.idle_unload: an idle time of -1 minutes is out"),
+    ('[node]\nidle_unload = "soon"\n', "node.idle_unload: 'soon' is not an idle time"),
+    ("[node]\nidle_unload = false\n", "config.toml: node.idle_unload: give minutes from 0"),
+    ("node = 1\n", "config.toml: [node] must be a table"),
 ])
 def test_bad_config_is_refused_in_one_line(text, words):
     with pytest.raises(ConfigError) as err:
@@ -104,3 +115,52 @@ def test_a_wrong_fleet_table_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as err:
         machine_settings(tmp_path)
     assert "fleet.member has the wrong type" in str(err.value)
+
+
+def test_how_the_node_holds_its_model_round_trips(tmp_path):
+    from engine.config import machine_settings, save_machine_settings
+    from engine.settings import HeadSettings, NodeSettings, Settings
+    from engine.sizes import GiB, Share
+
+    for node in (NodeSettings(memory_budget=12 * GiB, kv_type="q8_0", idle_unload_s=None),
+                 NodeSettings(memory_budget=Share(50.0), idle_unload_s=1800.0),
+                 NodeSettings()):
+        save_machine_settings(Settings(home=tmp_path, head=HeadSettings(), node=node), {})
+        assert machine_settings(tmp_path)[0].node == node
+    text = (tmp_path / "config.toml").read_text()
+    assert 'kv_type = "f16"' in text and "idle_unload = 15\n" in text
+    assert "memory_budget" not in text  # the default share: nothing to keep
+    save_machine_settings(Settings(home=tmp_path, node=NodeSettings(
+        memory_budget=12 * GiB, idle_unload_s=None)), {})
+    text = (tmp_path / "config.toml").read_text()
+    assert 'memory_budget = "12GiB"' in text and 'idle_unload = "never"' in text
+
+
+def test_the_cli_reads_how_the_node_holds_its_model(tmp_path):
+    from engine.sizes import GiB, Share
+
+    (tmp_path / "config.toml").write_text(
+        '[node]\nmemory_budget = "50%"\nkv_type = "q8_0"\nidle_unload = 30\n')
+    assert load_config(tmp_path).node_memory == {
+        "memory_budget": Share(50.0), "kv_type": "q8_0", "idle_unload_s": 1800.0}
+    cfg = parse_config(f'[node]\nmemory_budget = {6 * GiB}\nidle_unload = "never"\n',
+                       source="c")
+    assert cfg.node_memory == {"memory_budget": 6 * GiB, "idle_unload_s": None}
+    assert parse_config('[node]\nidle_unload = 0.5\n', source="c").node_memory == {
+        "idle_unload_s": 30.0}
+    assert parse_config("[node]\nlanes = 4\n", source="c").node_memory == {}
+
+
+def test_the_next_start_holds_how_the_node_will_hold_its_model():
+    from engine.config import NextStart, NodeMemory
+    from engine.settings import NodeSettings, Settings
+    from engine.sizes import GiB
+
+    now = Settings(node=NodeSettings(lanes=4))
+    memory = NodeMemory(memory_budget=8 * GiB, kv_type="q8_0", idle_unload_s=None)
+    later = NextStart(node_memory=memory).over(now)
+    assert later.node == NodeSettings(lanes=4, memory_budget=8 * GiB, kv_type="q8_0",
+                                      idle_unload_s=None)
+    assert NodeMemory.of(later.node) == memory
+    assert NextStart().over(now) == now
+    assert NextStart(node_memory=memory).over(Settings()).node is None  # no node, none made
