@@ -8,6 +8,7 @@ desktop app all drive.
     await shoal.aliases.set(...); shoal.keys.issue(name); await shoal.pairing()
     shoal.settings / shoal.pending             # in force / for the next start
     await shoal.update_settings(http_port=8460)  # validated, written once (SettingsChanged)
+    shoal.memory                               # this machine's RAM and the default budget
     await shoal.stop(drain=10)                 # leaves no task, thread, socket or file
 
 Roles are parts started and stopped at run time: the head (the API on this machine and
@@ -39,6 +40,7 @@ from engine.config import (
     ConfigError,
     ConfigFile,
     NextStart,
+    NodeMemory,
     check_app_table,
     with_port,
 )
@@ -63,6 +65,7 @@ from engine.roles.loading import Pulls, Resolved, load_head_model, resolve
 from engine.roles.local_node import LocalNode
 from engine.roles.membership import Membership, locate
 from engine.roles.sockets import parse_address
+from engine.runtimes.budget import default_budget_bytes, total_memory_bytes
 from engine.settings import (
     FLEET_PORT,
     HTTP_DEFAULT,
@@ -72,6 +75,15 @@ from engine.settings import (
     JoinSettings,
     NodeSettings,
     Settings,
+)
+from engine.sizes import (
+    KV_TYPES,
+    MAX_IDLE_UNLOAD_MIN,
+    Budget,
+    KvType,
+    Share,
+    budget_bytes,
+    check_bytes,
 )
 from engine.snapshot import FleetSnapshot, PullSnapshot, Roles
 
@@ -101,6 +113,14 @@ class SettingsChange:
 
     pending: Settings
     restart_needed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MachineMemory:
+    """This machine's RAM, and the share of it a node uses unless told otherwise."""
+
+    total: int  # bytes
+    default_budget: int  # bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +187,7 @@ class Shoal:
         self._lock = asyncio.Lock()  # one role change at a time
         self._parked_head: HeadSettings | None = None  # the API's settings while it is off
         self._stopped = False
+        self._memory: MachineMemory | None = None
         self.keys = KeyCommands(settings.home)
 
     # -- life cycle ----------------------------------------------------------------
@@ -385,18 +406,35 @@ class Shoal:
         """The app's own choices (config.toml's ``[app]`` table), read-only."""
         return MappingProxyType(self._app)
 
+    @property
+    def memory(self) -> MachineMemory:
+        """This machine's RAM and the node's default budget (read once, a small file)."""
+        if self._memory is None:
+            total = total_memory_bytes()
+            self._memory = MachineMemory(total=total, default_budget=default_budget_bytes(total))
+        return self._memory
+
     async def update_settings(self, *, http_port: int | None = None,
                               fleet_port: int | None = None,
                               discovery: DiscoveryMode | None = None,
                               queue_timeout_s: float | None = None,
+                              memory_budget: int | Share | None = None,
+                              kv_type: KvType | None = None,
+                              idle_unload_s: float | None = None,
                               app: Mapping[str, Any] | None = None) -> SettingsChange:
         """Change this machine's settings: the API's port, the port where machines join,
         discovery and the queue limit apply at the next start (at once while nothing
-        runs: after a failed start, the next `open` takes them); ``app``: the app's own
-        choices, merged key by key. Validated first (CommandError with the fix), then
-        written once (with ``keep``), and `SettingsChanged` is published."""
+        runs: after a failed start, the next `open` takes them); how the node holds its
+        model (``memory_budget``: bytes or a share of RAM, 0 the default share;
+        ``kv_type``; ``idle_unload_s``: 0 never) at the node's next start (Shoal's, or
+        another model served); ``app``: the app's own choices, merged key by key.
+        Validated first (CommandError with the fix), then written once (with ``keep``),
+        and `SettingsChanged` is published."""
         changes: dict[str, Any] = {}
         pending = self.pending
+        if memory_budget is not None or kv_type is not None or idle_unload_s is not None:
+            changes["node_memory"] = self._node_memory(pending, memory_budget, kv_type,
+                                                       idle_unload_s)
         head = pending.head or HeadSettings()
         if http_port is not None:
             changes["http"] = with_port(head.http, _port(http_port, "the API"), HTTP_DEFAULT)
@@ -435,6 +473,39 @@ class Shoal:
             except ConfigError as exc:
                 raise CommandError(str(exc), code="cannot_save") from None
         return SettingsChange(pending=self.pending, restart_needed=restart)
+
+    def _node_memory(self, pending: Settings, budget: int | Share | None,
+                     kv_type: KvType | None, idle_unload_s: float | None) -> NodeMemory:
+        """How the node will hold its model with these changes (each None: as it is)."""
+        if pending.node is None:
+            raise CommandError("this machine serves no model; choose one to serve first",
+                               code="no_node")
+        now = NodeMemory.of(pending.node)
+        new_budget: Budget = now.memory_budget
+        if budget is not None:
+            if isinstance(budget, bool) or not isinstance(budget, int | Share):
+                raise CommandError("the memory budget is a number of bytes or a share of "
+                                   "this machine's RAM", code="bad_setting")
+            try:
+                if isinstance(budget, Share):
+                    budget_bytes(budget, self.memory.total)
+                elif budget != 0:
+                    check_bytes(budget)
+            except ValueError as exc:
+                raise CommandError(str(exc), code="bad_setting") from None
+            new_budget = budget or None
+        if kv_type is not None and kv_type not in KV_TYPES:
+            raise CommandError(f"the KV cache is {' or '.join(KV_TYPES)}, not {kv_type!r}",
+                               code="bad_setting")
+        idle = now.idle_unload_s
+        if idle_unload_s is not None:
+            if isinstance(idle_unload_s, bool) or not 0 <= idle_unload_s <= \
+                    MAX_IDLE_UNLOAD_MIN * 60:
+                raise CommandError(f"the model unloads after 0 (never) to "
+                                   f"{MAX_IDLE_UNLOAD_MIN} minutes idle", code="bad_setting")
+            idle = float(idle_unload_s) or None
+        return NodeMemory(memory_budget=new_budget, kv_type=kv_type or now.kv_type,
+                          idle_unload_s=idle)
 
     def events(self, *, buffer: int = 1024) -> Subscription:
         """Typed events from now on (``async for``; ``close()`` or ``async with`` to stop)."""
@@ -493,7 +564,8 @@ class Shoal:
         """Serve another model here (None: the embedded default): pull it with progress,
         load it, then move the head's tokenizer and the node over. Returns its name."""
         async with self._lock:
-            ns = replace(self.settings.node or NodeSettings(), model=spec, runtime=runtime,
+            # the node starts again: with how it will hold its model (update_settings)
+            ns = replace(self.pending.node or NodeSettings(), model=spec, runtime=runtime,
                          model_name=None)
             model = await self._resolve(spec, runtime)
             head_settings = self.settings.head

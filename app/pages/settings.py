@@ -1,8 +1,10 @@
-"""Settings: the ports, discovery and queue limit this machine starts with, API keys, where
-models live, and the app's own choices. The page shows what Shoal holds for the next start
-(``Shoal.pending``, ``Shoal.app_settings``), again whenever it changes, and sends each change
-to Shoal (``update_settings``), which writes ``config.toml``; ports apply at the next start,
-keys at once (the running head watches their files)."""
+"""Settings: the ports, discovery and queue limit this machine starts with, how its node holds
+the model (memory, KV cache, unloading when idle), API keys, where models live, and the app's
+own choices. The page shows what Shoal holds for the next start (``Shoal.pending``,
+``Shoal.app_settings``), again whenever it changes, and sends each change to Shoal
+(``update_settings``), which writes ``config.toml``; ports apply at the next start, the
+node's choices when its model next loads, keys at once (the running head watches their
+files)."""
 
 from __future__ import annotations
 
@@ -29,20 +31,24 @@ from app.widgets import (
     CopyField,
     PageHeader,
     inline_error,
+    memory,
     note,
     ok_line,
     page_layout,
     run,
     say,
 )
+from engine.config import NodeMemory
 from engine.events import RolesChanged, SettingsChanged, ShoalEvent
 from engine.settings import (
     FLEET_PORT,
     DiscoveryMode,
     HeadSettings,
+    NodeSettings,
     Settings,
     split_hostport,
 )
+from engine.sizes import Budget, GiB, KvType, Share
 
 if TYPE_CHECKING:
     from engine.service import SettingsChange
@@ -50,8 +56,40 @@ if TYPE_CHECKING:
 DISCOVERY = (("both", "LAN and tailnet"), ("lan", "LAN only (mDNS)"),
              ("tailnet", "Tailnet only (Tailscale)"), ("none", "Off: join by code or address"))
 RESTART_NOTE = "Saved. Ports, discovery and the queue limit apply when Shoal next starts."
+NODE_NOTE = ("Saved. It applies when the model next loads here: when Shoal next starts, or "
+             "when you serve another model.")
+NO_NODE = "This machine serves no model: choose one to serve first (Models)."
+BUDGET_GIB = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+KV_TYPES = (("f16", "f16 (full quality)"), ("q8_0", "q8_0 (half the memory, more context)"))
+IDLE_MINUTES = (5, 15, 30, 60)
 KEY_NOTE = ("Shown once: copy it now. Once a key exists, every client must send one "
             "(Authorization: Bearer KEY); revoke a key to shut its holder out.")
+
+
+def budget_choices(now: Budget, total: int, default: int) -> list[tuple[Budget, str]]:
+    """The memory budgets offered: the default share, whole sizes up to this machine's RAM,
+    and the one chosen now (from config.toml or the command line) where it is none of
+    those."""
+    choices: list[tuple[Budget, str]] = [(None, f"Default: {memory(default)} of "
+                                                f"{memory(total)}")]
+    choices += [(g * GiB, memory(g * GiB)) for g in BUDGET_GIB if g * GiB <= total]
+    if isinstance(now, Share):
+        choices.append((now, f"{now} of this machine's RAM "
+                             f"({memory(int(total * now.percent / 100))})"))
+    elif now is not None and now not in (b for b, _ in choices):
+        choices.append((now, memory(now)))
+        choices[1:] = sorted(choices[1:], key=lambda c: c[0] if isinstance(c[0], int) else 0)
+    return choices
+
+
+def idle_choices(now: float | None) -> list[tuple[float | None, str]]:
+    """When the idle model unloads: the usual waits, never, and the one chosen now."""
+    choices: list[tuple[float | None, str]] = [(m * 60.0, f"after {m} minutes")
+                                               for m in IDLE_MINUTES]
+    if now is not None and now not in (s for s, _ in choices):
+        choices.append((now, f"after {now / 60:g} minutes"))
+        choices.sort(key=lambda c: c[0] or 0.0)
+    return [*choices, (None, "never")]
 
 
 def port_of(address: str | None, default: int) -> int:
@@ -63,6 +101,31 @@ def port_of(address: str | None, default: int) -> int:
         return default
 
 
+def form_layout() -> QFormLayout:
+    form = QFormLayout()
+    form.setHorizontalSpacing(16)
+    form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.FieldsStayAtSizeHint)
+    return form
+
+
+def combo(name: str, items: tuple[tuple[str, str], ...] = ()) -> QComboBox:
+    """A choice named ``name`` of ``items`` (value, label)."""
+    box = QComboBox()
+    box.setObjectName(name)
+    for value, label in items:
+        box.addItem(label, value)
+    return box
+
+
+def fill(box: QComboBox, labels: list[str], current: int) -> None:
+    """``box`` holding ``labels`` with ``current`` chosen (shown, not chosen by the user:
+    `activated` fires only for a person's choice)."""
+    if [box.itemText(i) for i in range(box.count())] != labels:
+        box.clear()
+        box.addItems(labels)
+    box.setCurrentIndex(current)
+
+
 class SettingsPage(QWidget):
     def __init__(self, bridge: ShoalBridge, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -71,19 +134,14 @@ class SettingsPage(QWidget):
         layout.addWidget(PageHeader("Settings", "How this machine runs Shoal."))
 
         machine = Card("This machine")
-        form = QFormLayout()
-        form.setHorizontalSpacing(16)
-        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.FieldsStayAtSizeHint)
+        form = form_layout()
         self.http_port = QSpinBox()
         self.http_port.setObjectName("httpPort")
         self.http_port.setRange(1, 65535)
         self.fleet_port = QSpinBox()
         self.fleet_port.setObjectName("fleetPort")
         self.fleet_port.setRange(1, 65535)
-        self.discovery = QComboBox()
-        self.discovery.setObjectName("discovery")
-        for mode, label in DISCOVERY:
-            self.discovery.addItem(label, mode)
+        self.discovery = combo("discovery", DISCOVERY)
         self.queue = QDoubleSpinBox()
         self.queue.setObjectName("queueTimeout")
         self.queue.setRange(1, 600)
@@ -104,6 +162,30 @@ class SettingsPage(QWidget):
         self.error = inline_error()
         machine.add(self.error)
         layout.addWidget(machine)
+
+        serving = Card("The model on this machine")
+        form = form_layout()
+        self.budget = combo("memoryBudget")
+        self.kv = combo("kvType", KV_TYPES)
+        self.idle = combo("idleUnload")
+        form.addRow("Memory Shoal may use on this machine", self.budget)
+        form.addRow("KV cache", self.kv)
+        form.addRow("Unload the model when idle", self.idle)
+        serving.body.addLayout(form)
+        serving.add(note("The model and the cache of every conversation share that memory. "
+                         "An unloaded model loads again on the next request."))
+        self._budgets: list[Budget] = []
+        self._idles: list[float | None] = []
+        self.budget.activated.connect(
+            lambda i: self._node_change(memory_budget=self._budgets[i] or 0))
+        self.kv.activated.connect(lambda i: self._node_change(kv_type=self.kv.itemData(i)))
+        self.idle.activated.connect(
+            lambda i: self._node_change(idle_unload_s=self._idles[i] or 0.0))
+        self.node_saved = ok_line()
+        serving.add(self.node_saved)
+        self.node_error = inline_error()
+        serving.add(self.node_error)
+        layout.addWidget(serving)
 
         keys = Card("API keys")
         keys.add(note("Without keys, only programs on this machine reach the API (it listens "
@@ -183,6 +265,41 @@ class SettingsPage(QWidget):
         index = self.discovery.findData(s.discovery.mode)
         self.discovery.setCurrentIndex(max(index, 0))
         self.queue.setValue(head.queue_timeout_s)
+        self._show_node(s.node)
+
+    def _show_node(self, node: NodeSettings | None) -> None:
+        """How the node will hold its model (as the next start of the node has it)."""
+        for box in (self.budget, self.kv, self.idle):
+            box.setEnabled(node is not None)
+            box.setToolTip("" if node is not None else NO_NODE)
+        node = node or NodeSettings()
+        mem = self._bridge.shoal.memory
+        budgets = budget_choices(node.memory_budget, mem.total, mem.default_budget)
+        idles = idle_choices(node.idle_unload_s)
+        fill(self.budget, [label for _, label in budgets],
+             [b for b, _ in budgets].index(node.memory_budget))
+        fill(self.idle, [label for _, label in idles], [i for i, _ in idles].index(
+            node.idle_unload_s))
+        self._budgets, self._idles = [b for b, _ in budgets], [i for i, _ in idles]
+        self.kv.setCurrentIndex(max(self.kv.findData(node.kv_type), 0))
+
+    def _node_change(self, *, memory_budget: int | Share | None = None,
+                     kv_type: KvType | None = None, idle_unload_s: float | None = None) -> None:
+        """How the node holds its model, changed (memory_budget 0: the default share;
+        idle_unload_s 0: never)."""
+        say(self.node_saved, "")
+        say(self.node_error, "")
+        shoal = self._bridge.shoal
+
+        def saved(_change: SettingsChange) -> None:
+            now, later = shoal.settings.node, shoal.pending.node
+            waits = (now is not None and later is not None
+                     and NodeMemory.of(now) != NodeMemory.of(later))
+            say(self.node_saved, NODE_NOTE if waits else "Saved.")
+
+        run(self, self._bridge, shoal.update_settings(
+            memory_budget=memory_budget, kv_type=kv_type, idle_unload_s=idle_unload_s),
+            done=saved, failed=lambda line: say(self.node_error, line), anytime=True)
 
     def save_machine(self) -> None:
         say(self.saved, "")
