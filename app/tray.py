@@ -2,7 +2,8 @@
 
 What the tray shows is a pure function of a `TrayView` (the latest snapshot, the app's
 prefs, and how the start went): `look` picks the icon, `status_line` the first line of
-the menu and the tooltip, `menu_entries` the items with their texts and check states.
+the menu and the tooltip (saying when this machine's model sleeps or wakes),
+`menu_entries` the items with their texts and check states.
 `Tray` renders that with Qt: the icon follows every view, the menu is rebuilt from the
 latest view each time it is about to show, and a chosen item comes out as ``chosen(key,
 checked)`` for the app to carry out. Where there is no system tray the same menu goes
@@ -100,6 +101,9 @@ def status_line(view: TrayView) -> str:
         parts.append("API off here")
     if node is not None and node.state == "paused":
         parts.append("paused")
+    mine = next((n for n in snap.nodes if n.link == "local"), None)
+    if node is not None and mine is not None and mine.sleep:  # unloaded while idle
+        parts.append(f"model {mine.sleep}")
     return " · ".join(parts)
 
 

@@ -1,5 +1,6 @@
 """Fleet: this machine's roles at the top, then every node of the fleet as it is now (a row
-per node, updated in place once a second), then the heads."""
+per node, updated in place once a second: its memory against its budget, and whether its
+model sleeps), then the heads."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from app.widgets import (
     ago,
     fit_rows,
     heading,
+    memory,
     millis,
     muted,
     note,
@@ -29,12 +31,41 @@ from app.widgets import (
 from engine.snapshot import FleetSnapshot, HeadSnapshot, NodeSnapshot
 
 NODE_COLUMNS = ("Node", "Address", "Link", "State", "Model", "Runtime", "Context", "Lanes",
-                "KV cache", "Tokens/s", "TTFT", "Last seen")
+                "KV cache", "Memory", "Tokens/s", "TTFT", "Last seen")
 HEAD_COLUMNS = ("Head", "Address", "Link")
 LINKS = {"local": "this machine", "joined": "joined", "dialed": "dialed"}
 STATE_TONE = {"ready": "good", "connecting": "warn", "unreachable": "bad", "left": "muted"}
+# a ready node whose model sleeps: unloaded while idle, or loading again for a request
+SLEEP = {"asleep": ("asleep", "muted", "The model is unloaded while the node is idle; the "
+                    "next request loads it again."),
+         "waking": ("waking", "warn", "The model is loading again for a request.")}
 SERVING = {"off": "Not serving", "loading": "Loading the model…", "serving": "Serving",
            "paused": "Paused", "failed": "Failed"}
+
+
+def state_cell(n: NodeSnapshot) -> Cell:
+    """Its link's state, or, linked, whether its model sleeps."""
+    if n.state == "ready" and n.sleep in SLEEP:
+        text, tone, tip = SLEEP[n.sleep]
+        return Cell(text, tone=tone, tip=tip)
+    return Cell(n.state, tone=STATE_TONE.get(n.state, ""), tip=n.error or "")
+
+
+def memory_cell(n: NodeSnapshot) -> Cell:
+    """``412 MB of 12 GB``: what the node uses of its budget (a node that says neither: —)."""
+    if n.mem_budget <= 0:
+        return Cell(memory(n.mem_used) if n.mem_used > 0 else "—", right=True)
+    return Cell(f"{memory(n.mem_used)} of {memory(n.mem_budget)}", right=True,
+                tip=f"{100 * n.mem_used / n.mem_budget:.0f}% of the memory budget in use")
+
+
+def kv_tip(n: NodeSnapshot) -> str:
+    tip = f"{n.kv_used:,} of {n.kv_total:,} cells"
+    if n.kv_parked:
+        tip += f", {n.kv_parked:,} of them kept for conversations that may come back"
+    if n.max_prompt:
+        tip += f"; takes a prompt of up to {n.max_prompt:,} tokens now"
+    return tip
 
 
 def node_row(n: NodeSnapshot, now: float) -> Row:
@@ -44,12 +75,13 @@ def node_row(n: NodeSnapshot, now: float) -> Row:
     return (Cell(n.identity or "(connecting)", tip=n.error or ""),
             Cell(n.address),
             Cell(LINKS.get(n.link, n.link)),
-            Cell(n.state, tone=STATE_TONE.get(n.state, ""), tip=n.error or ""),
+            state_cell(n),
             Cell(n.model),
             Cell(n.runtime),
             Cell(tokens(n.context_window) if n.context_window else "—", right=True),
             Cell(f"{min(n.lanes_busy, n.lanes)}/{n.lanes}", right=True),
-            Cell("", bar=n.kv_percent, tip=f"{n.kv_used:,} of {n.kv_total:,} cells"),
+            Cell("", bar=n.kv_percent, tip=kv_tip(n)),
+            memory_cell(n),
             Cell(f"{n.decode_tps:.0f}" if n.decode_tps > 0 else "—", right=True,
                  tip=f"prefill {n.prefill_tps:.0f} tokens/s" if n.prefill_tps > 0 else ""),
             Cell(millis(n.ttft_ms), right=True),
@@ -163,6 +195,9 @@ class FleetPage(QWidget):
         else:
             state = SERVING.get(node.state, node.state)
             detail = f" {node.model} · {node.lanes} lanes" if node.state != "off" else ""
+            mine = next((n for n in snap.nodes if n.link == "local"), None)
+            if mine is not None and mine.sleep in SLEEP and node.state == "serving":
+                detail += f" · {SLEEP[mine.sleep][0]}"
             if node.error:
                 detail += f" — {node.error}"
             self.serving.setText(state + detail)

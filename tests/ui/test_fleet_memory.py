@@ -1,0 +1,78 @@
+"""The Fleet page and the tray render each node's memory against its budget and whether its
+model sleeps (unloaded while idle, or loading again), from the snapshot alone (issue 23)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from app.bridge import ShoalBridge
+from app.pages.fleet import NODE_COLUMNS, FleetPage
+from app.widgets import memory
+from engine.sizes import GiB, MiB
+from tests.ui.test_tray_view import local, node, snap
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def sleepy(key: str, *, sleep: str = "", used: int = 0, budget: int = 0, link: str = "dialed",
+           **more: object):
+    return replace(node(key), link=link, sleep=sleep, mem_used=used,  # type: ignore[arg-type]
+                   mem_budget=budget, **more)
+
+
+def test_memory_in_binary_units_as_shoal_takes_them() -> None:
+    assert memory(412 * MiB) == "412 MB"
+    assert memory(12 * GiB) == "12 GB"
+    assert memory(3 * GiB // 2) == "1.5 GB"
+    assert memory(GiB) == "1 GB"
+    assert memory(int(12.4 * GiB)) == "12 GB"
+    assert memory(0) == "0 MB"
+
+
+async def test_each_node_shows_its_memory_and_whether_its_model_sleeps(bridge: ShoalBridge):
+    page = FleetPage(bridge)
+    try:
+        fleet = snap(sleepy("local", link="local", sleep="asleep", used=412 * MiB,
+                            budget=12 * GiB, kv_parked=300, max_prompt=3500),
+                     sleepy("studio", sleep="waking", used=0, budget=0),
+                     sleepy("laptop", used=3 * GiB // 2, budget=8 * GiB),
+                     replace(sleepy("gone", sleep="asleep"), state="unreachable"))
+        page.render(fleet)
+        rows = {page.nodes.key_at(r): r for r in range(page.nodes.rowCount())}
+        mine, studio, laptop, gone = (rows[k] for k in ("local", "studio", "laptop", "gone"))
+        assert page.nodes.text(mine, "Memory") == "412 MB of 12 GB"
+        assert page.nodes.text(laptop, "Memory") == "1.5 GB of 8 GB"
+        assert page.nodes.text(studio, "Memory") == "—"  # a node that says neither
+        assert page.nodes.text(mine, "State") == "asleep"
+        state = page.nodes.rows[mine][NODE_COLUMNS.index("State")]
+        assert "next request loads it again" in state.tip
+        assert page.nodes.text(studio, "State") == "waking"
+        assert page.nodes.text(laptop, "State") == "ready"
+        assert page.nodes.text(gone, "State") == "unreachable"  # the link first
+        kv = page.nodes.rows[mine][NODE_COLUMNS.index("KV cache")].tip
+        assert "300 of them kept for conversations" in kv and "3,500 tokens now" in kv
+        assert page.serving.text() == "Serving m · 8 lanes · asleep"
+
+        page.render(snap(sleepy("local", link="local", used=GiB, budget=12 * GiB)))
+        assert page.nodes.text(0, "State") == "ready"  # awake again
+        assert page.nodes.text(0, "Memory") == "1 GB of 12 GB"
+        assert page.serving.text() == "Serving m · 8 lanes"
+    finally:
+        page.deleteLater()
+
+
+@pytest.mark.parametrize(("sleep", "line"), [
+    ("asleep", "Not in a fleet · 1 node ready · 0/8 lanes busy · model asleep"),
+    ("waking", "Not in a fleet · 1 node ready · 0/8 lanes busy · model waking"),
+    ("", "Not in a fleet · 1 node ready · 0/8 lanes busy"),
+])
+def test_the_tray_says_when_this_machines_model_sleeps(sleep: str, line: str) -> None:
+    from app.tray import status_line
+    from tests.ui.test_tray_view import view
+
+    assert status_line(view(snap(sleepy("local", link="local", sleep=sleep)))) == line
+    # another machine's sleeping node is not this machine's
+    assert "asleep" not in status_line(view(snap(sleepy("b", sleep="asleep"),
+                                                 mine=local())))
