@@ -15,11 +15,43 @@ ids and token budget; a cancelled generation is removed from the batch between
 steps.
 
 A model whose KV cache mlx-lm cannot batch (a cache type without ``merge``)
-falls back to round-robin: each lane runs its own ``generate_step`` and the
-decode thread advances every lane by one token per step.
+falls back to round-robin: each lane runs its own ``generate_step`` over its own
+cache and the decode thread advances every lane by one token per step.
 
-No prompt cache is kept between requests: every request prefills its whole
-prompt (``cached_tokens`` is 0).
+Prompt cache, as llama.cpp's (:mod:`engine.runtimes.llamacpp`): a finished
+sequence stays parked in its lane under its session, as mlx-lm's own
+per-sequence cache (the list ``make_prompt_cache`` makes) and the tokens it
+holds. mlx-lm feeds each token before it hands it over, so the lane holds the
+prompt and every token of the answer, the last one (a stop id too) included.
+The next request takes a lane with :func:`~engine.runtimes.lanes.pick_lane`
+(its session's, else the longest common prefix), trims the cache to the common
+prefix (at most the prompt less its last token, which is read again for its
+logits) with ``trim_prompt_cache`` and prefills only the rest; its
+``cached_tokens`` is what it kept. A cache that cannot be trimmed (a cache type
+without ``trim``, or a sliding window that has wrapped) is kept only when the
+prompt extends all it holds; otherwise the lane starts from a fresh cache
+(:func:`reuse_cache`). mlx-lm 0.32.2's ``BatchGenerator`` takes a sequence's
+existing cache at ``insert(..., caches=, all_tokens=)`` (it merges it into the
+batch, left-padded) and hands it back when it ends a sequence itself (the
+response's ``prompt_cache`` and ``all_tokens``) or at ``remove(...,
+return_prompt_caches=True)``: the path mlx-lm's own server takes, so the
+batched lanes reuse without a second code path. The round-robin fallback
+passes the lane's cache to ``generate_step(prompt_cache=...)``, which fills it
+in place; its penalties are shown the reused prefix's last tokens, as the
+batched lanes' are through ``all_tokens``, so reuse changes no output.
+
+The KV pool (:mod:`engine.runtimes.budget`): ``_load`` sizes it within the
+memory budget beside the weights (``plan_pool``: one whole window, the model's
+trained context or ``--max-context``), and the decode thread's base commits
+each generation's prompt and answer reserve against it. mlx allocates a cache
+as it fills, so the pool is an account of tokens, as llama.cpp's cells are: a
+job is admitted when its commitment fits beside what the other lanes hold and
+their running jobs committed, and parked lanes are reclaimed least recently
+used first until it does. A reclaimed lane's cache is simply dropped: there is
+no host-memory prompt cache here (the cache is already in unified memory, and
+keeping it as bytes would need its arrays serialized). While lanes decode
+together the batched cache is padded to the longest of them, so memory can
+pass the pool's count when one long session runs beside short ones.
 
 The head side uses :class:`MlxVocab`, which loads the tokenizer only.
 
@@ -33,6 +65,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import platform
 import sys
 import time
@@ -42,11 +75,19 @@ from pathlib import Path
 from typing import Any
 
 from engine.runtimes.base import RuntimeUnavailable, Sampling
+from engine.runtimes.budget import (
+    MiB,
+    default_budget_bytes,
+    plan_pool,
+    process_rss_bytes,
+    total_memory_bytes,
+)
 from engine.runtimes.decode_thread import DecodeThreadEngine, Job
+from engine.runtimes.lanes import Lane, common_prefix, pick_lane
 from engine.runtimes.threaded import ThreadedGeneration
-from engine.runtimes.window import available_memory_bytes, size_window
 
 RUNTIME_ID = "mlx"
+log = logging.getLogger("shoal.node")
 
 PENALTY_LAST_N = 64
 PREFILL_STEP = 512  # prompt tokens one step prefills per lane
@@ -163,10 +204,20 @@ MlxGeneration = ThreadedGeneration
 
 @dataclass(eq=False)
 class _Job(Job):
+    lane: _Lane | None = None
     uid: int = -1  # the BatchGenerator's id
     solo: Iterator[tuple[Any, Any]] | None = None  # the round-robin fallback's stream
-    admitted: bool = False
-    in_batch: bool = True  # False once the BatchGenerator dropped the sequence itself
+    # what the BatchGenerator handed back when it ended the sequence itself: the
+    # sequence's cache and the tokens it holds
+    final: tuple[list[Any], list[int]] | None = None
+
+
+@dataclass(eq=False, slots=True)
+class _Lane(Lane):
+    # the lane's KV cache (mlx-lm's per-layer cache list) while it is parked, and while
+    # it runs on the round-robin fallback; a running batched lane's KV is in the batch
+    cache: list[Any] | None = None
+    job: _Job | None = None
 
 
 def make_sampler(s: Sampling) -> Callable[[Any], Any]:
@@ -225,9 +276,54 @@ def make_processors(s: Sampling) -> list[Callable[[Any, Any], Any]]:
     return list(_mlx_lm("sample_utils").make_logits_processors(**kw))
 
 
+def _with_history(
+    processors: list[Callable[[Any, Any], Any]], history: list[int]
+) -> list[Callable[[Any, Any], Any]]:
+    """The processors seeing ``history`` (the reused prefix's last tokens) before the
+    tokens ``generate_step`` passes them, which start after the prefix: the penalties
+    then look back as they would over the whole prompt."""
+    if not processors or not history:
+        return processors
+    mx = _import_mlx()
+    before = mx.array(history)
+
+    def wrap(proc: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        return lambda tokens, logits: proc(mx.concatenate([before, tokens]), logits)
+
+    return [wrap(p) for p in processors]
+
+
 def _batchable(caches: list[Any]) -> bool:
     """Whether mlx-lm can merge these per-sequence caches into one batched cache."""
     return bool(caches) and all(hasattr(type(c), "merge") for c in caches)
+
+
+def reuse_cache(cache: list[Any] | None, held: int, keep: int) -> int:
+    """How many tokens of a lane's ``cache`` (which holds ``held``) a new prompt keeps.
+
+    ``keep`` (the common prefix, at most the prompt less its last token), once the
+    cache is trimmed to it in place; 0 when there is no cache, nothing to keep, or the
+    cache cannot be trimmed (a cache type without ``trim``, or a sliding window that
+    has already wrapped): the lane then starts from a fresh cache. A cache that needs
+    no trim (the prompt extends what it holds) is kept whatever its type.
+    """
+    if cache is None or keep <= 0:
+        return 0
+    drop = held - keep
+    if drop <= 0:
+        return keep
+    cache_mod = _mlx_lm("models.cache")
+    if not cache_mod.can_trim_prompt_cache(cache):
+        return 0
+    trimmed = cache_mod.trim_prompt_cache(cache, drop)
+    return keep if trimmed == drop else 0
+
+
+def _overhead_bytes(config: dict[str, Any], lanes: int, dtype_bytes: int) -> int:
+    """mlx's working memory for one step (a prefill chunk on every lane), estimated as
+    llama.cpp's compute buffers are: the budget counts it before the first step."""
+    hidden = _config_int(config, "hidden_size", "n_embd", "d_model")
+    return 64 * MiB + max(lanes, 1) * PREFILL_STEP * hidden * max(dtype_bytes, 1) * 24
 
 
 class MlxEngine(DecodeThreadEngine[_Job]):
@@ -240,6 +336,7 @@ class MlxEngine(DecodeThreadEngine[_Job]):
         model_name: str,
         lanes: int = 8,
         max_context: int | None = None,
+        memory_budget: int | None = None,
     ) -> None:
         _import_mlx()
         super().__init__(
@@ -253,6 +350,12 @@ class MlxEngine(DecodeThreadEngine[_Job]):
         self.batched = True  # False: the round-robin fallback (set at load)
         self._model: Any = None
         self._gen: Any = None  # the BatchGenerator
+        self._lanes = [_Lane(seq=i) for i in range(lanes)]
+        self.memory_budget_bytes = memory_budget or default_budget_bytes(total_memory_bytes())
+
+    @property
+    def pool_cells(self) -> int:
+        return self._pool
 
     # -- loading ------------------------------------------------------------
 
@@ -260,6 +363,7 @@ class MlxEngine(DecodeThreadEngine[_Job]):
         model_dir = resolve_model_dir(self.path)
         mx = _import_mlx()
         utils = _mlx_lm("utils")
+        base = process_rss_bytes()  # the process before the model: counted in the budget
         try:
             model, tokenizer, config = utils.load(str(model_dir), return_config=True)
         except (ValueError, FileNotFoundError, KeyError) as exc:
@@ -274,17 +378,19 @@ class MlxEngine(DecodeThreadEngine[_Job]):
             _config_int(config, "max_position_embeddings", "n_positions", "max_seq_len")
             or DEFAULT_TRAIN_CONTEXT
         )
-        if self.max_context is not None:
-            window = self.max_context
-        else:
-            window = size_window(
-                free_bytes=available_memory_bytes(),
-                model_bytes=_weights_bytes(model_dir),
-                kv_bytes_per_token=kv_bytes_per_token(config, dtype_bytes),
-                lanes=self.lanes,
-                n_ctx_train=n_ctx_train,
-            )
-        self._window = window
+        plan = plan_pool(
+            budget=self.memory_budget_bytes,
+            base=base,
+            model_bytes=_weights_bytes(model_dir),
+            overhead=_overhead_bytes(config, self.lanes, dtype_bytes),
+            kv_bytes_per_token=kv_bytes_per_token(config, dtype_bytes),
+            lanes=self.lanes,
+            n_ctx_train=n_ctx_train,
+            max_context=self.max_context,
+        )
+        self._pool = plan.cells
+        self._window = plan.window
+        self._budget = self.memory_budget_bytes
         self._n_vocab = _config_int(config, "vocab_size") or len(tokenizer)
         self._eos = frozenset(int(t) for t in tokenizer.eos_token_ids)
         self._model = model
@@ -300,6 +406,14 @@ class MlxEngine(DecodeThreadEngine[_Job]):
             )
 
     def _unload(self) -> None:
+        """Free the model and every lane's cache: the next ``_load`` starts afresh."""
+        for lane in self._lanes:
+            self._hold(lane, [])
+            lane.cache = None
+            lane.job = None
+            lane.session = ""
+            lane.last_used = float("-inf")
+        self._set_parked(0)
         gen, self._gen = self._gen, None
         if gen is not None:
             gen.close()
@@ -309,90 +423,207 @@ class MlxEngine(DecodeThreadEngine[_Job]):
     # -- lanes (on the decode thread) ---------------------------------------
 
     def _admit(self, job: _Job, active: dict[int, _Job]) -> bool:
-        """Put a job on a lane: its sampler, penalties, stop ids and token budget."""
-        if len(active) >= self.lanes:
+        """Put a job on a lane: keep the common prefix of the lane's cache, drop the
+        rest, and reclaim parked lanes until the job's commitment fits; False (it waits)
+        while no lane is free or it does not fit."""
+        lane = pick_lane(
+            [lane for lane in self._lanes if lane.job is None], job.prompt, job.request.session
+        )
+        if lane is None or not self._room_for(job.commit, lane):
             return False
         now = time.perf_counter()
+        prompt = job.prompt
+        # re-evaluate the last prompt token for its logits
+        keep = min(common_prefix(lane.tokens, prompt), len(prompt) - 1)
+        keep = reuse_cache(lane.cache, len(lane.tokens), keep)
+        cache = lane.cache if keep else None
+        if cache is None:
+            cache = list(_mlx_lm("models.cache").make_prompt_cache(self._model))
+        self._hold(lane, prompt[:keep])
+        lane.job = job
+        lane.session = job.request.session
+        lane.last_used = now
+        job.lane = lane
+        job.cached = keep
+        job.from_host = 0
+        job.sink.prefilled = keep
+        job.t_lane = now
         sampler = make_sampler(job.request.sampling)
         processors = make_processors(job.request.sampling)
         if self.batched:
+            lane.cache = None  # the batch holds it until the job leaves
             gen_mod = _mlx_lm("generate")
             stops = gen_mod.StopSequences([[t] for t in sorted(job.stops)])
             (job.uid,) = self._gen.insert(
-                [job.prompt],
+                [prompt[keep:]],
                 max_tokens=[job.limit],
+                caches=[cache],
+                all_tokens=[prompt[:keep]],  # the penalties look back over the prefix
                 samplers=[sampler],
                 logits_processors=[processors],
                 stop_sequences=[stops],
             )
         else:
+            lane.cache = cache  # generate_step fills it in place
             mx = _import_mlx()
+            sink = job.sink
+
+            def progress(done: int, _total: int) -> None:
+                sink.prefilled = keep + done
+
             job.solo = _mlx_lm("generate").generate_step(
-                mx.array(job.prompt),
+                mx.array(prompt[keep:]),
                 self._model,
                 max_tokens=job.limit,
                 sampler=sampler,
-                logits_processors=processors or None,
+                logits_processors=_with_history(processors, prompt[:keep][-PENALTY_LAST_N:])
+                or None,
+                prompt_cache=cache,
                 prefill_step_size=PREFILL_STEP,
+                prompt_progress_callback=progress,
             )
-        job.admitted = True
-        job.t_lane = now
-        self._kv_add(len(job.prompt))
+        self._note_parked()
         return True
 
+    def _room_for(self, cells: int, lane: _Lane) -> bool:
+        """Whether ``lane`` can hold ``cells`` beside what the other lanes hold and what
+        their running jobs have committed; parked lanes are reclaimed (least recently
+        used first) until it can."""
+
+        def free() -> int:
+            taken = 0
+            for other in self._lanes:
+                if other is lane:
+                    continue
+                held = len(other.tokens)
+                taken += held if other.job is None else max(held, other.job.commit)
+            return self._pool - taken
+
+        while free() < cells:
+            parked = [other for other in self._lanes
+                      if other.job is None and other is not lane and other.tokens]
+            if not parked:
+                return False
+            self._reclaim(min(parked, key=lambda other: other.last_used))
+        return True
+
+    def _reclaim(self, lane: _Lane) -> None:
+        """A parked lane's cache is dropped (mlx frees it; nothing keeps it elsewhere)."""
+        lane.cache = None
+        lane.session = ""
+        self._hold(lane, [])
+        self._note_parked()
+
+    def _hold(self, lane: _Lane, tokens: list[int]) -> None:
+        """The lane's cache now holds ``tokens``."""
+        self._kv_add(len(tokens) - len(lane.tokens))
+        lane.tokens = tokens
+
+    def _note_parked(self) -> None:
+        self._set_parked(sum(len(lane.tokens) for lane in self._lanes if lane.job is None))
+
     def _leave_lane(self, job: _Job, now: float) -> None:
-        """The lane's KV is freed."""
-        if not job.admitted:
+        """The job's sequence stays parked in its lane: the cache and the tokens it holds
+        (a half-prefilled prompt is a valid prefix too)."""
+        lane = job.lane
+        if lane is None:
             return
-        if self._gen is not None and job.in_batch and job.uid >= 0:
-            self._gen.remove([job.uid])
-        if job.solo is not None:
-            close = getattr(job.solo, "close", None)
-            if close is not None:
-                close()
-            job.solo = None
-        self._kv_add(-(len(job.prompt) + job.completion))
-        job.admitted = False
+        job.lane = None
+        if self.batched:
+            cache, tokens = job.final if job.final is not None else self._take_back(job)
+        else:
+            if job.solo is not None:
+                close = getattr(job.solo, "close", None)
+                if close is not None:
+                    close()
+                job.solo = None
+            cache, tokens = lane.cache, lane.tokens
+        lane.cache = cache if tokens else None
+        self._hold(lane, list(tokens) if cache is not None else [])
+        lane.job = None
+        lane.last_used = now
+        self._note_parked()
+
+    def _take_back(self, job: _Job) -> tuple[list[Any] | None, list[int]]:
+        """Take a running sequence out of the batch, with its cache and tokens."""
+        if self._gen is None or job.uid < 0:
+            return None, []
+        got = self._gen.remove([job.uid], return_prompt_caches=True).get(job.uid)
+        if got is None:
+            return None, []
+        cache, tokens = got
+        return list(cache), list(tokens)
 
     # -- one step (on the decode thread) ------------------------------------
 
     def _step(self, active: dict[int, _Job]) -> None:
+        self._grow_answers(active)
+        if not active:
+            return
         if self.batched:
             self._step_batched(active)
         else:
             self._step_round_robin(active)
 
+    def _grow_answers(self, active: dict[int, _Job]) -> None:
+        """An answer at the end of its commitment takes one more cell for this step
+        (each step adds one token to every decoding lane's cache); with none free after
+        reclaiming parked lanes, it ends as ``length``."""
+        for job in list(active.values()):
+            lane = job.lane
+            if lane is None or len(lane.tokens) < job.commit:
+                continue
+            if self._room_for(len(lane.tokens) + 1, lane):
+                self._grow_commit(job, 1)
+                continue
+            log.warning("the KV pool is full (%d cells): ended a session at %d tokens of its "
+                        "answer (finish reason length); raise --memory-budget or serve fewer "
+                        "lanes", self._pool, job.completion)
+            self._finish(job, "length", active)
+
     def _step_batched(self, active: dict[int, _Job]) -> None:
         """One BatchGenerator step: a token for each decoding lane, a prefill chunk."""
         by_uid = {job.uid: job for job in active.values()}
-        _prompt_progress, responses = self._gen.next()
+        prompt_progress, responses = self._gen.next()
+        for p in prompt_progress:
+            job = by_uid.get(int(p.uid))
+            if job is None or job.lane is None:
+                continue
+            read = min(job.cached + int(p.progress[0]), len(job.prompt))
+            job.sink.prefilled = read
+            self._hold(job.lane, job.prompt[:read])
         now = time.perf_counter()
         for r in responses:
             job = by_uid.get(int(r.uid))
             if job is None or job.id not in active:
                 continue
             ended = r.finish_reason is not None
-            if ended:
-                job.in_batch = False  # the BatchGenerator already dropped it
+            if ended:  # the BatchGenerator dropped it and handed back what it held
+                job.final = (list(r.prompt_cache), list(r.all_tokens))
             self._token(job, int(r.token), now, active, ended=ended)
 
     def _step_round_robin(self, active: dict[int, _Job]) -> None:
         """The fallback: every lane's own stream advances by one token."""
         for job in list(active.values()):
-            if job.id not in active or job.solo is None:
+            if job.id not in active or job.solo is None or job.lane is None:
                 continue
             try:
-                tok, _logprobs = next(job.solo)
+                tok, _logprobs = next(job.solo)  # the first one reads the prompt
             except StopIteration:
                 self._finish(job, "length", active)
                 continue
+            if job.t_first == 0.0:
+                self._hold(job.lane, list(job.prompt))  # the lane's own list: it grows
             self._token(job, int(tok), time.perf_counter(), active, ended=False)
 
     def _token(
         self, job: _Job, tok: int, now: float, active: dict[int, _Job], *, ended: bool
     ) -> None:
-        if tok not in job.stops:
-            self._kv_add(1)  # a token that is yielded stays in the lane's cache
+        """A sampled token: mlx-lm has already put it in the lane's cache (a stop id too)."""
+        lane = job.lane
+        if lane is not None:
+            lane.tokens.append(tok)
+            self._kv_add(1)
         self._sampled(job, tok, now, active, ended=ended)
 
 

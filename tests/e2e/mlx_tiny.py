@@ -9,6 +9,10 @@ The output head's rows for the control tokens are zero and the others are
 large, so the control tokens (EOS among them) are never among the likely
 tokens: a generation of this model runs to ``max_tokens`` unless a stop id
 ends it.
+
+With ``sliding_window`` the first layer attends over that many tokens only
+(mlx-lm gives it a ``RotatingKVCache``, which cannot be trimmed once it has
+wrapped): the model the prompt cache's fallback is tested on.
 """
 
 from __future__ import annotations
@@ -35,6 +39,21 @@ _CORPUS = [
     "Write a short poem about the sea, the moon and the rain.",
     "user assistant system: the model answers the question.",
 ] * 4
+
+
+def mlx_import_error() -> str | None:
+    """Why mlx cannot run here (the reason a test skips with), or None."""
+    try:
+        import mlx.core  # noqa: F401
+        import mlx_lm  # noqa: F401
+    except (ImportError, OSError) as exc:
+        return f"mlx does not import here: {exc}"
+    return None
+
+
+def chat(user: str) -> str:
+    """One user turn and the assistant's header, in the tiny model's ChatML."""
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def _tokenizer(folder: Path) -> int:
@@ -65,7 +84,7 @@ def _tokenizer(folder: Path) -> int:
     return int(tok.get_vocab_size())
 
 
-def build_tiny_model(folder: Path, *, seed: int = 0) -> Path:
+def build_tiny_model(folder: Path, *, seed: int = 0, sliding_window: int = 0) -> Path:
     """Write config.json, model.safetensors and the tokenizer into ``folder``."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -91,6 +110,9 @@ def build_tiny_model(folder: Path, *, seed: int = 0) -> Path:
         "eos_token_id": eos_id,
         "torch_dtype": "float32",
     }
+    if sliding_window:
+        config["layer_types"] = ["sliding_attention", "full_attention"]
+        config["sliding_window"] = sliding_window
     mx.random.seed(seed)
     args: Any = llama.ModelArgs  # from_dict keeps the keys the class knows
     model = llama.Model(args.from_dict(config))

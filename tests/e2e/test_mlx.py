@@ -23,6 +23,7 @@ from engine.runtimes.base import (
 )
 from engine.runtimes.mlx import MlxEngine, MlxVocab
 from tests.e2e.engine_run import GREEDY, run
+from tests.e2e.mlx_tiny import build_tiny_model, chat, mlx_import_error
 from tests.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(90)]
@@ -33,26 +34,11 @@ WINDOW = 256
 LONG = 4096  # tokens the tiny model takes seconds to fill
 
 
-def chat(user: str) -> str:
-    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
-
-
-def _mlx_import_error() -> str | None:
-    try:
-        import mlx.core  # noqa: F401
-        import mlx_lm  # noqa: F401
-    except (ImportError, OSError) as exc:
-        return f"mlx does not import here: {exc}"
-    return None
-
-
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
-    error = _mlx_import_error()
+    error = mlx_import_error()
     if error is not None:
         pytest.skip(error)
-    from tests.e2e.mlx_tiny import build_tiny_model
-
     return str(build_tiny_model(tmp_path_factory.mktemp("mlx-tiny") / "tiny-llama"))
 
 
@@ -75,7 +61,8 @@ async def until_idle(eng: MlxEngine, timeout: float = 5.0) -> None:
     async def idle() -> bool:
         gc.collect()  # a generation dropped unread frees its lane from its finalizer
         st = eng.stats()
-        return st.lanes_busy == 0 and st.kv_used == 0
+        # what the lanes still hold is parked for the next request
+        return st.lanes_busy == 0 and st.kv_used == st.kv_parked
 
     await until(idle, "every lane to be free", timeout=timeout)
 
@@ -207,7 +194,8 @@ async def test_cancel_frees_the_lane(tiny_model: str, vocab: MlxVocab) -> None:
         assert gen.result.finish_reason == "cancelled"
         assert gen.result.completion_tokens < LONG - len(prompt)
         await until_idle(eng)
-        assert eng.stats().lanes_busy == 0 and eng.stats().kv_used == 0
+        # the cancelled sequence stays parked: the prompt and every token it sampled
+        assert eng.stats().kv_parked == len(prompt) + gen.result.completion_tokens
 
         # leaving the loop early cancels too
         gen2 = eng.generate(GenerationRequest(prompt=prompt, max_tokens=10_000, sampling=GREEDY))
@@ -215,7 +203,7 @@ async def test_cancel_frees_the_lane(tiny_model: str, vocab: MlxVocab) -> None:
             break
         del gen2
         await until_idle(eng)
-        assert eng.stats().lanes_busy == 0 and eng.stats().kv_used == 0
+        assert eng.stats().lanes_busy == 0
 
         # the single lane serves the next request
         out, res = await asyncio.wait_for(run(eng, prompt, 8), 30)
@@ -268,13 +256,13 @@ async def test_stats_are_sane(tiny_model: str, vocab: MlxVocab) -> None:
     try:
         st = eng.stats()
         assert (st.lanes, st.lanes_busy, st.kv_used) == (2, 0, 0)
-        assert st.kv_total == 2 * LONG
+        assert st.kv_total == LONG  # one pool of one window, shared by the two lanes
         assert st.decode_tps == 0.0 and st.ttft_ms == 0.0 and st.prefill_tps == 0.0
         prompt = vocab.encode(chat("Write a short poem about the sea, the moon and the rain."))
         _, res = await run(eng, prompt, 32, sampling=HOT)
         assert res.decode_tps > 0
         st = eng.stats()
-        assert st.lanes_busy == 0 and st.kv_used == 0
+        assert st.lanes_busy == 0 and st.kv_used == st.kv_parked == len(prompt) + 32
         assert st.decode_tps > 0 and st.ttft_ms > 0 and st.prefill_tps > 0
 
         gen = eng.generate(GenerationRequest(prompt=prompt, max_tokens=LONG, sampling=GREEDY))
@@ -287,7 +275,7 @@ async def test_stats_are_sane(tiny_model: str, vocab: MlxVocab) -> None:
             if seen >= 16:
                 break  # leaving the loop cancels
         await until_idle(eng)
-        assert eng.stats().lanes_busy == 0 and eng.stats().kv_used == 0
+        assert eng.stats().lanes_busy == 0
     finally:
         await eng.close()
 
@@ -316,7 +304,9 @@ async def test_round_robin_fallback(
             gen.cancel()
         assert gen.result.finish_reason == "cancelled"
         await until_idle(eng)
-        assert eng.stats().lanes_busy == 0 and eng.stats().kv_used == 0
+        # each lane keeps its last sequence: the cancelled one, and the other prompt's
+        held = len(prompts[0]) + gen.result.completion_tokens + len(prompts[1]) + 20
+        assert eng.stats().kv_parked == held
     finally:
         await eng.close()
 
