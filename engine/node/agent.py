@@ -10,6 +10,18 @@ A node given ``probe`` (the ids its engine makes of
 :data:`engine.runtimes.probe.PROBE_TEXTS`: an engine it fronts, whose tokenizer it
 did not load) refuses a head that announces the same model but tokenizes those
 strings otherwise, with a ``wrong_model`` error, and closes the link.
+
+An engine whose lanes share one KV pool (:class:`~engine.runtimes.base.Admission`)
+is asked before each session whether it fits now; one that does not is refused as
+busy at once, so the head places it elsewhere. Before the first token the node
+tells a head that reads them (its hello says ``progress``) how far the prompt is
+every ``PROGRESS_S``, so that a long prefill is never taken for a hung attempt.
+
+Idle unload (``idle_unload_s``, an engine that is a
+:class:`~engine.runtimes.base.Sleeper`): after that long with no session the
+engine frees its model and pool, the links stay up and the stats say "asleep";
+the next session wakes it (the stats say "waking", and that session's head gets
+``Progress(loading=True)`` while the model loads).
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from engine.link import messages as m
 from engine.link.admission import PRE_HELLO_S, PendingHandshakes
@@ -30,14 +43,25 @@ from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.mux import Carrier, Channel, Mux
 from engine.link.transport import Incoming, Link, LinkClosed, accept, serve
 from engine.node import leases
-from engine.runtimes.base import Engine, EngineStats, Generation, GenerationRequest, Sampling
+from engine.runtimes.base import (
+    Admission,
+    Engine,
+    EngineStats,
+    Generation,
+    GenerationRequest,
+    Sampling,
+    Sleeper,
+)
+from engine.runtimes.decode_thread import PoolFull
 from engine.runtimes.probe import mismatch
 from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal.node")
 
 STATS_INTERVAL_S = 1.0
+PROGRESS_S = 1.0  # how often a head hears how far the prompt (or the model's load) is
 _TOLD_MAX = 1024
+SleepState = Literal["", "asleep", "waking"]
 
 
 @dataclass
@@ -51,7 +75,8 @@ class NodeAgent:
     def __init__(self, engine: Engine, *, identity: str, psk: bytes | None,
                  handshake_timeout_s: float = 10.0, idle_timeout_s: float = 120.0,
                  clock: Callable[[], float] = time.monotonic,
-                 probe: Sequence[Sequence[int]] = (), probe_source: str = "") -> None:
+                 probe: Sequence[Sequence[int]] = (), probe_source: str = "",
+                 idle_unload_s: float | None = None) -> None:
         self.engine = engine
         self.probe = probe  # the engine's ids for PROBE_TEXTS; () when not checked
         self.probe_source = probe_source  # how a refusal names the engine
@@ -71,6 +96,12 @@ class NodeAgent:
         self._pending = PendingHandshakes()
         self._told: set[tuple[str, str]] = set()  # (address, failure) already logged
         self.instance = secrets.token_hex(8)
+        self.idle_unload_s = idle_unload_s if isinstance(engine, Sleeper) else None
+        self.sleep: SleepState = ""
+        self._last_active = clock()
+        self._activity = asyncio.Event()  # a session started or ended: re-time the unload
+        self._sleep_task: asyncio.Task[None] | None = None
+        self._engine_lock = asyncio.Lock()  # one unload or load at a time
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -94,12 +125,14 @@ class NodeAgent:
     def _ensure_stats(self) -> None:
         if self._stats_task is None:
             self._stats_task = asyncio.create_task(self._stats_loop(), name="node-stats")
+        if self._sleep_task is None and self.idle_unload_s:
+            self._sleep_task = asyncio.create_task(self._sleep_loop(), name="node-idle-unload")
 
     async def close(self) -> None:
         self._closing = True
         for server in self._servers:
             server.close()
-        await cancel_and_wait([*self._tasks, self._stats_task], "the node")
+        await cancel_and_wait([*self._tasks, self._stats_task, self._sleep_task], "the node")
         for server in self._servers:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
@@ -195,9 +228,9 @@ class NodeAgent:
             if not responder:
                 link.send(self._hello())
             if responder and head.channels and self.offers_channels:
-                await self._serve_channels(link, head.head_id)
+                await self._serve_channels(link, head.head_id, head.progress)
             else:
-                await self._serve(link, head.head_id)
+                await self._serve(link, head.head_id, head.progress)
         except (LinkClosed, TimeoutError):
             pass
         finally:
@@ -223,23 +256,23 @@ class NodeAgent:
                            kv_total=st.kv_total, rates=_rates(st), instance=self.instance,
                            channels=self.offers_channels)
 
-    async def _serve_channels(self, link: Link, head_id: str) -> None:
+    async def _serve_channels(self, link: Link, head_id: str, progress: bool) -> None:
         """A head that dialed carries its sessions as channels of this one link: each is
         served as a connection of its own would be."""
         def opened(chan: Channel) -> None:
-            self._spawn(self._serve_channel(chan, head_id), "node-channel")
+            self._spawn(self._serve_channel(chan, head_id, progress), "node-channel")
 
         await Mux(link, on_channel=opened).run(self.idle_timeout_s)
 
-    async def _serve_channel(self, chan: Channel, head_id: str) -> None:
+    async def _serve_channel(self, chan: Channel, head_id: str, progress: bool) -> None:
         try:
-            await self._serve(chan, head_id)
+            await self._serve(chan, head_id, progress)
         except (LinkClosed, TimeoutError):
             pass
         finally:
             chan.close()
 
-    async def _serve(self, link: Carrier, head_id: str) -> None:
+    async def _serve(self, link: Carrier, head_id: str, progress: bool = False) -> None:
         heads = self._heads.setdefault(head_id, _HeadLinks())
         heads.links.add(link)
         self._send_stats_to(link)
@@ -265,7 +298,7 @@ class NodeAgent:
                         link.send(m.Error(code="bad_request",
                                           message="one generation per connection at a time"))
                     else:
-                        run = self._admit(link, rec)
+                        run = self._admit(link, rec, progress)
                 elif isinstance(rec, m.Renew):
                     if run is not None and run.session == rec.session:
                         run.lease = leases.renew(run.lease, self._clock(), rec.lease_ms / 1000)
@@ -287,9 +320,10 @@ class NodeAgent:
 
     # -- generations -----------------------------------------------------------
 
-    def _admit(self, link: Carrier, gen: m.Generate) -> _Run | None:
+    def _admit(self, link: Carrier, gen: m.Generate, progress: bool = False) -> _Run | None:
         """Start ``gen`` on a lane, or tell the head why not. The lane is counted busy
-        only once the engine has taken the generation, and freed on every path after."""
+        only once the engine has taken the generation (or, asleep, once the node has
+        taken it to wake for), and freed on every path after."""
         info = self.engine.info
         if self._closing:
             link.send(m.Error(code="shutdown", message="the node is shutting down"))
@@ -309,20 +343,21 @@ class NodeAgent:
                               message=f"prompt of {len(gen.prompt)} tokens does not fit "
                                       f"the window of {info.context_window}"))
             return None
-        try:
-            generation = self.engine.generate(_request(gen))
-        except ValueError as exc:  # a prompt the runtime refuses (empty, ids outside vocab)
-            log.warning("refused session %s: %s", gen.session, exc)
-            link.send(m.Error(code="bad_request", message=str(exc)[:4000]))
-            return None
-        except Exception as exc:  # a runtime that stopped (its decode thread died)
-            log.error("cannot start session %s: %s", gen.session, exc)
-            link.send(m.Error(code="internal", message=f"the node's runtime failed: "
-                              f"{str(exc)[:3000]}"))
-            return None
+        generation: Generation | None = None
+        if not self.sleep:  # asleep, it is started once the model is loaded again
+            if isinstance(self.engine, Admission):
+                full = self.engine.admission(len(gen.prompt), gen.max_tokens)
+                if full is not None:  # at once: the head places it on another node
+                    link.send(m.Error(code="busy", message=full[:4000]))
+                    return None
+            generation = self._start(link, gen)
+            if generation is None:
+                return None
         self._busy += 1
         self._peak = max(self._peak, self._busy)
-        run = _Run(gen.session, leases.grant(self._clock(), gen.lease_ms / 1000), generation)
+        self._touch()
+        run = _Run(gen, leases.grant(self._clock(), gen.lease_ms / 1000), generation,
+                   progress=progress)
         try:
             link.send(m.Accepted(session=gen.session))
         except LinkClosed:
@@ -332,22 +367,83 @@ class NodeAgent:
         run.task = self._spawn(self._generate(link, run), f"gen-{gen.session}")
         return run
 
+    def _start(self, link: Carrier, gen: m.Generate) -> Generation | None:
+        """The engine takes ``gen``; None when it refuses (the head was told why)."""
+        try:
+            return self.engine.generate(_request(gen))
+        except PoolFull as exc:  # filled since it was asked: the head tries another node
+            link.send(m.Error(code="busy", message=str(exc)[:4000]))
+        except ValueError as exc:  # a prompt the runtime refuses (empty, ids outside vocab)
+            log.warning("refused session %s: %s", gen.session, exc)
+            link.send(m.Error(code="bad_request", message=str(exc)[:4000]))
+        except Exception as exc:  # a runtime that stopped (its decode thread died)
+            log.error("cannot start session %s: %s", gen.session, exc)
+            link.send(m.Error(code="internal", message=f"the node's runtime failed: "
+                              f"{str(exc)[:3000]}"))
+        return None
+
     def _release(self, run: _Run) -> None:
         """Free the lane of ``run``, exactly once."""
-        run.generation.cancel()
+        run.cancel()
         if not run.released:
             run.released = True
             self._busy -= 1
+            self._touch()
             self._broadcast_stats()
 
+    def _touch(self) -> None:
+        self._last_active = self._clock()
+        self._activity.set()
+
+    async def _reporting(self, link: Carrier, run: _Run, *, loading: bool) -> None:
+        """Progress every PROGRESS_S until cancelled (the first token came, or the model
+        is loaded): a head that reads it does not take the wait for a hung node."""
+        prompt = len(run.gen.prompt)
+        while True:
+            await asyncio.sleep(PROGRESS_S)
+            done = run.generation.prefilled if run.generation is not None and not loading \
+                and hasattr(run.generation, "prefilled") else 0
+            with contextlib.suppress(LinkClosed):
+                link.send(m.Progress(prefilled=min(int(done), prompt), prompt=prompt,
+                                     loading=loading))
+
+    async def _woken(self, link: Carrier, run: _Run) -> Generation | None:
+        """Load the model again for ``run`` (the node was asleep), then start it."""
+        reporter = self._spawn(self._reporting(link, run, loading=True), "node-waking") \
+            if run.progress else None
+        try:
+            await self.wake()
+        except Exception as exc:
+            log.error("cannot load the model again for session %s: %s", run.session, exc)
+            link.send(m.Error(code="internal", message=f"the node could not load its model "
+                              f"again: {str(exc)[:3000]}"))
+            return None
+        finally:
+            if reporter is not None:
+                reporter.cancel()
+        if run.cancelled:
+            return None
+        return self._start(link, run.gen)
+
     async def _generate(self, link: Carrier, run: _Run) -> None:
-        generation = run.generation
         index = 0
         fenced = False
+        reporter: asyncio.Task[None] | None = None
         try:
             watchdog = self._spawn(self._lease_watch(link, run), f"lease-{run.session}")
             try:
+                if run.generation is None:
+                    run.generation = await self._woken(link, run)
+                    if run.generation is None:
+                        return
+                generation = run.generation
+                if run.progress:
+                    reporter = self._spawn(self._reporting(link, run, loading=False),
+                                           f"progress-{run.session}")
                 async for ids in generation:
+                    if reporter is not None:
+                        reporter.cancel()
+                        reporter = None
                     if leases.expired(run.lease, self._clock()):
                         fenced = True
                         break
@@ -364,6 +460,8 @@ class NodeAgent:
                                  prefill_tps=r.prefill_tps, decode_tps=r.decode_tps))
             finally:
                 watchdog.cancel()
+                if reporter is not None:
+                    reporter.cancel()
         except LinkClosed:
             pass
         except Exception as exc:  # the runtime failed mid-generation: tell the head
@@ -404,7 +502,61 @@ class NodeAgent:
         busy = self.lanes if self.paused or st.down else self._busy
         return m.Stats(lanes=self.lanes, lanes_busy=busy, kv_used=st.kv_used,
                        kv_total=st.kv_total, rates=_rates(st), sessions=self._busy,
-                       peak_busy=self._peak)
+                       peak_busy=self._peak, kv_parked=st.kv_parked,
+                       max_prompt=st.max_prompt, mem_used=st.mem_used,
+                       mem_budget=st.mem_budget, sleep=self.sleep,
+                       prompt_from_lanes=st.prompt_from_lanes,
+                       prompt_from_host=st.prompt_from_host,
+                       prompt_prefilled=st.prompt_prefilled)
+
+    # -- idle unload -----------------------------------------------------------------
+
+    async def _sleep_loop(self) -> None:
+        """Unload the engine once no session has run for ``idle_unload_s``."""
+        assert self.idle_unload_s
+        while True:
+            self._activity.clear()
+            delay = self._last_active + self.idle_unload_s - self._clock()
+            if not self.sleep and not self._busy and delay <= 0:
+                await self._suspend()
+                continue
+            with contextlib.suppress(TimeoutError):
+                # asleep or busy: until a session starts or ends; else until it is due
+                async with asyncio.timeout(None if self.sleep or self._busy else delay):
+                    await self._activity.wait()
+
+    async def _suspend(self) -> None:
+        engine = self.engine
+        assert isinstance(engine, Sleeper)
+        async with self._engine_lock:
+            if self.sleep or self._busy:
+                return
+            self.sleep = "asleep"
+            await engine.suspend()
+        log.info("no session for %.0f min: unloaded the model (it loads again on the next "
+                 "request)", (self.idle_unload_s or 0) / 60)
+        self._broadcast_stats()
+
+    async def wake(self) -> None:
+        """Load the engine again if it is asleep (once, whoever asks meanwhile)."""
+        engine = self.engine
+        if not self.sleep or not isinstance(engine, Sleeper):
+            return
+        async with self._engine_lock:
+            if not self.sleep:
+                return
+            self.sleep = "waking"
+            self._broadcast_stats()
+            try:
+                await engine.resume()
+            except BaseException:
+                self.sleep = "asleep"
+                self._broadcast_stats()
+                raise
+            self.sleep = ""
+        log.info("loaded the model again for a request")
+        self._touch()
+        self._broadcast_stats()
 
     def _send_stats_to(self, link: Carrier) -> None:
         with contextlib.suppress(LinkClosed):
@@ -426,16 +578,22 @@ class NodeAgent:
 
 
 class _Run:
-    def __init__(self, session: str, lease: leases.Lease, generation: Generation) -> None:
-        self.session = session
+    def __init__(self, gen: m.Generate, lease: leases.Lease, generation: Generation | None,
+                 *, progress: bool = False) -> None:
+        self.gen = gen
+        self.session = gen.session
         self.lease = lease
-        self.generation = generation
+        self.generation = generation  # None until an asleep node has loaded its model
+        self.progress = progress  # its head reads Progress records
         self.fenced = False
         self.released = False
+        self.cancelled = False
         self.task: asyncio.Task[None]
 
     def cancel(self) -> None:
-        self.generation.cancel()
+        self.cancelled = True
+        if self.generation is not None:
+            self.generation.cancel()
 
 
 def _request(gen: m.Generate) -> GenerationRequest:
@@ -450,7 +608,9 @@ def _request(gen: m.Generate) -> GenerationRequest:
 
 
 def _rates(st: EngineStats) -> m.Rates:
-    return m.Rates(prefill_tps=st.prefill_tps, decode_tps=st.decode_tps, ttft_ms=st.ttft_ms)
+    return m.Rates(prefill_tps=st.prefill_tps, decode_tps=st.decode_tps, ttft_ms=st.ttft_ms,
+                   prefill_s_per_token=st.prefill_s_per_token,
+                   prefill_s_per_token_ctx=st.prefill_s_per_token_ctx)
 
 
 def _fix(exc: LinkError) -> str:

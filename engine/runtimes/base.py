@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -78,6 +78,7 @@ class EngineStats:
     prefill_s_per_token_ctx: float = 0.0
 
 
+@runtime_checkable
 class Admission(Protocol):
     """An engine whose lanes share one KV pool says, before it is asked, whether a new
     session fits now (the node then refuses it as busy at once, and the head places it
@@ -88,6 +89,7 @@ class Admission(Protocol):
         ...
 
 
+@runtime_checkable
 class Sleeper(Protocol):
     """An engine that can free its model and pool while idle and load them again."""
 

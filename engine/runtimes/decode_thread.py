@@ -19,7 +19,21 @@ its own: ``_load``, ``_admit``, ``_step`` (which reports each sampled token to
 
 It also keeps the counters the node reports (lanes busy, KV cells used, under
 a lock) and the rate windows: medians of time to first token, prefill and
-decode rates over the last ``RECENT`` requests.
+decode rates over the last ``RECENT`` requests, and the prefill fit by length
+(:mod:`engine.runtimes.prefill_fit`).
+
+The KV pool (a runtime whose lanes share one sets ``_pool`` in ``_load``): every
+generation commits its prompt plus an answer reserve (``ANSWER_RESERVE`` tokens,
+or fewer when it asks for fewer) when it is submitted, on the event loop, under
+the lock; :meth:`admission` says whether a new one fits what is not committed, so
+the node refuses it as busy at once. Parked prefixes are not committed: the
+runtime reclaims them when a committed generation needs their cells. An answer
+that outgrows its reserve takes free cells one at a time (its commitment grows
+with it), and when none is left it ends as ``length`` with one warning line (see
+``docs/decisions.md``, "One KV pool").
+
+``suspend`` stops the thread (the model and pool are freed) and ``resume``
+loads again: a node's idle unload.
 """
 
 from __future__ import annotations
@@ -44,9 +58,23 @@ from engine.runtimes.base import (
     GenerationRequest,
     GenerationResult,
 )
+from engine.runtimes.budget import process_rss_bytes
+from engine.runtimes.prefill_fit import PrefillFit
 from engine.runtimes.threaded import ThreadedGeneration, TokenSink, check_prompt
 
 RECENT = 64  # requests the measured rates and the ttft median look back over
+ANSWER_RESERVE = 512  # pool cells an answer commits at admission (fewer if it asks fewer)
+RSS_EVERY_S = 0.5  # the process's memory is read at most this often
+
+
+def answer_reserve(prompt_tokens: int, max_tokens: int, window: int) -> int:
+    """Cells a generation commits for its answer: what it asks, within the window, at
+    most ``ANSWER_RESERVE`` (it may grow past that while cells are free)."""
+    return max(min(max_tokens, window - prompt_tokens, ANSWER_RESERVE), 1)
+
+
+class PoolFull(RuntimeError):
+    """The pool cannot commit the cells a new generation needs now (the node says busy)."""
 
 
 @dataclass(eq=False)
@@ -60,7 +88,9 @@ class Job:
     prompt: list[int]
     stops: frozenset[int]  # end-of-generation ids and the request's stop ids
     limit: int  # completion tokens allowed: max_tokens, capped by the window
-    cached: int = 0  # prompt tokens whose KV the lane already held
+    cached: int = 0  # prompt tokens whose KV the lane already held (or restored)
+    from_host: int = 0  # of those, restored from the host-memory cache
+    commit: int = 0  # pool cells committed to it: prompt + answer reserve, grown past that
     completion: int = 0
     t_lane: float = 0.0
     t_first: float = 0.0
@@ -109,6 +139,8 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
         self._window = max_context or 0
         self._n_vocab = 0
         self._eos: frozenset[int] = frozenset()
+        self._pool = 0  # cells of the KV pool the lanes share; 0: no shared pool
+        self._budget = 0  # bytes the node keeps within; 0: none
 
         self._commands: queue.SimpleQueue[J | int | _Stop] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -122,6 +154,13 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
         self._ttft: deque[float] = deque(maxlen=RECENT)
         self._prefill_rates: deque[float] = deque(maxlen=RECENT)
         self._decode_rates: deque[float] = deque(maxlen=RECENT)
+        self._fit = PrefillFit()
+        self._committed = 0  # pool cells committed to generations not finished
+        self._parked = 0  # cells held by parked sequences (the runtime says)
+        self._from_lanes = 0
+        self._from_host = 0
+        self._prefilled = 0
+        self._rss = (0.0, 0)  # (when read, bytes)
 
     # -- what a runtime supplies (all but _load run on the decode thread's loop) --------
 
@@ -170,6 +209,34 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
         self.info = replace(self.info, context_window=self._window)
         with self._lock:
             self._accepting = not self._closed
+            self._asleep = False
+
+    _asleep = False
+
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
+
+    async def suspend(self) -> None:
+        """Free the model and the pool (the caller runs no generation now); ``resume``
+        loads them again. Anything still queued ends as cancelled."""
+        thread = self._thread
+        if thread is None or self._closed:
+            return
+        with self._lock:
+            self._accepting = False
+        self._commands.put(_STOP)
+        await asyncio.to_thread(thread.join)
+        self._thread = None
+        self._commands = queue.SimpleQueue()
+        with self._lock:
+            self._kv_used = 0
+            self._parked = 0
+            self._asleep = True
+
+    async def resume(self) -> None:
+        """Load the model again after ``suspend`` (a no-op when it is loaded)."""
+        await self.start()
 
     async def close(self) -> None:
         if self._closed:
@@ -192,9 +259,13 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
             raise RuntimeError("the engine is not running; await start() first")
         prompt = check_prompt(request.prompt, window=self._window, n_vocab=self._n_vocab)
         sink = TokenSink(asyncio.get_running_loop())
+        commit = len(prompt) + answer_reserve(len(prompt), request.max_tokens, self._window)
         with self._lock:
             if not self._accepting:
                 raise RuntimeError("the engine is closing")
+            if self._pool and self._committed + commit > self._pool:
+                raise PoolFull(self._full_text())
+            self._committed += commit
             self._next_id += 1
             job = self._job_type(
                 id=self._next_id,
@@ -205,6 +276,7 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
                 stops=self._eos | frozenset(int(t) for t in request.stop_ids),
                 # the window holds the prompt and the whole completion
                 limit=min(request.max_tokens, self._window - len(prompt)),
+                commit=commit,
             )
             self._busy += 1
             self._commands.put(job)
@@ -214,6 +286,37 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
         if not self._closed:
             self._commands.put(job_id)
 
+    def _full_text(self) -> str:
+        return (f"the KV pool is full ({self._committed} of {self._pool} cells committed to "
+                "running sessions)")
+
+    def admission(self, prompt_tokens: int, max_tokens: int) -> str | None:
+        """None when a session of this size fits the pool now; else why not, one line."""
+        if not self._pool:
+            return None
+        need = prompt_tokens + answer_reserve(prompt_tokens, max_tokens, self._window)
+        with self._lock:
+            if self._committed + need <= self._pool:
+                return None
+            return self._full_text()
+
+    def _max_prompt(self) -> int:
+        """The longest prompt a new session can bring now (with a full answer reserve)."""
+        if not self._pool:
+            return 0
+        free = self._pool - self._committed
+        if free >= self._window:
+            return self._window - 1
+        return max(free - ANSWER_RESERVE, 0)
+
+    def _mem_used(self) -> int:
+        now = time.monotonic()
+        when, rss = self._rss
+        if now - when >= RSS_EVERY_S:
+            rss = process_rss_bytes()
+            self._rss = (now, rss)
+        return rss
+
     def stats(self) -> EngineStats:
         with self._lock:
             busy = self._busy
@@ -221,14 +324,27 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
             ttft = statistics.median(self._ttft) if self._ttft else 0.0
             prefill = statistics.median(self._prefill_rates) if self._prefill_rates else 0.0
             decode = statistics.median(self._decode_rates) if self._decode_rates else 0.0
+            fit = self._fit.fit()
+            parked = self._parked
+            max_prompt = self._max_prompt()
+            counts = (self._from_lanes, self._from_host, self._prefilled)
         return EngineStats(
             lanes=self.lanes,
             lanes_busy=min(busy, self.lanes),
             kv_used=kv_used,
-            kv_total=self._window * self.lanes,
+            kv_total=self._pool or self._window * self.lanes,
             prefill_tps=prefill,
             decode_tps=decode,
             ttft_ms=ttft,
+            kv_parked=parked,
+            max_prompt=max_prompt,
+            mem_used=self._mem_used(),
+            mem_budget=self._budget,
+            prompt_from_lanes=counts[0],
+            prompt_from_host=counts[1],
+            prompt_prefilled=counts[2],
+            prefill_s_per_token=fit.a,
+            prefill_s_per_token_ctx=fit.b,
         )
 
     # -- the decode thread --------------------------------------------------------------
@@ -340,13 +456,25 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
             if result.decode_tps > 0:
                 self._decode_rates.append(result.decode_tps)
             self._busy -= 1
+            self._committed -= job.commit
         self._deliver(job, emit or [], result)
 
     def _end_unstarted(self, job: J, reason: FinishReason) -> None:
         """A job that never took a lane ends."""
         with self._lock:
             self._busy -= 1
+            self._committed -= job.commit
         self._deliver(job, [], self._result(job, reason, time.perf_counter()))
+
+    def _grow_commit(self, job: J, cells: int) -> None:
+        """An answer past its reserve takes ``cells`` more of the pool."""
+        job.commit += cells
+        with self._lock:
+            self._committed += cells
+
+    def _set_parked(self, cells: int) -> None:
+        with self._lock:
+            self._parked = cells
 
     def _deliver(self, job: J, tokens: list[int], result: GenerationResult | None) -> None:
         if not job.sink.hand_over(tokens, result) and result is None:
@@ -364,6 +492,10 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
             self._ttft.append(ttft_ms)
             if prefilled >= 8 and dt > 0:
                 self._prefill_rates.append(prefilled / dt)
+                self._fit.add(prefilled, job.cached, dt)
+            self._from_lanes += job.cached - job.from_host
+            self._from_host += job.from_host
+            self._prefilled += prefilled
 
     @staticmethod
     def _result(job: Job, reason: FinishReason, now: float) -> GenerationResult:

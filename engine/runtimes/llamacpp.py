@@ -1,18 +1,23 @@
 """The ``llamacpp`` runtime: llama-cpp-python's low-level ctypes API.
 
 One model and one ``llama_context`` per node. The context holds one sequence
-per lane (``n_seq_max = lanes``, a separate KV stream of ``window`` cells per
-sequence). The decode thread (:mod:`engine.runtimes.decode_thread`) owns the
-context and runs continuous batching: every step it builds one ``llama_batch``
-holding one token for each decoding lane plus chunks of the prompts that are
-still prefilling (bounded by ``n_batch``; :func:`~engine.runtimes.lanes.plan_batch`),
-decodes it and samples each lane with its own sampler chain. Lanes join and
-leave between steps.
+per lane (``n_seq_max = lanes``) in one KV pool that all lanes share
+(llama.cpp's unified KV, as llama-server's ``--kv-unified``), sized inside the
+node's memory budget (:mod:`engine.runtimes.budget`): one session may grow to
+the whole window while cells are free. The decode thread
+(:mod:`engine.runtimes.decode_thread`) owns the context and runs continuous
+batching: every step it builds one ``llama_batch`` holding one token for each
+decoding lane plus chunks of the prompts that are still prefilling (bounded by
+``n_batch``; :func:`~engine.runtimes.lanes.plan_batch`), decodes it and samples
+each lane with its own sampler chain. Lanes join and leave between steps.
 
 A finished sequence stays parked in its lane (its tokens remembered) under its
-session until another request needs the lane; the next request of the session
-reuses the longest common prefix and prefills only the rest
-(:func:`~engine.runtimes.lanes.pick_lane`).
+session until another request needs the lane or its cells; the next request of
+the session reuses the longest common prefix and prefills only the rest
+(:func:`~engine.runtimes.lanes.pick_lane`). Parked cells are reclaimed least
+recently used first; a reclaimed sequence's KV state moves to the host-memory
+prompt cache (:mod:`engine.runtimes.host_cache`), from which a prompt sharing a
+long prefix with it is restored instead of prefilled.
 
 The head side uses :class:`LlamaCppVocab`, which loads the vocabulary only.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import logging
 import os
 import sys
 import threading
@@ -31,16 +37,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.runtimes.base import EngineInfo, RuntimeUnavailable, Sampling
+from engine.runtimes.budget import (
+    MiB,
+    default_budget_bytes,
+    human_bytes,
+    plan_pool,
+    process_rss_bytes,
+    total_memory_bytes,
+)
 from engine.runtimes.cpu_quirks import repack_here
 from engine.runtimes.decode_thread import DecodeThreadEngine, Job
+from engine.runtimes.host_cache import MIN_ENTRY, HostCache
 from engine.runtimes.lanes import Lane, LaneWant, common_prefix, pick_lane, plan_batch
 from engine.runtimes.threaded import ThreadedGeneration
-from engine.runtimes.window import available_memory_bytes, size_window
 
 RUNTIME_ID = "llamacpp"
+log = logging.getLogger("shoal.node")
 
 PENALTY_LAST_N = 64
 N_BATCH_MAX = 512
+KV_TYPES = {"f16": (1, 2.0), "q8_0": (8, 34 / 32)}  # ggml type id, bytes per element
+HOST_MIN_GAIN = 32  # the host cache is used when it holds this many more tokens than a lane
 
 _LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 
@@ -139,8 +156,9 @@ def _check_path(path: str) -> None:
 # sizing
 
 
-def _kv_bytes_per_token(lib: Any, model: Any, meta: dict[str, str]) -> int:
-    """K and V in f16 over all layers for one token."""
+def _kv_bytes_per_token(lib: Any, model: Any, meta: dict[str, str],
+                        bytes_per_element: float = 2.0) -> int:
+    """K and V over all layers for one token (f16: 2 bytes an element)."""
     n_layer = int(lib.llama_model_n_layer(model))
     n_embd = int(lib.llama_model_n_embd(model))
     n_head = max(int(lib.llama_model_n_head(model)), 1)
@@ -155,16 +173,31 @@ def _kv_bytes_per_token(lib: Any, model: Any, meta: dict[str, str]) -> int:
 
     n_embd_k_gqa = _dim("key_length") * n_head_kv
     n_embd_v_gqa = _dim("value_length") * n_head_kv
-    return max(n_layer * (n_embd_k_gqa + n_embd_v_gqa) * 2, 1)
+    return max(int(n_layer * (n_embd_k_gqa + n_embd_v_gqa) * bytes_per_element), 1)
+
+
+def _overhead_bytes(lib: Any, model: Any, n_batch: int) -> int:
+    """llama.cpp's compute buffers and outputs for a batch, estimated: the budget
+    counts them before the context exists."""
+    n_embd = int(lib.llama_model_n_embd(model))
+    return 48 * MiB + n_batch * n_embd * 4 * 24
 
 
 def start_line(info: EngineInfo) -> str:
     """The line a node prints when it starts serving."""
-    how = "pinned by --max-context" if info.window_pinned else "sized for this device"
+    how = "pinned by --max-context" if info.window_pinned else "the model's own"
     return (
         f"runtime {info.runtime} serves {info.path}: context window "
         f"{info.context_window} tokens ({how}), {info.lanes} lanes"
     )
+
+
+def pool_line(engine: LlamaCppEngine) -> str:
+    """What the pool holds and what it fits in, for the start-up lines."""
+    return (f"KV pool of {engine.pool_cells} cells ({engine.kv_type}) shared by "
+            f"{engine.lanes} lanes, host prompt cache up to "
+            f"{human_bytes(engine.host_cache_limit)}, within a memory budget of "
+            f"{human_bytes(engine.memory_budget_bytes)}")
 
 
 # ----------------------------------------------------------------------------
@@ -198,7 +231,12 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         lanes: int = 8,
         max_context: int | None = None,
         n_threads: int | None = None,
+        memory_budget: int | None = None,
+        kv_type: str = "f16",
+        pool_cells: int | None = None,
     ) -> None:
+        if kv_type not in KV_TYPES:
+            raise ValueError(f"--kv-type {kv_type} is not one of {', '.join(KV_TYPES)}")
         super().__init__(
             os.fspath(path),
             runtime=RUNTIME_ID,
@@ -215,12 +253,29 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         self._vocab: Any = None
         self._batch: Any = None
         self._lanes = [_Lane(seq=i) for i in range(lanes)]
+        self.kv_type = kv_type
+        self.pool_cells_wanted = pool_cells  # None: one window (budget.plan_pool)
+        self.memory_budget_bytes = memory_budget or default_budget_bytes(total_memory_bytes())
+        self._host: HostCache | None = None
+
+    @property
+    def pool_cells(self) -> int:
+        return self._pool
+
+    @property
+    def host_cache_limit(self) -> int:
+        return self._host.limit if self._host is not None else 0
+
+    @property
+    def host_cache_bytes(self) -> int:
+        return self._host.size if self._host is not None else 0
 
     # -- loading ------------------------------------------------------------
 
     def _load(self) -> None:
         _check_path(self.path)
         lib = _lib()
+        base = process_rss_bytes()  # the process before the model: counted in the budget
         mparams = lib.llama_model_default_params()
         mparams.use_extra_bufts = repack_here()  # not on AMX CPUs: cpu_quirks.py
         model = lib.llama_model_load_from_file(self.path.encode(), mparams)
@@ -230,27 +285,38 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
             )
         meta = _meta_dict(lib, model)
         n_ctx_train = int(lib.llama_model_n_ctx_train(model))
-        if self.max_context is not None:
-            window = self.max_context
-        else:
-            window = size_window(
-                free_bytes=available_memory_bytes(),
-                model_bytes=os.path.getsize(self.path),
-                kv_bytes_per_token=_kv_bytes_per_token(lib, model, meta),
-                lanes=self.lanes,
-                n_ctx_train=n_ctx_train,
-            )
+        type_id, per_element = KV_TYPES[self.kv_type]
+        n_batch = min(N_BATCH_MAX, max(self.max_context or n_ctx_train or N_BATCH_MAX,
+                                       self.lanes))
+        overhead = _overhead_bytes(lib, model, n_batch)
+        model_bytes = os.path.getsize(self.path)
+        try:
+            plan = plan_pool(budget=self.memory_budget_bytes, base=base,
+                             model_bytes=model_bytes, overhead=overhead,
+                             kv_bytes_per_token=_kv_bytes_per_token(lib, model, meta,
+                                                                    per_element),
+                             lanes=self.lanes, n_ctx_train=n_ctx_train,
+                             max_context=self.max_context,
+                             pool_cells=self.pool_cells_wanted)
+        except ValueError:
+            lib.llama_model_free(model)
+            raise
+        window = plan.window
+        n_batch = min(n_batch, max(window, self.lanes))
         cparams = lib.llama_context_default_params()
-        cparams.n_ctx = window * self.lanes
+        cparams.n_ctx = plan.cells
         cparams.n_seq_max = self.lanes
-        n_batch = min(N_BATCH_MAX, max(window, self.lanes))
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
-        # one KV stream per sequence: every lane gets exactly its window
-        cparams.kv_unified = False
+        # one KV pool for every sequence: a session grows while cells are free
+        cparams.kv_unified = True
         cparams.no_perf = True
+        if type_id != 1:
+            cparams.type_k = type_id
+            cparams.type_v = type_id
+            cparams.flash_attn_type = 1  # llama.cpp quantizes V only with flash attention
         if int(lib.llama_model_n_swa(model)) > 0:
             # keep the whole window in the sliding-window layers too, so that a
             # parked prefix is still complete when the next turn reuses it
@@ -259,8 +325,8 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         if not ctx:
             lib.llama_model_free(model)
             raise ValueError(
-                f"llama.cpp cannot make a context of {window} x {self.lanes} tokens for "
-                f"{self.path}; lower --max-context or --max-batch"
+                f"llama.cpp cannot make a KV pool of {plan.cells} cells for {self.path}; "
+                "lower --memory-budget or --max-context"
             )
         self._model = model
         self._ctx = ctx
@@ -270,15 +336,23 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         self._eos = frozenset(
             t for t in range(self._n_vocab) if lib.llama_vocab_is_eog(self._vocab, t)
         )
-        per_seq = int(lib.llama_n_ctx_seq(ctx))
-        # the cells a lane may use; llama.cpp pads n_ctx (per sequence to 256),
-        # so a pinned odd window leaves a few cells that no lane reaches
-        self._window = min(window, per_seq) if per_seq > 0 else window
+        cells = int(lib.llama_n_ctx(ctx))
+        self._pool = cells if cells > 0 else plan.cells
+        self._window = min(window, self._pool)
+        self._budget = self.memory_budget_bytes
+        # what the budget leaves once the model is in (its pages are counted whole, the
+        # pool as allocated: llama.cpp touches its cells only as they fill)
+        held = max(process_rss_bytes(), base + model_bytes) + plan.kv_bytes + overhead
+        self._host = HostCache(min(plan.host_cache_bytes, max(self._budget - held, 0)))
         self._n_batch = int(lib.llama_n_batch(ctx))
         self._batch = lib.llama_batch_init(self._n_batch, 0, 1)
 
     def _unload(self) -> None:
         lib = _lib()
+        for lane in self._lanes:
+            lane.tokens = []
+            lane.session = ""
+        self._host = None
         if self._batch is not None:
             lib.llama_batch_free(self._batch)
             self._batch = None
@@ -306,7 +380,9 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
     # -- lanes (on the decode thread) ---------------------------------------
 
     def _admit(self, job: _Job, active: dict[int, _Job]) -> bool:
-        """Put a job on a lane: keep the common prefix, drop the rest of the sequence."""
+        """Put a job on a lane: keep the common prefix (or restore a longer one from the
+        host cache), drop the rest of the sequence, and reclaim parked cells until the
+        job's commitment fits; False (it waits) while it does not."""
         lane = pick_lane(
             [lane for lane in self._lanes if lane.job is None], job.prompt, job.request.session
         )
@@ -315,14 +391,24 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         lib = _lib()
         now = time.perf_counter()
         prompt = job.prompt
-        keep = common_prefix(lane.tokens, prompt)
-        keep = min(keep, len(prompt) - 1)  # re-evaluate the last prompt token for its logits
-        if keep < len(lane.tokens):
-            if not lib.llama_memory_seq_rm(self._mem, lane.seq, keep, -1):
-                lib.llama_memory_seq_rm(self._mem, lane.seq, -1, -1)
-                keep = 0
-            self._kv_add(keep - len(lane.tokens))
-            lane.tokens = lane.tokens[:keep]
+        # re-evaluate the last prompt token for its logits
+        keep = min(common_prefix(lane.tokens, prompt), len(prompt) - 1)
+        hit = None
+        if self._host is not None and len(self._host):
+            hit = self._host.best(prompt, better_than=keep + HOST_MIN_GAIN)
+        # cells this lane will hold at most while the job is admitted
+        peak = max(job.commit, len(hit.tokens)) if hit is not None else job.commit
+        if hit is not None and not self._room_for(peak, lane, active):
+            hit = None  # the restore does not fit beside the others: prefill instead
+            peak = job.commit
+        if not self._room_for(peak, lane, active):
+            return False
+        if hit is not None:
+            self._cut(lane, 0)
+            restored = self._restore(lane, hit.tokens, hit.state)
+            keep = min(hit.common, len(prompt) - 1) if restored else 0
+            job.from_host = keep
+        self._cut(lane, keep)
         lane.job = job
         lane.session = job.request.session
         lane.last_used = now
@@ -331,7 +417,68 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         job.pending = prompt[keep:]
         job.t_lane = now
         job.sampler = self._make_sampler(lib, job.request.sampling, prompt)
+        self._note_parked()
         return True
+
+    def _room_for(self, cells: int, lane: _Lane, active: dict[int, _Job]) -> bool:
+        """Whether ``lane`` can hold ``cells`` beside what the other lanes hold and what
+        the other running jobs may still fill; parked lanes are reclaimed (LRU) until it
+        can."""
+        def free() -> int:
+            held = sum(len(other.tokens) for other in self._lanes if other is not lane)
+            owed = sum(max(j.commit - len(j.lane.tokens), 0)
+                       for j in active.values() if j.lane is not None and j.lane is not lane)
+            return self._pool - held - owed
+
+        while free() < cells:
+            parked = [other for other in self._lanes
+                      if other.job is None and other is not lane and other.tokens]
+            if not parked:
+                return False
+            self._cut(min(parked, key=lambda other: other.last_used), 0)
+        return True
+
+    def _cut(self, lane: _Lane, keep: int) -> None:
+        """Drop the lane's sequence after ``keep`` tokens; a long cut parks the whole
+        sequence in the host cache first."""
+        if keep >= len(lane.tokens):
+            return
+        lib = _lib()
+        if self._host is not None and len(lane.tokens) - keep >= MIN_ENTRY:
+            state = self._save(lane)
+            if state is not None:
+                self._host.put(lane.tokens, state)
+        if not lib.llama_memory_seq_rm(self._mem, lane.seq, keep, -1):
+            lib.llama_memory_seq_rm(self._mem, lane.seq, -1, -1)
+            keep = 0
+        self._kv_add(keep - len(lane.tokens))
+        lane.tokens = lane.tokens[:keep]
+        if not keep:
+            lane.session = ""
+
+    def _save(self, lane: _Lane) -> bytes | None:
+        """The lane's KV state as llama.cpp serializes it, or None when it cannot."""
+        lib = _lib()
+        size = int(lib.llama_state_seq_get_size(self._ctx, lane.seq))
+        if size <= 0 or self._host is None or size > self._host.limit:
+            return None
+        buf = (ctypes.c_uint8 * size)()
+        got = int(lib.llama_state_seq_get_data(self._ctx, buf, size, lane.seq))
+        return bytes(memoryview(buf)[:got]) if got > 0 else None
+
+    def _restore(self, lane: _Lane, tokens: tuple[int, ...], state: bytes) -> bool:
+        """Put a host-cache entry into the (empty) lane; False when llama.cpp refuses."""
+        lib = _lib()
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if int(lib.llama_state_seq_set_data(self._ctx, buf, len(state), lane.seq)) <= 0:
+            lib.llama_memory_seq_rm(self._mem, lane.seq, -1, -1)
+            return False
+        lane.tokens = list(tokens)
+        self._kv_add(len(tokens))
+        return True
+
+    def _note_parked(self) -> None:
+        self._set_parked(sum(len(lane.tokens) for lane in self._lanes if lane.job is None))
 
     def _leave_lane(self, job: _Job, now: float) -> None:
         lane = job.lane
@@ -339,6 +486,7 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
             # the sequence stays parked (a half-prefilled prompt is a valid prefix too)
             lane.job = None
             lane.last_used = now
+            self._note_parked()
         if job.sampler is not None:
             _lib().llama_sampler_free(job.sampler)
             job.sampler = None
@@ -387,6 +535,9 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         """
         lib = _lib_mod
         batch = self._batch
+        self._grow_answers(active)
+        if not active:
+            return
         jobs = list(active.values())
         wants: list[LaneWant] = []
         for job in jobs:
@@ -426,12 +577,28 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
             lane.tokens.extend(tokens)
             if job.pending:
                 job.pending = job.pending[len(tokens) :]
+                job.sink.prefilled = len(job.prompt) - len(job.pending)
         self._kv_add(n)
         ctx = self._ctx
         for job, index in sampled:
             tok = int(lib.llama_sampler_sample(job.sampler, ctx, index))
             if self._sampled(job, tok, now, active):
                 job.next_token = tok
+
+    def _grow_answers(self, active: dict[int, _Job]) -> None:
+        """An answer at the end of its commitment takes one more cell for this step;
+        with none free after reclaiming parked lanes, it ends as ``length``."""
+        for job in list(active.values()):
+            lane = job.lane
+            if lane is None or job.pending or len(lane.tokens) < job.commit:
+                continue
+            if self._room_for(len(lane.tokens) + 1, lane, active):
+                self._grow_commit(job, 1)
+                continue
+            log.warning("the KV pool is full (%d cells): ended a session at %d tokens of its "
+                        "answer (finish reason length); raise --memory-budget, use --kv-type "
+                        "q8_0 or serve fewer lanes", self._pool, job.completion)
+            self._finish(job, "length", active)
 
     def _decode_failed(self, lib: Any, rc: int, fed: list[_Job], active: dict[int, _Job]) -> None:
         """No KV slot (1) or an error: end what was in the batch, keep the rest going."""

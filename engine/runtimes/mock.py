@@ -120,6 +120,7 @@ class MockGeneration:
         self._req = request
         self._cancelled = False
         self._result: GenerationResult | None = None
+        self.prefilled = 0  # prompt tokens read so far (at once, unless prefill_tps paces it)
         s = request.sampling
         if s.temperature <= 0:
             self._seed = 0
@@ -140,6 +141,17 @@ class MockGeneration:
     def __aiter__(self) -> AsyncIterator[list[int]]:
         return self._run()
 
+    async def _prefill(self, prompt: int) -> None:
+        """Read the prompt at the engine's ``prefill_tps`` (a slow node, on purpose)."""
+        rate = self._engine.prefill_tps
+        if rate <= 0:
+            self.prefilled = prompt
+            return
+        chunk = max(int(rate / 10), 1)  # ten chunks a second
+        while self.prefilled < prompt and not self._cancelled:
+            await asyncio.sleep(chunk / rate)
+            self.prefilled = min(self.prefilled + chunk, prompt)
+
     async def _run(self) -> AsyncIterator[list[int]]:
         eng = self._engine
         req = self._req
@@ -151,8 +163,9 @@ class MockGeneration:
         reason: FinishReason = "length"
         eng.lane_enter(len(context))
         period = 1.0 / eng.speed if eng.speed > 0 else 0.0
-        due = start
         try:
+            await self._prefill(len(context))
+            due = time.monotonic()
             while True:
                 if self._cancelled:
                     reason = "cancelled"
@@ -197,10 +210,13 @@ class MockGeneration:
 
 class MockEngine:
     def __init__(self, *, model: str = "mock", lanes: int = 8, context_window: int = 4096,
-                 speed: float = 0.0) -> None:
+                 speed: float = 0.0, prefill_tps: float = 0.0) -> None:
         self.info = EngineInfo(model=model, runtime="mock", context_window=context_window,
                                lanes=lanes, path="(built in)", window_pinned=True)
         self.speed = speed  # tokens/s per lane; 0 = as fast as the loop allows
+        self.prefill_tps = prefill_tps  # prompt tokens/s; 0 = at once
+        self.asleep = False
+        self.loads = 1  # how many times it was loaded (suspend/resume count them)
         self._busy = 0
         self._kv = 0
         self._ttfts: deque[float] = deque(maxlen=32)
@@ -240,7 +256,18 @@ class MockEngine:
     async def close(self) -> None:
         return None
 
+    async def suspend(self) -> None:
+        """As a real engine's idle unload: no generation until ``resume``."""
+        self.asleep = True
+
+    async def resume(self) -> None:
+        if self.asleep:
+            self.asleep = False
+            self.loads += 1
+
     def generate(self, request: GenerationRequest) -> MockGeneration:
+        if self.asleep:
+            raise RuntimeError("the engine is asleep; resume() it first")
         if self._busy >= self.info.lanes:
             raise RuntimeError("no free lane")
         # refuse what the real runtimes refuse (an empty prompt, ids outside the vocabulary)

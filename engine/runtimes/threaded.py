@@ -32,10 +32,12 @@ def check_prompt(prompt: Sequence[int], *, window: int, n_vocab: int) -> list[in
 class TokenSink:
     """Where the decode thread drops tokens; lives on the caller's event loop."""
 
-    __slots__ = ("_buf", "_done", "_event", "_result", "loop")
+    __slots__ = ("_buf", "_done", "_event", "_result", "loop", "prefilled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        # prompt tokens read so far, written by the decode thread (an int store is atomic)
+        self.prefilled = 0
         self._buf: list[int] = []
         self._done = False
         self._result: GenerationResult | None = None
@@ -104,6 +106,12 @@ class ThreadedGeneration:
     @property
     def done(self) -> bool:
         return self._sink._done
+
+    @property
+    def prefilled(self) -> int:
+        """Prompt tokens read so far (reused ones included): the node reports it to the
+        head while the first token is still coming."""
+        return self._sink.prefilled
 
     @property
     def result(self) -> GenerationResult:

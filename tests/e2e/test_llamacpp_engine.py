@@ -15,7 +15,6 @@ from engine.runtimes.llamacpp import (
     LlamaCppVocab,
     start_line,
 )
-from engine.runtimes.window import size_window
 from tests.e2e.engine_run import GREEDY, run, until_idle
 from tests.loopwatch import LoopWatch
 
@@ -255,54 +254,20 @@ async def test_stats_are_sane(engine: LlamaCppEngine, vocab: LlamaCppVocab) -> N
     assert "context window 1024 tokens" in start_line(engine.info)
 
 
-async def test_window_sized_for_this_device(smollm2_gguf: str) -> None:
+async def test_window_is_the_models_own_in_one_pool(smollm2_gguf: str) -> None:
     eng = LlamaCppEngine(smollm2_gguf, model_name="smollm2", lanes=2)
     await eng.start()
     try:
         info = eng.info
         assert not info.window_pinned
-        assert 512 <= info.context_window <= 8192  # SmolLM2's training context
-        assert eng.stats().kv_total == info.context_window * 2
+        assert info.context_window == 8192  # SmolLM2's training context, for one session
+        assert eng.stats().kv_total == 8192  # one pool that both lanes share
+        assert eng.pool_cells == 8192
         line = start_line(info)
         assert line.startswith(f"runtime llamacpp serves {smollm2_gguf}: context window ")
-        assert line.endswith("tokens (sized for this device), 2 lanes")
+        assert line.endswith("tokens (the model's own), 2 lanes")
     finally:
         await eng.close()
-
-
-def test_size_window_rules() -> None:
-    gib = 1024**3
-    # plenty of memory: capped by the training context
-    assert (
-        size_window(
-            free_bytes=64 * gib,
-            model_bytes=gib,
-            kv_bytes_per_token=1 << 15,
-            lanes=8,
-            n_ctx_train=8192,
-        )
-        == 8192
-    )
-    # half of what is left after the model, over all lanes
-    w = size_window(
-        free_bytes=2 * gib,
-        model_bytes=gib,
-        kv_bytes_per_token=1 << 17,
-        lanes=4,
-        n_ctx_train=1 << 20,
-    )
-    assert w == (gib // 2) // (1 << 17) // 4
-    # never below the floor
-    assert (
-        size_window(
-            free_bytes=gib,
-            model_bytes=2 * gib,
-            kv_bytes_per_token=1 << 17,
-            lanes=8,
-            n_ctx_train=8192,
-        )
-        == 512
-    )
 
 
 async def test_prompt_longer_than_the_window_is_refused(
