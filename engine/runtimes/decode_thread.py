@@ -42,14 +42,16 @@ import abc
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import queue
 import statistics
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from engine.runtimes.base import (
     EngineInfo,
@@ -61,6 +63,8 @@ from engine.runtimes.base import (
 from engine.runtimes.budget import process_rss_bytes
 from engine.runtimes.prefill_fit import PrefillFit
 from engine.runtimes.threaded import ThreadedGeneration, TokenSink, check_prompt
+
+log = logging.getLogger("shoal.node")
 
 RECENT = 64  # requests the measured rates and the ttft median look back over
 ANSWER_RESERVE = 512  # pool cells an answer commits at admission (fewer if it asks fewer)
@@ -97,6 +101,19 @@ class Job:
 
 
 J = TypeVar("J", bound=Job)
+
+
+class PoolLane(Protocol):
+    """What the pool reads of a runtime's lane."""
+
+    @property
+    def tokens(self) -> Sequence[int]: ...  # tokens whose KV the lane holds
+
+    @property
+    def last_used(self) -> float: ...
+
+    @property
+    def job(self) -> Job | None: ...  # the job on it; None while its sequence is parked
 
 
 class _Stop:
@@ -161,8 +178,23 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
         self._from_host = 0
         self._prefilled = 0
         self._rss = (0.0, 0)  # (when read, bytes)
+        self._asleep = False  # suspended: the model and pool are freed
 
     # -- what a runtime supplies (all but _load run on the decode thread's loop) --------
+
+    pool_hint = "raise --memory-budget or serve fewer lanes"  # said when the pool is full
+
+    def _pool_lanes(self) -> Sequence[PoolLane]:
+        """Every lane, for the pool's accounting (a runtime with a pool overrides it)."""
+        return ()
+
+    def _reclaim(self, lane: PoolLane) -> None:
+        """Free a parked lane's cells (its sequence is dropped, or kept elsewhere)."""
+        raise NotImplementedError
+
+    def _lane_of(self, job: J) -> PoolLane | None:
+        """The lane ``job`` runs on (a runtime with a pool overrides it)."""
+        return None
 
     @abc.abstractmethod
     def _load(self) -> None:
@@ -210,8 +242,6 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
         with self._lock:
             self._accepting = not self._closed
             self._asleep = False
-
-    _asleep = False
 
     @property
     def asleep(self) -> bool:
@@ -471,6 +501,41 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
         job.commit += cells
         with self._lock:
             self._committed += cells
+
+    def _room_for(self, cells: int, lane: PoolLane) -> bool:
+        """Whether ``lane`` can hold ``cells`` beside what the other lanes hold and what
+        their running jobs have committed; parked lanes are reclaimed (least recently
+        used first) until it can."""
+        def free() -> int:
+            taken = 0
+            for other in self._pool_lanes():
+                if other is not lane:
+                    held = len(other.tokens)
+                    taken += held if other.job is None else max(held, other.job.commit)
+            return self._pool - taken
+
+        while free() < cells:
+            parked = [other for other in self._pool_lanes()
+                      if other.job is None and other is not lane and other.tokens]
+            if not parked:
+                return False
+            self._reclaim(min(parked, key=lambda other: other.last_used))
+        return True
+
+    def _grow_answers(self, active: dict[int, J]) -> None:
+        """Before a step: an answer at the end of its commitment takes one more cell; with
+        none free after reclaiming parked lanes it ends as ``length``, with one line."""
+        for job in list(active.values()):
+            lane = self._lane_of(job)
+            if lane is None or len(lane.tokens) < job.commit:
+                continue
+            if self._room_for(len(lane.tokens) + 1, lane):
+                self._grow_commit(job, 1)
+                continue
+            log.warning("the KV pool is full (%d cells): ended a session at %d tokens of its "
+                        "answer (finish reason length); %s", self._pool, job.completion,
+                        self.pool_hint)
+            self._finish(job, "length", active)
 
     def _set_parked(self, cells: int) -> None:
         with self._lock:

@@ -46,7 +46,7 @@ from engine.runtimes.budget import (
     total_memory_bytes,
 )
 from engine.runtimes.cpu_quirks import repack_here
-from engine.runtimes.decode_thread import DecodeThreadEngine, Job
+from engine.runtimes.decode_thread import DecodeThreadEngine, Job, PoolLane
 from engine.runtimes.host_cache import MIN_ENTRY, HostCache
 from engine.runtimes.lanes import Lane, LaneWant, common_prefix, pick_lane, plan_batch
 from engine.runtimes.threaded import ThreadedGeneration
@@ -223,6 +223,8 @@ class _Lane(Lane):
 class LlamaCppEngine(DecodeThreadEngine[_Job]):
     """A node's engine on llama.cpp: one context, one sequence per lane."""
 
+    pool_hint = "raise --memory-budget, use --kv-type q8_0 or serve fewer lanes"
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -398,10 +400,10 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
             hit = self._host.best(prompt, better_than=keep + HOST_MIN_GAIN)
         # cells this lane will hold at most while the job is admitted
         peak = max(job.commit, len(hit.tokens)) if hit is not None else job.commit
-        if hit is not None and not self._room_for(peak, lane, active):
+        if hit is not None and not self._room_for(peak, lane):
             hit = None  # the restore does not fit beside the others: prefill instead
             peak = job.commit
-        if not self._room_for(peak, lane, active):
+        if not self._room_for(peak, lane):
             return False
         if hit is not None:
             self._cut(lane, 0)
@@ -420,23 +422,15 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         self._note_parked()
         return True
 
-    def _room_for(self, cells: int, lane: _Lane, active: dict[int, _Job]) -> bool:
-        """Whether ``lane`` can hold ``cells`` beside what the other lanes hold and what
-        the other running jobs may still fill; parked lanes are reclaimed (LRU) until it
-        can."""
-        def free() -> int:
-            held = sum(len(other.tokens) for other in self._lanes if other is not lane)
-            owed = sum(max(j.commit - len(j.lane.tokens), 0)
-                       for j in active.values() if j.lane is not None and j.lane is not lane)
-            return self._pool - held - owed
+    def _pool_lanes(self) -> list[_Lane]:
+        return self._lanes
 
-        while free() < cells:
-            parked = [other for other in self._lanes
-                      if other.job is None and other is not lane and other.tokens]
-            if not parked:
-                return False
-            self._cut(min(parked, key=lambda other: other.last_used), 0)
-        return True
+    def _lane_of(self, job: _Job) -> _Lane | None:
+        return job.lane
+
+    def _reclaim(self, lane: PoolLane) -> None:
+        assert isinstance(lane, _Lane)
+        self._cut(lane, 0)  # into the host cache, when long enough to keep
 
     def _cut(self, lane: _Lane, keep: int) -> None:
         """Drop the lane's sequence after ``keep`` tokens; a long cut parks the whole
@@ -584,21 +578,6 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
             tok = int(lib.llama_sampler_sample(job.sampler, ctx, index))
             if self._sampled(job, tok, now, active):
                 job.next_token = tok
-
-    def _grow_answers(self, active: dict[int, _Job]) -> None:
-        """An answer at the end of its commitment takes one more cell for this step;
-        with none free after reclaiming parked lanes, it ends as ``length``."""
-        for job in list(active.values()):
-            lane = job.lane
-            if lane is None or job.pending or len(lane.tokens) < job.commit:
-                continue
-            if self._room_for(len(lane.tokens) + 1, lane, active):
-                self._grow_commit(job, 1)
-                continue
-            log.warning("the KV pool is full (%d cells): ended a session at %d tokens of its "
-                        "answer (finish reason length); raise --memory-budget, use --kv-type "
-                        "q8_0 or serve fewer lanes", self._pool, job.completion)
-            self._finish(job, "length", active)
 
     def _decode_failed(self, lib: Any, rc: int, fed: list[_Job], active: dict[int, _Job]) -> None:
         """No KV slot (1) or an error: end what was in the batch, keep the rest going."""

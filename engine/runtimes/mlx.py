@@ -82,7 +82,7 @@ from engine.runtimes.budget import (
     process_rss_bytes,
     total_memory_bytes,
 )
-from engine.runtimes.decode_thread import DecodeThreadEngine, Job
+from engine.runtimes.decode_thread import DecodeThreadEngine, Job, PoolLane
 from engine.runtimes.lanes import Lane, common_prefix, pick_lane
 from engine.runtimes.threaded import ThreadedGeneration
 
@@ -485,30 +485,15 @@ class MlxEngine(DecodeThreadEngine[_Job]):
         self._note_parked()
         return True
 
-    def _room_for(self, cells: int, lane: _Lane) -> bool:
-        """Whether ``lane`` can hold ``cells`` beside what the other lanes hold and what
-        their running jobs have committed; parked lanes are reclaimed (least recently
-        used first) until it can."""
+    def _pool_lanes(self) -> list[_Lane]:
+        return self._lanes
 
-        def free() -> int:
-            taken = 0
-            for other in self._lanes:
-                if other is lane:
-                    continue
-                held = len(other.tokens)
-                taken += held if other.job is None else max(held, other.job.commit)
-            return self._pool - taken
+    def _lane_of(self, job: _Job) -> _Lane | None:
+        return job.lane
 
-        while free() < cells:
-            parked = [other for other in self._lanes
-                      if other.job is None and other is not lane and other.tokens]
-            if not parked:
-                return False
-            self._reclaim(min(parked, key=lambda other: other.last_used))
-        return True
-
-    def _reclaim(self, lane: _Lane) -> None:
+    def _reclaim(self, lane: PoolLane) -> None:
         """A parked lane's cache is dropped (mlx frees it; nothing keeps it elsewhere)."""
+        assert isinstance(lane, _Lane)
         lane.cache = None
         lane.session = ""
         self._hold(lane, [])
@@ -564,22 +549,6 @@ class MlxEngine(DecodeThreadEngine[_Job]):
             self._step_batched(active)
         else:
             self._step_round_robin(active)
-
-    def _grow_answers(self, active: dict[int, _Job]) -> None:
-        """An answer at the end of its commitment takes one more cell for this step
-        (each step adds one token to every decoding lane's cache); with none free after
-        reclaiming parked lanes, it ends as ``length``."""
-        for job in list(active.values()):
-            lane = job.lane
-            if lane is None or len(lane.tokens) < job.commit:
-                continue
-            if self._room_for(len(lane.tokens) + 1, lane):
-                self._grow_commit(job, 1)
-                continue
-            log.warning("the KV pool is full (%d cells): ended a session at %d tokens of its "
-                        "answer (finish reason length); raise --memory-budget or serve fewer "
-                        "lanes", self._pool, job.completion)
-            self._finish(job, "length", active)
 
     def _step_batched(self, active: dict[int, _Job]) -> None:
         """One BatchGenerator step: a token for each decoding lane, a prefill chunk."""
