@@ -16,7 +16,7 @@ from typing import Any
 
 from engine import cli_argv
 from engine.cli_parser import build_parser
-from engine.cli_run import leave, node_lines, run, setup_logging, wait_for_window
+from engine.cli_run import leave, node_lines, pool_lines, run, setup_logging, wait_for_window
 from engine.config import Config, ConfigError, load_config
 from engine.errors import ShoalError, StartError
 from engine.secrets import TokenError
@@ -177,7 +177,7 @@ async def _join_banner(shoal: Shoal) -> list[str]:
         return []
     link = "encrypted" if node.encrypted else "plaintext, loopback only"
     return [f"runtime {node.runtime} serves {node.path}: context window "
-            f"{node.context_window} tokens, {node.lanes} lanes",
+            f"{node.context_window} tokens, {node.lanes} lanes", *pool_lines(node),
             f"node '{node.identity}' joining {', '.join(node.heads)} as '{node.model}' "
             f"(link {link})"]
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from engine.events import Notice, PullProgress, ShoalEvent, Subscription
 from engine.files import write_private
 from engine.process_stamp import PROC, process_stamp, same_process
+from engine.runtimes.budget import human_bytes
 from engine.service import Shoal
 from engine.serving_gc import pace_for_serving
 from engine.settings import UPSTREAM_RUNTIMES, Settings
@@ -106,7 +107,7 @@ async def wait_for_window(shoal: Shoal, wait_s: float = WINDOW_WAIT_S) -> int:
 
 def node_lines(node: LocalNodeSnapshot) -> list[str]:
     """What a node prints when it starts: what the runtime serves, where it listens."""
-    how = "pinned by --max-context" if node.window_pinned else "sized for this device"
+    how = "pinned by --max-context" if node.window_pinned else "the model's own"
     if node.runtime == "mock":
         how = "mock engine, for tests"
     elif node.runtime in UPSTREAM_RUNTIMES:
@@ -114,8 +115,19 @@ def node_lines(node: LocalNodeSnapshot) -> list[str]:
     link = "encrypted" if node.encrypted else "plaintext, loopback only"
     return [f"runtime {node.runtime} serves {node.path}: context window "
             f"{node.context_window} tokens ({how}), {node.lanes} lanes",
+            *pool_lines(node),
             f"node '{node.identity}' serving '{node.model}' on {node.address} (link {link}): "
             f"context window {node.context_window} tokens, {node.lanes} lanes"]
+
+
+def pool_lines(node: LocalNodeSnapshot) -> list[str]:
+    """The KV pool and memory budget, for a runtime that keeps them."""
+    if not node.memory_budget:
+        return []
+    host = (f", a host prompt cache of up to {human_bytes(node.host_cache_limit)}"
+            if node.host_cache_limit else "")
+    return [f"KV pool of {node.kv_cells} cells shared by {node.lanes} lanes{host}, within a "
+            f"memory budget of {human_bytes(node.memory_budget)} (--memory-budget)"]
 
 
 def node_state_path(home: Path) -> Path:

@@ -38,7 +38,7 @@ class NodeSettings:
     model: str | None = None  # a GGUF path, org/repo[:QUANT], an MLX folder; None: embedded
     runtime: str | None = None  # llamacpp | mlx | mock | llama-server | vllm; None: by format
     model_name: str | None = None  # the name heads match on; None: the model's own
-    max_context: int | None = None  # tokens per lane; None: sized for this device
+    max_context: int | None = None  # tokens one session holds; None: the model's own window
     lanes: int = LANES_DEFAULT  # 0 with an upstream: as many as it says it runs
     upstream: str | None = None  # http://HOST:PORT of the engine llama-server / vllm front
     identity: str | None = None  # the name in heads' logs; None: the host name

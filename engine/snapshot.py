@@ -110,7 +110,7 @@ class LocalNodeSnapshot:
     runtime: str
     path: str
     context_window: int
-    window_pinned: bool  # --max-context (else sized for this device)
+    window_pinned: bool  # --max-context (else the model's own, within the budget)
     lanes: int
     lanes_busy: int
     address: str  # HOST:PORT where it takes links (loopback: this machine's head only)
@@ -119,6 +119,11 @@ class LocalNodeSnapshot:
     heads: tuple[str, ...]  # heads of the fleet it links with ("HOST:PORT")
     linked: tuple[str, ...]  # of those, the ones it has a live link to now
     error: str | None = None
+    kv_cells: int = 0  # the KV pool all its lanes share (0: not said)
+    memory_used: int = 0  # bytes its process holds now (0: not measured)
+    memory_budget: int = 0  # bytes it keeps within (0: no budget)
+    host_cache_limit: int = 0  # what its host-memory prompt cache may hold
+    sleep: str = ""  # "" | "asleep" | "waking" (idle unload)
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,12 +96,15 @@ class LocalNode:
     def snapshot(self, heads: tuple[str, ...] = (),
                  linked: tuple[str, ...] = ()) -> LocalNodeSnapshot:
         info = self.engine.info
+        st = self.engine.stats()
         return LocalNodeSnapshot(
             state=self.state, identity=self.agent.identity, model=info.model,
             runtime=info.runtime, path=info.path, context_window=info.context_window,
             window_pinned=info.window_pinned, lanes=info.lanes, lanes_busy=self.agent.busy,
             address=f"{self.host}:{self.port}", listening=self.settings.listen is not None,
-            encrypted=self.agent.psk is not None, heads=heads, linked=linked)
+            encrypted=self.agent.psk is not None, heads=heads, linked=linked,
+            kv_cells=st.kv_total, memory_used=st.mem_used, memory_budget=st.mem_budget,
+            host_cache_limit=st.host_cache_limit, sleep=self.agent.sleep)
 
     def set_psk(self, psk: bytes | None) -> None:
         """A new fleet token: new links use it (heads and joins redial with it)."""

@@ -74,6 +74,8 @@ class EngineStats:
     prompt_from_lanes: int = 0  # prompt tokens reused from a parked lane, so far
     prompt_from_host: int = 0  # prompt tokens restored from the host-memory cache, so far
     prompt_prefilled: int = 0  # prompt tokens prefilled, so far
+    host_cache_bytes: int = 0  # what the host-memory prompt cache holds now
+    host_cache_limit: int = 0  # and may hold, within the budget
     prefill_s_per_token: float = 0.0  # engine.runtimes.prefill_fit; 0.0 until fitted
     prefill_s_per_token_ctx: float = 0.0
 
@@ -105,7 +107,7 @@ class EngineInfo:
     context_window: int  # tokens one session can hold (per lane)
     lanes: int
     path: str = ""  # the file it serves, for the start-up line
-    window_pinned: bool = False  # --max-context given (else sized for this device)
+    window_pinned: bool = False  # --max-context given (else the model's own window)
 
 
 class Generation(Protocol):

@@ -192,6 +192,10 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
         """Free a parked lane's cells (its sequence is dropped, or kept elsewhere)."""
         raise NotImplementedError
 
+    def _host_cache_use(self) -> tuple[int, int]:
+        """Bytes the host-memory prompt cache holds, and may hold (none: 0, 0)."""
+        return 0, 0
+
     def _lane_of(self, job: J) -> PoolLane | None:
         """The lane ``job`` runs on (a runtime with a pool overrides it)."""
         return None
@@ -373,6 +377,8 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
             prompt_from_lanes=counts[0],
             prompt_from_host=counts[1],
             prompt_prefilled=counts[2],
+            host_cache_bytes=self._host_cache_use()[0],
+            host_cache_limit=self._host_cache_use()[1],
             prefill_s_per_token=fit.a,
             prefill_s_per_token_ctx=fit.b,
         )

@@ -5,7 +5,8 @@ serializes it) moves here under its tokens; a prompt that shares a long prefix
 with an entry (the same conversation coming back, or another one with the same
 agent system prompt and tools) is restored from it instead of prefilled again.
 
-Pure: the runtime hands bytes in and out. An entry that another one extends is
+Pure: the runtime hands blobs in and out (anything with a length in bytes: llama.cpp's
+state stays in the buffer it was written to, never copied). An entry that another one extends is
 dropped (the longer one restores everything the shorter one would). The cache
 never holds more than ``limit`` bytes; the least recently used entries go first.
 """
@@ -13,7 +14,7 @@ never holds more than ``limit`` bytes; the least recently used entries go first.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from dataclasses import dataclass
 
 from engine.runtimes.lanes import common_prefix
@@ -24,20 +25,20 @@ MIN_ENTRY = 64  # a shorter prefix costs less to prefill than to keep
 @dataclass(frozen=True, slots=True)
 class Hit:
     tokens: tuple[int, ...]  # the entry's tokens (what restoring puts in the lane)
-    state: bytes
+    state: Sized
     common: int  # tokens the prompt shares with it
 
 
 class HostCache:
     def __init__(self, limit: int) -> None:
         self.limit = max(limit, 0)
-        self._entries: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, ...], Sized] = OrderedDict()
         self.size = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, tokens: Sequence[int], state: bytes) -> bool:
+    def put(self, tokens: Sequence[int], state: Sized) -> bool:
         """Keep ``state`` for ``tokens``; False when it is too short or too large to keep."""
         key = tuple(tokens)
         if len(key) < MIN_ENTRY or len(state) > self.limit:

@@ -342,9 +342,10 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         self._pool = cells if cells > 0 else plan.cells
         self._window = min(window, self._pool)
         self._budget = self.memory_budget_bytes
-        # what the budget leaves once the model is in (its pages are counted whole, the
-        # pool as allocated: llama.cpp touches its cells only as they fill)
-        held = max(process_rss_bytes(), base + model_bytes) + plan.kv_bytes + overhead
+        # what the budget leaves once the model is in: the model's pages counted whole (an
+        # mmap fills as it is read) and the pool (llama.cpp clears it, so it is resident
+        # already), and the compute buffers, which fill at the first steps
+        held = max(process_rss_bytes(), base + model_bytes + plan.kv_bytes) + overhead
         self._host = HostCache(min(plan.host_cache_bytes, max(self._budget - held, 0)))
         self._n_batch = int(lib.llama_n_batch(ctx))
         self._batch = lib.llama_batch_init(self._n_batch, 0, 1)
@@ -425,6 +426,10 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
     def _pool_lanes(self) -> list[_Lane]:
         return self._lanes
 
+    def _host_cache_use(self) -> tuple[int, int]:
+        host = self._host  # read once: the decode thread replaces it on unload
+        return (host.size, host.limit) if host is not None else (0, 0)
+
     def _lane_of(self, job: _Job) -> _Lane | None:
         return job.lane
 
@@ -450,21 +455,22 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         if not keep:
             lane.session = ""
 
-    def _save(self, lane: _Lane) -> bytes | None:
-        """The lane's KV state as llama.cpp serializes it, or None when it cannot."""
+    def _save(self, lane: _Lane) -> Any:
+        """The lane's KV state as llama.cpp serializes it, in a buffer of its own (kept
+        as it is: a copy would double the memory at the moment the budget is tightest),
+        or None when it cannot."""
         lib = _lib()
         size = int(lib.llama_state_seq_get_size(self._ctx, lane.seq))
         if size <= 0 or self._host is None or size > self._host.limit:
             return None
         buf = (ctypes.c_uint8 * size)()
         got = int(lib.llama_state_seq_get_data(self._ctx, buf, size, lane.seq))
-        return bytes(memoryview(buf)[:got]) if got > 0 else None
+        return buf if got == size else None
 
-    def _restore(self, lane: _Lane, tokens: tuple[int, ...], state: bytes) -> bool:
+    def _restore(self, lane: _Lane, tokens: tuple[int, ...], state: Any) -> bool:
         """Put a host-cache entry into the (empty) lane; False when llama.cpp refuses."""
         lib = _lib()
-        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        if int(lib.llama_state_seq_set_data(self._ctx, buf, len(state), lane.seq)) <= 0:
+        if int(lib.llama_state_seq_set_data(self._ctx, state, len(state), lane.seq)) <= 0:
             lib.llama_memory_seq_rm(self._mem, lane.seq, -1, -1)
             return False
         lane.tokens = list(tokens)

@@ -44,7 +44,7 @@ class EngineSpec:
     path: str  # what the runtime loads: ResolvedModel.path (an upstream's URL)
     model_name: str  # the model's name on the link ("" for an upstream: its own)
     lanes: int = 8  # 0 for an upstream: as many as it says
-    max_context: int | None = None  # None: sized for this device
+    max_context: int | None = None  # None: the model's own window, within the budget
     mock_speed: float = 0.0  # the mock runtime's tokens/s per lane (0: unlimited)
     memory_budget: int | None = None  # bytes for the model and its KV pool; None: default
     kv_type: str = "f16"  # the KV pool's number type: f16 or q8_0 (llama.cpp only)
