@@ -68,7 +68,7 @@ class EngineStats:
     # it does. The node then refuses sessions as busy and reports every lane busy.
     down: str = ""
     kv_parked: int = 0  # cells held by parked prefixes (reclaimed when a session needs them)
-    max_prompt: int = 0  # the longest prompt a new session can bring now; 0: the window
+    max_prompt: int = 0  # the longest prompt a new session can bring now; 0: no pool
     mem_used: int = 0  # bytes the engine's process holds (0: not measured)
     mem_budget: int = 0  # bytes it keeps within (0: no budget)
     prompt_from_lanes: int = 0  # prompt tokens reused from a parked lane, so far

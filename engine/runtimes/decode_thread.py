@@ -335,13 +335,15 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
             return self._full_text()
 
     def _max_prompt(self) -> int:
-        """The longest prompt a new session can bring now (with a full answer reserve)."""
+        """The longest prompt a new session can bring now (with a full answer reserve);
+        at least 1 with a pool, since 0 says "no pool" on the link and a full pool must
+        still turn the head away."""
         if not self._pool:
             return 0
         free = self._pool - self._committed
         if free >= self._window:
             return self._window - 1
-        return max(free - ANSWER_RESERVE, 0)
+        return max(free - ANSWER_RESERVE, 1)
 
     def _mem_used(self) -> int:
         now = time.monotonic()

@@ -1,14 +1,23 @@
 """Node lanes against llama.cpp's own ``llama-server --parallel N``.
 
 Side by side in one run, at 1, 2, 4 and 8 lanes, on the same model
-(the embedded SmolLM2-135M-Instruct Q4_1), the same threads, the same per-lane
-context window, the same batch size, the same prompts (token ids rendered
-through the model's chat template) and the same number of generated tokens:
+(the embedded SmolLM2-135M-Instruct Q4_1), the same threads, the same KV pool,
+the same batch size, the same prompts (token ids rendered through the model's
+chat template) and the same number of generated tokens:
 
   * ours: ``LlamaCppEngine`` in this process with ``lanes=N``;
   * llama-server built from the llama.cpp that the installed llama-cpp-python
     sdist carries (see ``scripts/lib/llama_server.py``), ``--parallel N``, streamed over
     HTTP on 127.0.0.1 (``/completion`` with the prompt as ids).
+
+The KV pool (``--kv``): ``unified`` (the default, what our engine has): one pool of
+``--window`` cells (8,192: SmolLM2's trained window, the pool our engine picks by
+itself at 8 lanes) that all lanes share, ours ``pool_cells=WINDOW``, llama-server
+``-c WINDOW --kv-unified``; ``per-lane``: the comparison of the earlier runs,
+llama-server ``-c WINDOW*N --no-kv-unified`` (one KV stream per slot) against ours
+with ``max_context=WINDOW`` (its one pool then holds N windows). llama-server's
+host-memory prompt cache (``--cache-ram``) is set to what our engine's host cache
+may hold (``host_cache_limit``), so both keep reclaimed prefixes alike.
 
 For each N both are loaded and take turns, never generating at the same time
 (the idle side uses no CPU): a warm-up round each, then ``--rounds`` rounds
@@ -21,14 +30,21 @@ time to first token (TTFT) is from submitting a request to its first token
 at an end-of-generation token, so the prompts ask for long answers and the
 tokens actually generated are counted. Our ``llama_decode`` calls are watched
 (``DecodeWatch``) to count steps whose lanes are out of sequence-id order,
-which llama.cpp splits into several micro-batches.
+which llama.cpp splits into several micro-batches when each lane has its own
+KV stream (``--kv per-lane`` only; one unified stream is never split so).
 
 Second turn: a ~1,500-token conversation on our engine; TTFT of its first
 turn against TTFT of the same session's second turn (previous prompt +
 answer + a new user message), the prompt cache reusing the parked prefix.
 llama-server's numbers for the same turns are listed for reference.
 
-Run: .venv/bin/python scripts/bench/node_lanes.py [--tokens 128] [--rounds 6]
+The results go into docs/benchmarks.md as the subsection ``--title`` of the
+"Node lanes against llama-server" section (replaced when it is there, else added
+at the section's end: the earlier runs' tables stay), with a plot only when
+``--plot`` names one.
+
+Run: .venv/bin/python scripts/bench/node_lanes.py [--kv unified|per-lane] [--tokens 128]
+     [--rounds 6] [--title "Rerun with one KV pool (issue 23)"] [--plot docs/X.png]
      [--cache ~/.cache/shoal-bench] [--llama-server PATH] [--out docs/benchmarks.md]
 Traffic goes only to 127.0.0.1; every loop is bounded in count and time; the
 only processes ended are the llama-server processes this script started.
@@ -64,6 +80,7 @@ sys.path.insert(0, str(ROOT))
 from engine.head.prompt.model import HeadModel, load_head_model  # noqa: E402
 from engine.models import ensure_embedded_default  # noqa: E402
 from engine.runtimes.base import GenerationRequest, Sampling  # noqa: E402
+from engine.runtimes.budget import MiB  # noqa: E402
 from engine.runtimes.llamacpp import N_BATCH_MAX, LlamaCppEngine  # noqa: E402
 from scripts.lib.llama_server import BuildFailed, ensure_llama_server  # noqa: E402
 from tests.llama_server_proc import same_repacking  # noqa: E402
@@ -78,6 +95,10 @@ REQUEST_TIMEOUT = 300.0  # s, one request
 START_TIMEOUT = 120.0  # s, llama-server until /health answers 200
 TURN_WINDOW = 2048
 CONVERSATIONS = 3
+UNIFIED_WINDOW = 8192  # SmolLM2's trained window: the pool our engine picks at 8 lanes
+PER_LANE_WINDOW = 1024
+TITLE = "Rerun with one KV pool (issue 23)"
+Q8_SERVER = ("-ctk", "q8_0", "-ctv", "q8_0", "-fa", "on")  # llama-server's --kv-type q8_0
 
 GREEDY = Sampling(temperature=0.0)
 
@@ -271,18 +292,25 @@ def free_port() -> int:
 
 
 class Server:
-    """One llama-server process that this script started; stopped by its pid."""
+    """One llama-server process that this script started; stopped by its pid.
 
-    def __init__(self, binary: Path, model: Path, n: int, window: int, threads: int,
-                 log: Path) -> None:
+    ``ctx`` is its ``-c``: the one pool all slots share when ``unified``, else
+    ``ctx / n`` for each slot's own stream. ``cache_ram`` is ``--cache-ram`` in MiB.
+    """
+
+    def __init__(self, binary: Path, model: Path, n: int, ctx: int, threads: int,
+                 log: Path, *, unified: bool = True, cache_ram: int = 0,
+                 extra: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        window = ctx if unified else ctx // n
         n_batch = min(N_BATCH_MAX, max(window, n))  # what our engine uses
         self.cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port",
-                    str(self.port), "--parallel", str(n), "-c", str(window * n),
-                    "--no-kv-unified", "-t", str(threads), "-tb", str(threads),
-                    "-b", str(n_batch), "-ub", str(n_batch), "--cache-ram", "0",
-                    "--no-ui", *same_repacking()]
+                    str(self.port), "--parallel", str(n), "-c", str(ctx),
+                    "--kv-unified" if unified else "--no-kv-unified",
+                    "-t", str(threads), "-tb", str(threads),
+                    "-b", str(n_batch), "-ub", str(n_batch), "--cache-ram", str(cache_ram),
+                    "--no-ui", *same_repacking(), *extra]
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -290,6 +318,11 @@ class Server:
         with self.log.open("wb") as fh:
             self.proc = subprocess.Popen(self.cmd, stdout=fh, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
 
     def stop(self) -> None:
         stop_process(self.proc)
@@ -355,41 +388,55 @@ async def server_one(http: aiohttp.ClientSession, url: str, prompt: list[int],
 # ---- both, one round at a time
 
 
+def unified(args: argparse.Namespace) -> bool:
+    return bool(args.kv == "unified")
+
+
 @contextlib.asynccontextmanager
 async def both(binary: Path, path: Path, n: int, window: int, args: argparse.Namespace,
-               log: str) -> AsyncIterator[tuple[LlamaCppEngine, Server, aiohttp.ClientSession]]:
+               log: str, *, kv_type: str = "f16", server_extra: tuple[str, ...] = (),
+               ) -> AsyncIterator[tuple[LlamaCppEngine, Server, aiohttp.ClientSession]]:
     """Our engine and a llama-server, both loaded; the caller runs one at a time.
 
+    ``window`` is the shared pool (``args.kv`` unified) or each lane's window.
+    Ours loads first: llama-server's ``--cache-ram`` is what our host cache may hold.
     Whichever side is not running a round sits idle (a blocked decode thread,
     a server waiting on its task queue), so rounds can alternate between the
     two and a burst of load elsewhere on the machine hits both alike.
     """
-    srv = Server(binary, path, n, window, args.threads, args.cache / log)
-    engine: LlamaCppEngine | None = None
-    srv.start()
+    srv: Server | None = None
+    one_pool = unified(args)
+    engine = LlamaCppEngine(str(path), model_name="bench", lanes=n,
+                            max_context=None if one_pool else window,
+                            pool_cells=window if one_pool else None, kv_type=kv_type,
+                            n_threads=args.threads)
     try:
-        await srv.wait_healthy()
-        engine = LlamaCppEngine(str(path), model_name="bench", lanes=n, max_context=window,
-                                n_threads=args.threads)
         await engine.start()
+        extra = (*server_extra, *(Q8_SERVER if kv_type == "q8_0" else ()))
+        srv = Server(binary, path, n, window if one_pool else window * n, args.threads,
+                     args.cache / log, unified=one_pool,
+                     cache_ram=engine.host_cache_limit // MiB, extra=extra)
+        srv.start()
+        await srv.wait_healthy()
         conn = aiohttp.TCPConnector(limit=n)
         async with aiohttp.ClientSession(connector=conn) as http:
             yield engine, srv, http
     finally:
-        if engine is not None:
-            await engine.close()
-        srv.stop()
+        await engine.close()
+        if srv is not None:
+            srv.stop()
 
 
 async def lanes(binary: Path, path: Path, n: int, args: argparse.Namespace,
-                prompts: list[list[int]]) -> tuple[Run, Run]:
+                prompts: list[list[int]], *, kv_type: str = "f16",
+                server_extra: tuple[str, ...] = ()) -> tuple[Run, Run]:
     """A warm-up round each, then ``args.rounds`` rounds each, alternating sides.
 
     Round r sends the same N prompts to both sides, each prompt new to both.
     """
     ours, theirs = Run(), Run()
-    async with both(binary, path, n, args.window, args, f"llama-server-np{n}.log") as (
-            engine, srv, http):
+    async with both(binary, path, n, args.window, args, f"llama-server-np{n}-{kv_type}.log",
+                    kv_type=kv_type, server_extra=server_extra) as (engine, srv, http):
         async def one_ours(p: list[int]) -> Reply:
             return (await ours_one(engine, p, args.tokens))[0]
 
@@ -481,7 +528,12 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128, help="tokens generated per request")
     ap.add_argument("--rounds", type=int, default=6,
                     help="measured rounds per side and lane count")
-    ap.add_argument("--window", type=int, default=1024, help="context window per lane")
+    ap.add_argument("--kv", choices=("unified", "per-lane"), default="unified",
+                    help="one KV pool shared by all lanes (ours, llama-server --kv-unified), "
+                    "or llama-server's one stream per slot (--no-kv-unified)")
+    ap.add_argument("--window", type=int, default=None,
+                    help=f"the shared pool's cells (unified, default {UNIFIED_WINDOW}) or "
+                    f"each lane's window (per-lane, default {PER_LANE_WINDOW})")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--turn-tokens", type=int, default=1500,
                     help="length of the first turn of the conversation")
@@ -491,8 +543,13 @@ def main() -> None:
     ap.add_argument("--llama-server", type=Path, default=None,
                     help="use this llama-server binary instead of building one")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
-    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "node_lanes.png")
+    ap.add_argument("--title", default=TITLE,
+                    help="the subsection of the node lanes section this run writes")
+    ap.add_argument("--plot", type=Path, default=None,
+                    help="write a plot there and show it in the subsection (default: none)")
     args = ap.parse_args()
+    if args.window is None:
+        args.window = UNIFIED_WINDOW if unified(args) else PER_LANE_WINDOW
     args.cache = args.cache.expanduser()
     args.cache.mkdir(parents=True, exist_ok=True)
     levels = [int(x) for x in args.lanes.split(",") if x.strip()]
@@ -518,8 +575,8 @@ def main() -> None:
     convs = [conversation(model, seed, args.turn_tokens) for seed in range(CONVERSATIONS)]
     load = os.getloadavg()[0]
     print(f"{len(prompts)} prompts of {min(map(len, prompts))}-{longest} tokens, "
-          f"{args.tokens} tokens each, {args.threads} threads, window {args.window} per lane, "
-          f"load average {load:.2f}", flush=True)
+          f"{args.tokens} tokens each, {args.threads} threads, "
+          f"{pool_words(args)}, load average {load:.2f}", flush=True)
 
     rows: list[dict[str, Any]] = []
     WATCH.install()
@@ -550,6 +607,12 @@ def run_levels(binary: Path, path: Path, levels: list[int], args: argparse.Names
         rows.append({"lanes": n, "ours": ours, "server": srv})
 
 
+def pool_words(args: argparse.Namespace) -> str:
+    if unified(args):
+        return f"one pool of {args.window} cells shared by the lanes"
+    return f"window {args.window} per lane"
+
+
 def server_version(binary: Path) -> str:
     try:
         r = subprocess.run([str(binary), "--version"], capture_output=True, text=True,
@@ -578,42 +641,51 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
 
-def write_report(rows: list[dict[str, Any]], turns: Turns, ref: Turns,
-                 args: argparse.Namespace, *, version: str,
-                 load: tuple[float, float]) -> None:
+def setup_text(args: argparse.Namespace, *, version: str, load: tuple[float, float]) -> str:
+    """The paragraph that says what was compared, how, and on what machine."""
     lcp = importlib.metadata.version("llama-cpp-python")
-    lines = [
-        f"{HEADING} (`scripts/bench/node_lanes.py`)", "",
+    if unified(args):
+        pool = (f"one KV pool of {args.window} cells shared by all lanes on both sides (ours "
+                f"`pool_cells={args.window}`, llama.cpp's unified KV; llama-server `-c "
+                f"{args.window} --kv-unified`), a session taking up to the whole pool")
+    else:
+        pool = (f"{args.window}-token window per lane (llama-server: `-c {args.window}*N "
+                "--no-kv-unified`, one KV stream per slot; ours: `max_context="
+                f"{args.window}`, one pool of {args.window}*N cells)")
+    return (
         f"Our `LlamaCppEngine` (llama-cpp-python {lcp}, in-process) against `llama-server "
         f"--parallel N` built from the llama.cpp that the llama-cpp-python {lcp} sdist "
         f"carries (build {version}), one after the other on the same {os.cpu_count()}-core "
         f"machine ({cpu_name()}; 1-minute load average {load[0]:.2f} at the start, "
         f"{load[1]:.2f} at the end, other work included). Same model "
-        "(SmolLM2-135M-Instruct Q4_1), "
-        f"{args.threads} threads, {args.window}-token window per lane (llama-server: "
-        f"`-c {args.window}*N --no-kv-unified`), batch {min(N_BATCH_MAX, args.window)}, "
-        f"greedy, {args.tokens} tokens per request (llama-server: `top_k` 1, `ignore_eos`; "
-        "ours stops only at an end-of-generation token, which these prompts do not reach); "
-        "each request its own chat prompt (sent to llama-server's `/completion` as token "
-        f"ids, streamed). Per lane count both are loaded and take turns, never running at "
-        f"the same time: a warm-up round each, then {args.rounds} rounds each of N "
-        "concurrent requests, alternating which side goes first, both sides getting the "
-        "same N new prompts in a round. Tokens/s is "
+        f"(SmolLM2-135M-Instruct Q4_1), {args.threads} threads, {pool}, batch "
+        f"{min(N_BATCH_MAX, args.window)}, greedy, {args.tokens} tokens per request "
+        "(llama-server: `top_k` 1, `ignore_eos`; ours stops only at an end-of-generation "
+        "token, which these prompts do not reach); each request its own chat prompt (sent "
+        "to llama-server's `/completion` as token ids, streamed). Per lane count both are "
+        "loaded and take turns, never running at the same time: a warm-up round each, then "
+        f"{args.rounds} rounds each of N concurrent requests, alternating which side goes "
+        "first, both sides getting the same N new prompts in a round. Tokens/s is "
         "completion tokens over a round's wall time (median of rounds); TTFT is from submit "
-        "to the first token (median of requests). llama-server runs with `--cache-ram 0` "
-        "(no host-memory prompt cache) and `cache_prompt` on, which like our lanes reuses "
-        "only the chat header that the different prompts share. The machine is shared with "
-        "other work, so single rounds can be several times slower than their neighbours "
-        "(see the min-max column); the medians and ratios are what to read.", "",
-        f"Targets: tokens/s at least {TARGET_TPS}x llama-server's, median TTFT at most "
-        f"{TARGET_TTFT}x. \"Our steps split\" counts our measured decode steps whose batch did "
-        "not list its lanes in consecutive, increasing sequence-id order, which llama.cpp "
-        "(one KV stream per lane) decodes as several smaller batches.", "",
-        "| lanes | ours tok/s | llama-server tok/s | ratio | | ours TTFT ms | llama-server "
-        "TTFT ms | ratio | | tokens/request ours / server | rounds tok/s min-max ours / server "
-        "| our steps split |",
-        "|---:|---:|---:|---:|:--|---:|---:|---:|:--|:--|:--|---:|",
-    ]
+        "to the first token (median of requests). llama-server's host-memory prompt cache "
+        "(`--cache-ram`) is set to what ours may hold, and `cache_prompt` is on; the "
+        "prompts share only their chat header. Reproduce: `.venv/bin/python "
+        f"scripts/bench/node_lanes.py --kv {args.kv} --rounds {args.rounds} --tokens "
+        f"{args.tokens}`.")
+
+
+def lanes_table(rows: list[dict[str, Any]], *, split: bool) -> tuple[list[str], list[str]]:
+    """The table of tokens/s and TTFT per lane count, and the targets it missed; sets
+    each row's ``tps_ratio`` and ``ttft_ratio``. ``split``: the column of our steps
+    split by lane order (it matters only with one KV stream per lane)."""
+    head = ("| lanes | ours tok/s | llama-server tok/s | ratio | | ours TTFT ms | llama-server "
+            "TTFT ms | ratio | | tokens/request ours / server | rounds tok/s min-max ours / "
+            "server |")
+    rule = "|---:|---:|---:|---:|:--|---:|---:|---:|:--|:--|:--|"
+    if split:
+        head += " our steps split |"
+        rule += "---:|"
+    lines = [head, rule]
     misses: list[str] = []
     for row in rows:
         o, s = row["ours"], row["server"]
@@ -630,12 +702,31 @@ def write_report(rows: list[dict[str, Any]], turns: Turns, ref: Turns,
             hi = max(r.tokens for r in run.replies)
             return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
-        lines.append(
+        line = (
             f"| {row['lanes']} | {o.tps_median:,.1f} | {s.tps_median:,.1f} | {tr:.2f} | "
             f"{verdict(tr >= TARGET_TPS)} | {o.ttft_median * 1000:,.1f} | "
             f"{s.ttft_median * 1000:,.1f} | {lr:.2f} | {verdict(lr <= TARGET_TTFT)} | "
             f"{span(o)} / {span(s)} | {min(o.tps):.0f}-{max(o.tps):.0f} / "
-            f"{min(s.tps):.0f}-{max(s.tps):.0f} | {o.split}/{o.steps} |")
+            f"{min(s.tps):.0f}-{max(s.tps):.0f} |")
+        if split:
+            line += f" {o.split}/{o.steps} |"
+        lines.append(line)
+    return lines, misses
+
+
+def write_report(rows: list[dict[str, Any]], turns: Turns, ref: Turns,
+                 args: argparse.Namespace, *, version: str,
+                 load: tuple[float, float]) -> None:
+    per_lane = not unified(args)
+    targets = (f"Targets: tokens/s at least {TARGET_TPS}x llama-server's, median TTFT at most "
+               f"{TARGET_TTFT}x.")
+    if per_lane:
+        targets += (" \"Our steps split\" counts our measured decode steps whose batch did "
+                    "not list its lanes in consecutive, increasing sequence-id order, which "
+                    "llama.cpp (one KV stream per lane) decodes as several smaller batches.")
+    table, misses = lanes_table(rows, split=per_lane)
+    lines = [f"### {args.title}", "", setup_text(args, version=version, load=load), "",
+             targets, "", *table]
     med = statistics.median
     lines += [
         "",
@@ -655,16 +746,19 @@ def write_report(rows: list[dict[str, Any]], turns: Turns, ref: Turns,
     if not turns.ratio <= TARGET_TURN:
         misses.append("second-turn TTFT")
     if misses:
-        lines += ["", "Missed: " + ", ".join(misses) + ". " + explain(rows, turns)]
-    plot_line = plot(rows, turns, ref, args)
-    section = "\n".join(lines) + "\n" + plot_line
-    replace_section(args.out, HEADING, section)
+        lines += ["", "Missed: " + ", ".join(misses) + ". "
+                  + explain(rows, turns, per_lane=per_lane)]
+    section = "\n".join(lines) + "\n"
+    if args.plot is not None:
+        section += plot(rows, turns, ref, args)
+    replace_subsection(args.out, HEADING, f"### {args.title}", section)
     print("\n".join(lines), flush=True)
     print(f"wrote {args.out}")
 
 
-def explain(rows: list[dict[str, Any]], turns: Turns) -> str:
-    """One or two sentences on what limits a missed target, from what was measured."""
+def explain(rows: list[dict[str, Any]], turns: Turns, *, per_lane: bool = True) -> str:
+    """One or two sentences on what limits a missed target, from what was measured.
+    ``per_lane``: each lane had its own KV stream, so a batch out of lane order is split."""
     parts: list[str] = []
     slow = [r for r in rows if not r["tps_ratio"] >= TARGET_TPS]
     if slow:
@@ -673,7 +767,7 @@ def explain(rows: list[dict[str, Any]], turns: Turns) -> str:
         inside = (sum(r["ours"].decode_s for r in slow)
                   / max(sum(r["ours"].wall_s for r in slow), 1e-9))
         lanes = ", ".join(str(r["lanes"]) for r in slow)
-        if split / steps > 0.1:
+        if per_lane and split / steps > 0.1:
             parts.append(
                 f"Tokens/s at {lanes} lanes: {split} of our {steps} decode steps listed their "
                 "lanes out of sequence-id order (the engine fills each batch in admission "
@@ -684,8 +778,10 @@ def explain(rows: list[dict[str, Any]], turns: Turns) -> str:
                 "removes the split.")
         else:
             parts.append(
-                f"Tokens/s at {lanes} lanes: our steps were not split and "
-                f"{inside:.0%} of our wall time was inside `llama_decode`, so the gap is "
+                f"Tokens/s at {lanes} lanes: "
+                + ("our steps were not split and " if per_lane else
+                   "one KV stream (no step is split by lane order) and ")
+                + f"{inside:.0%} of our wall time was inside `llama_decode`, so the gap is "
                 "the rest of the step (Python bookkeeping and token hand-over) or load from "
                 "other work on this shared machine during our rounds.")
     late = [r for r in rows if not r["ttft_ratio"] <= TARGET_TTFT]
@@ -760,6 +856,30 @@ def plot(rows: list[dict[str, Any]], turns: Turns, ref: Turns, args: argparse.Na
     except ValueError:
         rel = str(args.plot)
     return f"\n![node lanes against llama-server]({rel})\n"
+
+
+def replace_subsection(path: Path, heading: str, sub: str, text: str) -> None:
+    """Put ``text`` as the subsection ``sub`` (a ``### `` line) of the ``## `` section
+    ``heading``: in place of a subsection of that title, else at the section's end; the
+    rest of the section (earlier runs) stays as it is."""
+    doc = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    start = doc.find(heading)
+    if start == -1:
+        replace_section(path, heading, f"{heading}\n\n{text}")
+        return
+    end = doc.find("\n## ", start + 1)
+    end = len(doc) if end == -1 else end + 1
+    body = doc[start:end]
+    at = body.find(f"\n{sub}\n")
+    if at == -1:
+        body = body.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
+    else:
+        after = body.find("\n### ", at + 1)
+        tail = body[after + 1:] if after != -1 else ""
+        body = body[:at + 1] + text.rstrip("\n") + "\n" + ("\n" + tail if tail else "")
+    if end < len(doc):
+        body += "\n"
+    path.write_text(doc[:start] + body + doc[end:])
 
 
 def replace_section(path: Path, heading: str, section: str) -> None:

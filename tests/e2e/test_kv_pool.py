@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -134,7 +138,8 @@ def ready(fleet: Fleet, n: int) -> bool:
 
 
 async def test_the_head_places_a_session_a_full_pool_refuses_on_another_node(
-        smollm2_gguf: str, vocab: LlamaCppVocab) -> None:
+        smollm2_gguf: str, vocab: LlamaCppVocab, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
     async with started(smollm2_gguf, lanes=4, pool_cells=1024) as full_eng, \
             started(smollm2_gguf, lanes=4, pool_cells=1024) as free_eng, \
             node(full_eng, "full") as (_a, pa), node(free_eng, "free") as (_b, pb):
@@ -150,10 +155,15 @@ async def test_the_head_places_a_session_a_full_pool_refuses_on_another_node(
                    for i in range(2)]
         prompt = vocab.encode(chat("What is the capital of France?"))
         assert full_eng.admission(len(prompt), 64) is not None
+        full = fleet.pools[f"127.0.0.1:{pa}"]
+        # the node's stats tell the head its pool cannot take the prompt now
+        await until(lambda: full.stats is not None and 0 < full.stats.max_prompt <= len(prompt),
+                    "the head to hear that the first node's pool is full")
         ids, fin = await collect(runner, Job(session="s", model="smollm2", prompt=prompt,
                                              max_tokens=64, prefer=("full",),
                                              sampling=m.SamplingParams(temperature=0.0)))
         assert fin.node == "free" and ids
+        assert "node 'full' is full" not in caplog.text  # placed elsewhere without asking
         for gen in holders:
             gen.cancel()
         await fleet.close()
@@ -206,3 +216,42 @@ async def test_one_session_takes_gemmas_whole_window_while_the_other_lanes_are_f
         assert eng.stats().kv_used >= 32768 - 1
     finally:
         await eng.close()
+
+
+@contextlib.contextmanager
+def cpu_hogs() -> Iterator[None]:
+    """Other work on every core of this machine, started here and ended here by pid."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(os.cpu_count() or 2)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait(10)
+
+
+async def test_a_long_prefill_on_a_node_loaded_by_other_work_is_not_failed_over(
+        smollm2_gguf: str, vocab: LlamaCppVocab) -> None:
+    async with started(smollm2_gguf, lanes=2) as eng, node(eng, "loaded") as (_a, port):
+        fleet = Fleet(model="smollm2", head_id="h", psk=TOKEN)
+        fleet.add_dialed("127.0.0.1", port)
+        runner = SessionRunner(fleet, lease_ms=2500)  # a short lease: a tight first-token bound
+        await until(lambda: ready(fleet, 1), "the node linked")
+        greedy = m.SamplingParams(temperature=0.0)
+        # on a quiet machine the node measures and fits its prefill cost
+        for words in (60, 250, 600):
+            text = " ".join(f"item{i}" for i in range(words))
+            await collect(runner, Job(session=f"w{words}", model="smollm2", max_tokens=2,
+                                      prompt=vocab.encode(chat(text)), sampling=greedy))
+        await until(lambda: eng.stats().prefill_s_per_token > 0, "the node's prefill fit")
+        long_prompt = vocab.encode(chat(" ".join(f"entry{i}" for i in range(1300))))
+        # then other work takes every core: the prompt's prefill runs far past the bound
+        # its fitted cost gives, and only the node's progress reports keep the attempt alive
+        with cpu_hogs():
+            ids, fin = await collect(runner, Job(session="long", model="smollm2",
+                                                 prompt=long_prompt, max_tokens=4,
+                                                 sampling=greedy))
+        assert fin.moves == 0 and fin.node == "loaded"
+        assert fin.prompt_tokens == len(long_prompt) and ids
+        await fleet.close()
