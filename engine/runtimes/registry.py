@@ -16,6 +16,7 @@ Errors carry one line naming the cause and the fix: :class:`UnknownRuntime`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from engine.models import Cancel, Progress
 
 DEFAULT_RUNTIME = "llamacpp"
+log = logging.getLogger("shoal")
 
 
 class UnknownRuntime(RuntimeUnavailable):
@@ -102,6 +104,11 @@ def _mlx_model(spec: str | None, home: Path, offline: bool, progress: Progress |
 
 
 def _mlx_engine(spec: EngineSpec) -> Engine:
+    if spec.kv_type != "f16":
+        # mlx-lm's batched cache holds keys and values as the model computes them
+        log.warning("runtime mlx keeps its KV cache in the model's own precision and "
+                    "ignores --kv-type %s; lower --max-context or raise --memory-budget "
+                    "for more context", spec.kv_type)
     return mlx.MlxEngine(spec.path, model_name=spec.model_name, lanes=spec.lanes,
                          max_context=spec.max_context, memory_budget=spec.memory_budget)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,14 @@ def test_an_upstream_runtime_takes_a_url_and_refuses_to_be_a_heads_vocabulary(
     with pytest.raises(RuntimeUnavailable, match="a head reads its model's vocabulary from the "
                        "GGUF or MLX files"):
         registry.load_vocab(runtime, "http://127.0.0.1:8080")
+
+
+def test_mlx_says_it_ignores_a_kv_type(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    spec = registry.EngineSpec(path="org/repo", model_name="m", kv_type="q8_0")
+    registry.get_runtime("mlx").make_engine(spec)  # builds only: nothing loads yet
+    assert "runtime mlx keeps its KV cache in the model's own precision and ignores " \
+        "--kv-type q8_0" in caplog.text
+    caplog.clear()
+    registry.get_runtime("mlx").make_engine(registry.EngineSpec(path="org/repo", model_name="m"))
+    assert "--kv-type" not in caplog.text
