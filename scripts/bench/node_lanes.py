@@ -395,11 +395,14 @@ def unified(args: argparse.Namespace) -> bool:
 @contextlib.asynccontextmanager
 async def both(binary: Path, path: Path, n: int, window: int, args: argparse.Namespace,
                log: str, *, kv_type: str = "f16", server_extra: tuple[str, ...] = (),
+               server_unified: bool | None = None, server_cache_ram: int | None = None,
                ) -> AsyncIterator[tuple[LlamaCppEngine, Server, aiohttp.ClientSession]]:
     """Our engine and a llama-server, both loaded; the caller runs one at a time.
 
     ``window`` is the shared pool (``args.kv`` unified) or each lane's window.
-    Ours loads first: llama-server's ``--cache-ram`` is what our host cache may hold.
+    Ours loads first: llama-server's ``--cache-ram`` is what our host cache may hold
+    unless ``server_cache_ram`` (MiB) says; ``server_unified`` False gives llama-server
+    one stream of ``window`` cells per slot whatever ours has (None: as ours).
     Whichever side is not running a round sits idle (a blocked decode thread,
     a server waiting on its task queue), so rounds can alternate between the
     two and a burst of load elsewhere on the machine hits both alike.
@@ -415,9 +418,11 @@ async def both(binary: Path, path: Path, n: int, window: int, args: argparse.Nam
     try:
         await engine.start()
         extra = (*server_extra, *(Q8_SERVER if kv_type == "q8_0" else ()))
-        srv = Server(binary, path, n, window if one_pool else window * n, args.threads,
-                     args.cache / log, unified=one_pool,
-                     cache_ram=engine.host_cache_limit // MiB, extra=extra)
+        theirs = one_pool if server_unified is None else server_unified
+        srv = Server(binary, path, n, window if theirs else window * n, args.threads,
+                     args.cache / log, unified=theirs,
+                     cache_ram=engine.host_cache_limit // MiB if server_cache_ram is None
+                     else server_cache_ram, extra=extra)
         srv.start()
         await srv.wait_healthy()
         conn = aiohttp.TCPConnector(limit=n)
@@ -431,14 +436,18 @@ async def both(binary: Path, path: Path, n: int, window: int, args: argparse.Nam
 
 async def lanes(binary: Path, path: Path, n: int, args: argparse.Namespace,
                 prompts: list[list[int]], *, kv_type: str = "f16",
-                server_extra: tuple[str, ...] = ()) -> tuple[Run, Run]:
+                server_extra: tuple[str, ...] = (), server_unified: bool | None = None,
+                server_cache_ram: int | None = None, tag: str = "") -> tuple[Run, Run]:
     """A warm-up round each, then ``args.rounds`` rounds each, alternating sides.
 
-    Round r sends the same N prompts to both sides, each prompt new to both.
+    Round r sends the same N prompts to both sides, each prompt new to both. The
+    ``server_`` settings go to :func:`both`; ``tag`` names the server's log.
     """
     ours, theirs = Run(), Run()
-    async with both(binary, path, n, args.window, args, f"llama-server-np{n}-{kv_type}.log",
-                    kv_type=kv_type, server_extra=server_extra) as (engine, srv, http):
+    async with both(binary, path, n, args.window, args,
+                    f"llama-server-np{n}-{kv_type}{tag}.log", kv_type=kv_type,
+                    server_extra=server_extra, server_unified=server_unified,
+                    server_cache_ram=server_cache_ram) as (engine, srv, http):
         async def one_ours(p: list[int]) -> Reply:
             return (await ours_one(engine, p, args.tokens))[0]
 
@@ -562,13 +571,7 @@ def main() -> None:
     if not levels or min(args.rounds, args.tokens, *levels) < 1:
         raise SystemExit("--rounds, --tokens and --lanes must be positive")
 
-    if args.llama_server is not None:
-        binary = args.llama_server
-    else:
-        try:
-            binary = ensure_llama_server()
-        except BuildFailed as exc:
-            raise SystemExit(f"llama-server: {exc}") from None
+    binary = server_binary(args)
     path = bench_model(args)
     model = load_head_model("llamacpp", str(path), name="bench")
     prompts = lane_prompts(model, max(levels) * (args.rounds + 1))
@@ -665,13 +668,15 @@ def setup_text(args: argparse.Namespace, *, version: str, load: tuple[float, flo
         pool = (f"{args.window}-token window per lane (llama-server: `-c {args.window}*N "
                 "--no-kv-unified`, one KV stream per slot; ours: `max_context="
                 f"{args.window}`, one pool of {args.window}*N cells)")
+    repack = (" with the weights unrepacked on both sides (`--no-repack`: this CPU has AMX, "
+              "see engine/runtimes/cpu_quirks.py)" if same_repacking() else "")
     return (
         f"Our `LlamaCppEngine` (llama-cpp-python {lcp}, in-process) against `llama-server "
         f"--parallel N` built from the llama.cpp that the llama-cpp-python {lcp} sdist "
         f"carries (build {version}), one after the other on the same {os.cpu_count()}-core "
         f"machine ({cpu_name()}; 1-minute load average {load[0]:.2f} at the start, "
         f"{load[1]:.2f} at the end, other work included). Same model "
-        f"(SmolLM2-135M-Instruct Q4_1), {args.threads} threads, {pool}, batch "
+        f"(SmolLM2-135M-Instruct Q4_1), {args.threads} threads{repack}, {pool}, batch "
         f"{min(N_BATCH_MAX, args.window)}, greedy, {args.tokens} tokens per request "
         "(llama-server: `top_k` 1, `ignore_eos`; ours stops only at an end-of-generation "
         "token, which these prompts do not reach); each request its own chat prompt (sent "
@@ -824,18 +829,7 @@ def plot(rows: list[dict[str, Any]], turns: Turns, ref: Turns, args: argparse.Na
     xs = [str(r["lanes"]) for r in rows]
     idx = list(range(len(xs)))
     w = 0.38
-    ax1.bar([i - w / 2 for i in idx], [r["ours"].tps_median for r in rows], w, label="Shoal")
-    ax1.bar([i + w / 2 for i in idx], [r["server"].tps_median for r in rows], w,
-            label="llama-server")
-    for i, r in enumerate(rows):
-        ax1.annotate(f"{r['tps_ratio']:.2f}x", (i, max(r["ours"].tps_median,
-                     r["server"].tps_median)), ha="center", va="bottom", fontsize=8)
-    ax1.margins(y=0.12)
-    ax1.set_xticks(idx, xs)
-    ax1.set_xlabel("lanes (concurrent requests)")
-    ax1.set_ylabel("aggregate tokens/s")
-    ax1.set_title("Throughput (median of rounds), ours/theirs")
-    ax1.legend(fontsize=8)
+    tps_bars(ax1, rows, "Throughput (median of rounds), ours/theirs")
     ax2.bar([i - w / 2 for i in idx], [r["ours"].ttft_median * 1000 for r in rows], w,
             label="Shoal")
     ax2.bar([i + w / 2 for i in idx], [r["server"].ttft_median * 1000 for r in rows], w,
@@ -860,6 +854,32 @@ def plot(rows: list[dict[str, Any]], turns: Turns, ref: Turns, args: argparse.Na
     ax3.legend(fontsize=8)
     fig.suptitle(f"SmolLM2-135M Q4_1, {args.threads} threads, {args.tokens} tokens/request",
                  fontsize=9)
+    return "\n" + save_plot(fig, args, "node lanes against llama-server")
+
+
+def tps_bars(ax: Any, rows: list[dict[str, Any]], title: str) -> None:
+    """Ours and llama-server's tokens/s per lane count, each pair marked with its ratio."""
+    w = 0.38
+    idx = list(range(len(rows)))
+    ax.bar([i - w / 2 for i in idx], [r["ours"].tps_median for r in rows], w, label="Shoal")
+    ax.bar([i + w / 2 for i in idx], [r["server"].tps_median for r in rows], w,
+           label="llama-server")
+    for i, r in enumerate(rows):
+        ax.annotate(f"{r['tps_ratio']:.2f}x", (i, max(r["ours"].tps_median,
+                    r["server"].tps_median)), ha="center", va="bottom", fontsize=8)
+    ax.margins(y=0.12)
+    ax.set_xticks(idx, [str(r["lanes"]) for r in rows])
+    ax.set_xlabel("lanes (concurrent requests)")
+    ax.set_ylabel("aggregate tokens/s")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+
+
+def save_plot(fig: Any, args: argparse.Namespace, alt: str) -> str:
+    """Lay out and write ``fig`` to ``args.plot``; the Markdown line that shows it from
+    ``args.out``."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     args.plot.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.plot, dpi=110)
@@ -868,7 +888,17 @@ def plot(rows: list[dict[str, Any]], turns: Turns, ref: Turns, args: argparse.Na
         rel = os.path.relpath(args.plot, args.out.parent)
     except ValueError:
         rel = str(args.plot)
-    return f"\n![node lanes against llama-server]({rel})\n"
+    return f"![{alt}]({rel})\n"
+
+
+def server_binary(args: argparse.Namespace) -> Path:
+    """``--llama-server``, else the one built for this machine (built once, if need be)."""
+    if args.llama_server is not None:
+        return Path(args.llama_server)
+    try:
+        return ensure_llama_server()
+    except BuildFailed as exc:
+        raise SystemExit(f"llama-server: {exc}") from None
 
 
 def replace_subsection(path: Path, heading: str, sub: str, text: str) -> None:
