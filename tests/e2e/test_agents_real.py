@@ -13,16 +13,24 @@ held is that every request was answered whole, the only complaint being Claude C
 about that cap (the full session, tool round trip included, runs on a scripted model in
 tests/integration/test_real_agents.py; the prompt cache across sessions on this model in
 scripts/bench/agents.py). SmolLM2-135M-Instruct ends its answers, in a window of 16,384
-tokens (twice what it was trained on) that holds Codex's prompt: Codex runs on it. opencode
-runs on Gemma with its own output cap (it takes a cut answer)"""
+tokens (twice what it was trained on) that holds Codex's prompt: Codex runs on it, through a
+pass-through of this test's own that pins temperature 0 where Codex leaves it out (Codex
+sets no output cap, and a sampled answer of a 135M model now and then runs on for the whole
+window, at minutes of decode here; greedy, it ends). opencode runs on Gemma with its own
+output cap (it takes a cut answer)"""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from app.editors import Offer
 from tests.integration.conftest import Cluster, Proc
@@ -66,14 +74,53 @@ def served(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Pro
 ERRORS = {"claude": "API Error:", "codex": "ERROR: ", "opencode": "Error: "}  # their own
 
 
+@contextlib.asynccontextmanager
+async def greedy(upstream: str) -> AsyncIterator[str]:
+    """A pass-through to ``upstream`` on 127.0.0.1 that sets temperature 0 in a JSON body
+    that leaves it out, streaming the answers back as they come; yields its base URL."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
+        async def forward(request: web.Request) -> web.StreamResponse:
+            body = await request.read()
+            if body and request.content_type == "application/json":
+                doc = json.loads(body)
+                if isinstance(doc, dict) and doc.get("temperature") is None:
+                    doc["temperature"] = 0
+                body = json.dumps(doc).encode()
+            headers = {k: v for k, v in request.headers.items()
+                       if k.lower() not in ("host", "content-length", "transfer-encoding")}
+            async with http.request(request.method, upstream + request.path_qs, data=body,
+                                    headers=headers) as up:
+                out = web.StreamResponse(status=up.status, headers={
+                    "Content-Type": up.headers.get("Content-Type", "application/json")})
+                await out.prepare(request)
+                async for chunk in up.content.iter_any():
+                    await out.write(chunk)
+                await out.write_eof()
+                return out
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(runner, sock).start()
+        try:
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        finally:
+            await runner.cleanup()
+
+
 async def run_real(name: str, served: tuple[Proc, Path, int], binaries: dict[str, Path],
                    tmp: Path, args: list[str], env: dict[str, str] | None = None,
-                   capped: str | None = None) -> str:
+                   capped: str | None = None, base: str | None = None) -> str:
     """Run the agent; it must exit 0 with an answer and no API error, or, where ``capped``
-    is given, may instead stop with that complaint of its own alone."""
+    is given, may instead stop with that complaint of its own alone. ``base``: where it
+    reaches the head (a pass-through), else the head itself."""
     head, gguf, window = served
+    base = base or f"http://127.0.0.1:{head.port}"
     setup = await asyncio.to_thread(
-        setup_agent, name, f"http://127.0.0.1:{head.port}/v1", binaries[name], tmp / name,
+        setup_agent, name, f"{base}/v1", binaries[name], tmp / name,
         [Offer(gguf.name.removesuffix(".gguf"), window, tools=True, fim=False)])
     setup.env.update(env or {})
     ran = await run_agent(setup, args, timeout=RUN_TIMEOUT_S)
@@ -103,8 +150,11 @@ async def test_claude_code_over_messages(served: tuple[Proc, Path, int], tmp_pat
 @pytest.mark.parametrize("served", [SMOLLM2], indirect=True, ids=["smollm2"])
 async def test_codex_over_responses(served: tuple[Proc, Path, int], tmp_path: Path,
                                     agent_binaries: dict[str, Path]):
-    await run_real("codex", served, agent_binaries, tmp_path,
-                   ["exec", "--skip-git-repo-check", "Say hello."])
+    head = served[0]
+    async with greedy(f"http://127.0.0.1:{head.port}") as base:
+        await run_real("codex", served, agent_binaries, tmp_path,
+                       ["exec", "--skip-git-repo-check", "Say hello."], base=base)
+    assert "placed on 'n0'" in head.log_text()  # it reached the real node
 
 
 async def test_opencode_over_chat_completions(served: tuple[Proc, Path, int], tmp_path: Path,
