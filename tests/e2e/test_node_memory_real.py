@@ -17,15 +17,6 @@ MiB = 1024 * 1024
 BUDGET = 640 * MiB
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Cluster:
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    c = Cluster(tmp_path / "home", logs)
-    yield c
-    c.close()
-
-
 def peak_rss(pid: int) -> int:
     """The process's high-water mark of resident memory (VmHWM), in bytes."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

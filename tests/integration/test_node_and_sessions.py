@@ -130,9 +130,8 @@ def job(session: str, **kw: object) -> Job:
 
 
 async def wait_ready(fleet: Fleet, n: int) -> None:
-    async with asyncio.timeout(10):
-        while sum(1 for p in fleet.pools.values() if p.state == "ready") < n:
-            await asyncio.sleep(0.05)
+    await until(lambda: sum(1 for p in fleet.pools.values() if p.state == "ready") >= n,
+                f"{n} nodes ready")
 
 
 async def collect(runner: SessionRunner, job: Job) -> tuple[list[int], Finish]:
