@@ -401,8 +401,8 @@ class NodeAgent:
         prompt = len(run.gen.prompt)
         while True:
             await asyncio.sleep(PROGRESS_S)
-            done = run.generation.prefilled if run.generation is not None and not loading \
-                and hasattr(run.generation, "prefilled") else 0
+            # an engine that does not say (an upstream one) reports 0 read so far
+            done = 0 if loading else getattr(run.generation, "prefilled", 0)
             with contextlib.suppress(LinkClosed):
                 link.send(m.Progress(prefilled=min(int(done), prompt), prompt=prompt,
                                      loading=loading))

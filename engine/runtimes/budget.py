@@ -24,9 +24,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-GiB = 1024**3
-MiB = 1024**2
-MIN_BUDGET = 256 * MiB
+from engine.sizes import GiB, MiB
+
 MIN_CELLS_PER_LANE = 1024
 POOL_FLOOR = 512  # fewer cells than this cannot hold a chat turn
 CELL_ROUND = 256  # llama.cpp pads its context to this

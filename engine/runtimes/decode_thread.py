@@ -297,7 +297,7 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
         with self._lock:
             if not self._accepting:
                 raise RuntimeError("the engine is closing")
-            if self._pool and self._committed + commit > self._pool:
+            if not self._fits(commit):
                 raise PoolFull(self._full_text())
             self._committed += commit
             self._next_id += 1
@@ -320,6 +320,10 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
         if not self._closed:
             self._commands.put(job_id)
 
+    def _fits(self, cells: int) -> bool:
+        """Whether ``cells`` more can be committed (under the lock; no pool: always)."""
+        return not self._pool or self._committed + cells <= self._pool
+
     def _full_text(self) -> str:
         return (f"the KV pool is full ({self._committed} of {self._pool} cells committed to "
                 "running sessions)")
@@ -330,9 +334,7 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
             return None
         need = prompt_tokens + answer_reserve(prompt_tokens, max_tokens, self._window)
         with self._lock:
-            if self._committed + need <= self._pool:
-                return None
-            return self._full_text()
+            return None if self._fits(need) else self._full_text()
 
     def _max_prompt(self) -> int:
         """The longest prompt a new session can bring now (with a full answer reserve);
@@ -361,6 +363,7 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
             prefill = statistics.median(self._prefill_rates) if self._prefill_rates else 0.0
             decode = statistics.median(self._decode_rates) if self._decode_rates else 0.0
             fit = self._fit.fit()
+            host_bytes, host_limit = self._host_cache_use()
             parked = self._parked
             max_prompt = self._max_prompt()
             counts = (self._from_lanes, self._from_host, self._prefilled)
@@ -379,8 +382,8 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
             prompt_from_lanes=counts[0],
             prompt_from_host=counts[1],
             prompt_prefilled=counts[2],
-            host_cache_bytes=self._host_cache_use()[0],
-            host_cache_limit=self._host_cache_use()[1],
+            host_cache_bytes=host_bytes,
+            host_cache_limit=host_limit,
             prefill_s_per_token=fit.a,
             prefill_s_per_token_ctx=fit.b,
         )

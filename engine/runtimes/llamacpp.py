@@ -38,7 +38,6 @@ from typing import Any
 
 from engine.runtimes.base import EngineInfo, RuntimeUnavailable, Sampling
 from engine.runtimes.budget import (
-    MiB,
     default_budget_bytes,
     human_bytes,
     plan_pool,
@@ -50,6 +49,7 @@ from engine.runtimes.decode_thread import DecodeThreadEngine, Job, PoolLane
 from engine.runtimes.host_cache import MIN_ENTRY, HostCache
 from engine.runtimes.lanes import Lane, LaneWant, common_prefix, pick_lane, plan_batch
 from engine.runtimes.threaded import ThreadedGeneration
+from engine.sizes import MiB
 
 RUNTIME_ID = "llamacpp"
 log = logging.getLogger("shoal.node")

@@ -76,7 +76,6 @@ from typing import Any
 
 from engine.runtimes.base import RuntimeUnavailable, Sampling
 from engine.runtimes.budget import (
-    MiB,
     default_budget_bytes,
     plan_pool,
     process_rss_bytes,
@@ -85,6 +84,7 @@ from engine.runtimes.budget import (
 from engine.runtimes.decode_thread import DecodeThreadEngine, Job, PoolLane
 from engine.runtimes.lanes import Lane, common_prefix, pick_lane
 from engine.runtimes.threaded import ThreadedGeneration
+from engine.sizes import MiB
 
 RUNTIME_ID = "mlx"
 log = logging.getLogger("shoal.node")
