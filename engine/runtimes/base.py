@@ -78,6 +78,11 @@ class EngineStats:
     host_cache_limit: int = 0  # and may hold, within the budget
     prefill_s_per_token: float = 0.0  # engine.runtimes.prefill_fit; 0.0 until fitted
     prefill_s_per_token_ctx: float = 0.0
+    # the device the model runs on ("Vulkan0 (NVIDIA GeForce RTX 4070)"; "" the CPU), and
+    # how many of the model's layers (its output layer counted) are on it
+    device: str = ""
+    gpu_layers: int = 0
+    model_layers: int = 0
 
 
 @runtime_checkable
