@@ -53,6 +53,11 @@ class NodeSnapshot:
     prompt_from_lanes: int = 0
     prompt_from_host: int = 0
     prompt_prefilled: int = 0
+    # the device its model runs on ("Vulkan0 (NVIDIA GeForce RTX 4070)"; "" the CPU), and
+    # how many of the model's layers (its output layer counted) are there
+    device: str = ""
+    gpu_layers: int = 0
+    model_layers: int = 0
 
     @property
     def kv_percent(self) -> float:
@@ -124,6 +129,9 @@ class LocalNodeSnapshot:
     memory_budget: int = 0  # bytes it keeps within (0: no budget)
     host_cache_limit: int = 0  # what its host-memory prompt cache may hold
     sleep: str = ""  # "" | "asleep" | "waking" (idle unload)
+    device: str = ""  # as NodeSnapshot's: "" the CPU
+    gpu_layers: int = 0
+    model_layers: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,4 +188,17 @@ def to_json(snapshot: FleetSnapshot) -> dict[str, Any]:
     for node, raw in zip(out["nodes"], snapshot.nodes, strict=True):
         node["sessions"] = node["lanes_busy"]
         node["kv_percent"] = round(raw.kv_percent, 1)
+        node["device"] = raw.device or None  # None: the CPU
     return out
+
+
+def offload_text(device: str, gpu_layers: int, model_layers: int) -> str:
+    """Where a node's model runs, as people read it: ``CPU``, ``Vulkan0 (…): all 31
+    layers`` or ``Vulkan0 (…): 20 of 31 layers`` (just the device when it gave no count)."""
+    if not device:
+        return "CPU"
+    if model_layers <= 0:
+        return device
+    if gpu_layers >= model_layers:
+        return f"{device}: all {model_layers} layers"
+    return f"{device}: {gpu_layers} of {model_layers} layers"

@@ -28,10 +28,10 @@ from app.widgets import (
     table,
     tokens,
 )
-from engine.snapshot import FleetSnapshot, HeadSnapshot, NodeSnapshot
+from engine.snapshot import FleetSnapshot, HeadSnapshot, NodeSnapshot, offload_text
 
-NODE_COLUMNS = ("Node", "Address", "Link", "State", "Model", "Runtime", "Context", "Lanes",
-                "KV cache", "Memory", "Tokens/s", "TTFT", "Last seen")
+NODE_COLUMNS = ("Node", "Address", "Link", "State", "Model", "Runtime", "Device", "Context",
+                "Lanes", "KV cache", "Memory", "Tokens/s", "TTFT", "Last seen")
 HEAD_COLUMNS = ("Head", "Address", "Link")
 LINKS = {"local": "this machine", "joined": "joined", "dialed": "dialed"}
 STATE_TONE = {"ready": "good", "connecting": "warn", "unreachable": "bad", "left": "muted"}
@@ -59,6 +59,16 @@ def memory_cell(n: NodeSnapshot) -> Cell:
                 tip=f"{100 * n.mem_used / n.mem_budget:.0f}% of the memory budget in use")
 
 
+def device_cell(n: NodeSnapshot) -> Cell:
+    """Where its model runs: ``CPU``, or the GPU and how much of the model is on it."""
+    if not n.device:
+        return Cell("CPU", tip="The model runs on the CPU.")
+    tip = n.device
+    if n.model_layers > 0:
+        tip += f"\n{min(n.gpu_layers, n.model_layers)} of {n.model_layers} layers on the GPU"
+    return Cell(offload_text(n.device, n.gpu_layers, n.model_layers), tip=tip)
+
+
 def kv_tip(n: NodeSnapshot) -> str:
     tip = f"{n.kv_used:,} of {n.kv_total:,} cells"
     if n.kv_parked:
@@ -78,6 +88,7 @@ def node_row(n: NodeSnapshot, now: float) -> Row:
             state_cell(n),
             Cell(n.model),
             Cell(n.runtime),
+            device_cell(n),
             Cell(tokens(n.context_window) if n.context_window else "—", right=True),
             Cell(f"{min(n.lanes_busy, n.lanes)}/{n.lanes}", right=True),
             Cell("", bar=n.kv_percent, tip=kv_tip(n)),

@@ -124,14 +124,19 @@ def _fleet(out: _Writer, head: Any) -> None:
               ("shoal_node_memory_used_bytes", "gauge",
                "bytes of memory a node holds now (0: it did not say)"),
               ("shoal_node_memory_budget_bytes", "gauge",
-               "bytes of memory a node keeps within (0: it did not say)"))
+               "bytes of memory a node keeps within (0: it did not say)"),
+              ("shoal_node_gpu_layers", "gauge",
+               "layers of a node's model on its GPU (0: all on the CPU)"),
+              ("shoal_node_model_layers", "gauge",
+               "layers of a node's model, its output layer counted (0: it did not say)"))
     keys = {"shoal_node_up": None, "shoal_node_lanes": "lanes",
             "shoal_node_lanes_busy": "lanes_busy", "shoal_node_kv_used": "kv_used",
             "shoal_node_kv_total": "kv_total", "shoal_node_kv_parked": "kv_parked",
             "shoal_node_own_sessions": "own_sessions",
             "shoal_node_sessions_total": "sessions_total",
             "shoal_node_memory_used_bytes": "mem_used",
-            "shoal_node_memory_budget_bytes": "mem_budget"}
+            "shoal_node_memory_budget_bytes": "mem_budget",
+            "shoal_node_gpu_layers": "gpu_layers", "shoal_node_model_layers": "model_layers"}
     labelled = [(p, d, {"node": str(d.get("identity") or p.address), "address": str(p.address),
                         "model": str(d.get("model") or "")}) for p, d in rows]
     for name, kind, what in gauges:

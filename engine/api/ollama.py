@@ -49,6 +49,7 @@ from engine.head.prompt.turn import (
     off_loop,
     render_prompt,
 )
+from engine.snapshot import NodeSnapshot
 
 # the Ollama API version these routes follow; clients that check a minimum version
 # (for tools, thinking, suffix) compare against it
@@ -352,6 +353,14 @@ async def show(request: web.Request) -> web.Response:
 NEVER = "9999-12-31T23:59:59Z"  # a model on a node stays loaded while the node runs
 
 
+def size_vram(size: int, node: NodeSnapshot) -> int:
+    """The share of the model's ``size`` on the node's GPU, by its layers there (Ollama's
+    ``size_vram``): 0 on the CPU."""
+    if not node.device or node.model_layers <= 0:
+        return 0
+    return size * min(node.gpu_layers, node.model_layers) // node.model_layers
+
+
 async def ps(request: web.Request) -> web.Response:
     """What is loaded where: one entry per node linked now, with its model, window,
     lanes and KV use (Ollama's fields, then Shoal's under ``shoal``)."""
@@ -364,16 +373,19 @@ async def ps(request: web.Request) -> web.Response:
             continue
         node = node_snapshot(pool, now=now, wall=wall)
         model = head.models.get(node.model)
+        size = _size(model) if model is not None else 0
         entry: dict[str, Any] = {
-            "name": node.model, "model": node.model,
-            "size": _size(model) if model is not None else 0,
+            "name": node.model, "model": node.model, "size": size,
             "digest": hashlib.sha256(node.model.encode()).hexdigest(),
             "details": _details(model) if model is not None else {},
-            "expires_at": NEVER, "size_vram": 0, "context_length": node.context_window,
+            "expires_at": NEVER, "size_vram": size_vram(size, node),
+            "context_length": node.context_window,
             "shoal": {"node": node.identity, "address": node.address,
                       "runtime": node.runtime, "lanes": node.lanes,
                       "lanes_busy": node.lanes_busy, "kv_used": node.kv_used,
-                      "kv_total": node.kv_total, "decode_tps": node.decode_tps}}
+                      "kv_total": node.kv_total, "decode_tps": node.decode_tps,
+                      "device": node.device or None, "gpu_layers": node.gpu_layers,
+                      "model_layers": node.model_layers}}
         entries.append(entry)
     return web.json_response({"models": entries})
 

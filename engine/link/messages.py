@@ -18,6 +18,8 @@ MAX_RECORD = 8 * 1024 * 1024
 MAX_TOKENS_PER_RECORD = 1 << 20
 _Name = Annotated[str, msgspec.Meta(max_length=256)]
 _Text = Annotated[str, msgspec.Meta(max_length=4096)]
+MAX_DEVICE = 200
+_Device = Annotated[str, msgspec.Meta(max_length=MAX_DEVICE)]
 _Ids = Annotated[list[Annotated[int, msgspec.Meta(ge=0, lt=1 << 31)]],
                  msgspec.Meta(max_length=MAX_TOKENS_PER_RECORD)]
 _Count = Annotated[int, msgspec.Meta(ge=0, lt=1 << 40)]
@@ -145,6 +147,11 @@ class Stats(msgspec.Struct, frozen=True, array_like=True, tag="stats", tag_field
     prompt_from_lanes: _Count = 0
     prompt_from_host: _Count = 0
     prompt_prefilled: _Count = 0
+    # the device the model runs on ("Vulkan0 (NVIDIA GeForce RTX 4070)"; "" the CPU), and
+    # how many of the model's layers (its output layer counted) are on it
+    device: _Device = ""
+    gpu_layers: _Count = 0
+    model_layers: _Count = 0
 
 
 class Progress(msgspec.Struct, frozen=True, array_like=True, tag="progress", tag_field="t"):

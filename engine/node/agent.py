@@ -507,7 +507,10 @@ class NodeAgent:
                        mem_budget=st.mem_budget, sleep=self.sleep,
                        prompt_from_lanes=st.prompt_from_lanes,
                        prompt_from_host=st.prompt_from_host,
-                       prompt_prefilled=st.prompt_prefilled)
+                       prompt_prefilled=st.prompt_prefilled,
+                       # cut to what the link carries: a longer name would fail the record
+                       device=st.device[:m.MAX_DEVICE], gpu_layers=st.gpu_layers,
+                       model_layers=st.model_layers)
 
     # -- idle unload -----------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import pytest
@@ -235,3 +236,46 @@ async def test_the_fleet_view_and_metrics_show_what_the_node_says_of_its_pool() 
     assert {source: samples[("shoal_node_prompt_tokens_total", source)]
             for source in ("lane", "host", "prefill")} == {"lane": 1200, "host": 340,
                                                           "prefill": 5600}
+
+
+GPU = "Vulkan0 (NVIDIA GeForce RTX 4070)"
+
+
+async def test_the_fleet_view_ps_and_metrics_say_where_the_nodes_model_runs(tmp_path) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"\0" * 3100)
+    model = mock_model("m")
+    model.vocab.path = str(gguf)  # type: ignore[attr-defined]  # a model file of 3100 bytes
+
+    async def views(node: Joined, sent: m.Stats) -> tuple[dict[str, Any], dict[str, Any], str]:
+        node.link.send(sent)
+        await until(lambda: node.pool.stats == sent, "the node's stats at the head")
+        head = Head([model], node.fleet, SessionRunner(node.fleet))
+        async with serving(head) as port, aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{port}/v1/fleet") as r:
+                (entry,) = (await r.json())["nodes"]
+            async with http.get(f"http://127.0.0.1:{port}/api/ps") as r:
+                (ps,) = (await r.json())["models"]
+            async with http.get(f"http://127.0.0.1:{port}/metrics") as r:
+                text = await r.text()
+        return entry, ps, text
+
+    async with joined_node("gpu") as node:
+        entry, ps, text = await views(node, m.Stats(
+            lanes=1, lanes_busy=0, kv_used=0, kv_total=4096, device=GPU, gpu_layers=20,
+            model_layers=31))
+        assert (entry["device"], entry["gpu_layers"], entry["model_layers"]) == (GPU, 20, 31)
+        assert (ps["size"], ps["size_vram"]) == (3100, 2000)  # 20 of 31 layers' share
+        assert (ps["shoal"]["device"], ps["shoal"]["gpu_layers"]) == (GPU, 20)
+        samples = {name: value for name, labels, value in parse_metrics(text)
+                   if labels.get("node") == "gpu"}
+        assert samples["shoal_node_gpu_layers"] == 20
+        assert samples["shoal_node_model_layers"] == 31
+        # the same node on its CPU: no device, nothing on a GPU
+        entry, ps, text = await views(node, m.Stats(lanes=1, lanes_busy=0, kv_used=0,
+                                                    kv_total=4096, model_layers=31))
+        assert (entry["device"], entry["gpu_layers"], entry["model_layers"]) == (None, 0, 31)
+        assert (ps["size"], ps["size_vram"]) == (3100, 0)
+        assert ps["shoal"]["device"] is None
+        assert [v for name, labels, v in parse_metrics(text)
+                if name == "shoal_node_gpu_layers" and labels.get("node") == "gpu"] == [0]

@@ -87,8 +87,9 @@ class NodeConn:
 
 
 class PoolReport(TypedDict):
-    """What a node said last of the KV pool its lanes share, its memory and its sleep
-    (engine.link.messages.Stats; zeros and "" before it said anything)."""
+    """What a node said last of the KV pool its lanes share, its memory, its sleep and the
+    device its model runs on (engine.link.messages.Stats; zeros and "" before it said
+    anything; device "" is the CPU)."""
 
     kv_parked: int
     max_prompt: int
@@ -98,6 +99,9 @@ class PoolReport(TypedDict):
     prompt_from_lanes: int
     prompt_from_host: int
     prompt_prefilled: int
+    device: str
+    gpu_layers: int
+    model_layers: int
 
 
 @dataclass
@@ -291,7 +295,8 @@ class NodePool:
                           mem_used=st.mem_used, mem_budget=st.mem_budget, sleep=st.sleep,
                           prompt_from_lanes=st.prompt_from_lanes,
                           prompt_from_host=st.prompt_from_host,
-                          prompt_prefilled=st.prompt_prefilled)
+                          prompt_prefilled=st.prompt_prefilled, device=st.device,
+                          gpu_layers=st.gpu_layers, model_layers=st.model_layers)
 
     def describe(self) -> dict[str, object]:
         st = self.stats
@@ -309,6 +314,7 @@ class NodePool:
             "ttft_ms": round(st.rates.ttft_ms, 1) if st else 0.0,
             "connections": self.conns, "error": self.last_error or None,
             **self.pool_report(),
+            "device": (st.device or None) if st else None,  # None: the CPU
         }
 
     # -- keeping connections up (dialed nodes) ---------------------------------------
