@@ -47,7 +47,7 @@ def _config(home: Path) -> Config:
 
 
 # the options of how a node holds its model, and their NodeSettings fields
-MEMORY_OPTIONS = {"memory_budget": "memory_budget", "kv_type": "kv_type",
+MEMORY_OPTIONS = {"memory_budget": "memory_budget", "kv_type": "kv_type", "gpu": "gpu",
                   "idle_unload": "idle_unload_s"}
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import __version__
+from engine.settings import check_gpu
 from engine.sizes import KV_TYPES, Share, budget_bytes, parse_budget, parse_idle_unload
 
 
@@ -49,6 +50,13 @@ def _idle_unload(text: str) -> float | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _gpu(text: str) -> str:
+    try:
+        return check_gpu(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _memory_options(p: argparse.ArgumentParser) -> None:
     """How a node holds its model. Left out of the result unless given, so that the
     config file's ``[node]`` (then the defaults) stands (engine.cli)."""
@@ -60,6 +68,10 @@ def _memory_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-type", choices=KV_TYPES, default=argparse.SUPPRESS,
                    help="the KV cache's number type: f16 (full quality) or q8_0 (half the "
                    "memory, so about twice the context) (default f16)")
+    p.add_argument("--gpu", type=_gpu, default=argparse.SUPPRESS, metavar="auto|off|DEVICE",
+                   help="GPU to run the model on: auto (the GPU with most free memory, if "
+                   "llama.cpp finds one), off (CPU only), or a device name from the start-up "
+                   "line (Vulkan0) (default auto; or the config file's)")
     p.add_argument("--idle-unload", type=_idle_unload, default=argparse.SUPPRESS,
                    metavar="MIN|never", help="unload the model after this many minutes "
                    "without a request; it loads again on the next one (default 15; 0 or "

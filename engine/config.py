@@ -12,6 +12,7 @@ tailscale_socket = "/var/run/tailscale/tailscaled.sock"
 [node]                   # how this machine's node holds its model (flags override)
 memory_budget = "12GiB"  # or "50%" of this machine's RAM, or bytes; absent: the default share
 kv_type = "f16"          # f16 | q8_0
+gpu = "auto"             # auto | off (CPU only) | a device name: "Vulkan0" (llama.cpp)
 idle_unload = 15         # minutes idle before the model unloads; 0 or "never": it stays
 ```
 """
@@ -26,12 +27,14 @@ from typing import Any, cast
 
 from engine import nesting
 from engine.settings import (
+    GPU_DEFAULT,
     DiscoveryMode,
     DiscoverySettings,
     HeadSettings,
     JoinSettings,
     NodeSettings,
     Settings,
+    check_gpu,
     split_hostport,
 )
 from engine.sizes import (
@@ -60,7 +63,7 @@ class Config:
     discovery: DiscoveryMode = "both"
     seeds: list[str] = field(default_factory=list)
     tailscale_socket: str | None = None
-    # [node]'s memory_budget, kv_type and idle_unload as NodeSettings fields, those given
+    # [node]'s memory_budget, kv_type, gpu and idle_unload as NodeSettings fields, those given
     node_memory: dict[str, Any] = field(default_factory=dict)
 
 
@@ -90,8 +93,9 @@ def parse_config(text: str, *, source: str) -> Config:
 
 
 def node_memory(section: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """``[node]``'s memory_budget, kv_type and idle_unload, as the NodeSettings fields
-    memory_budget, kv_type and idle_unload_s; only those present. ConfigError (one line)."""
+    """``[node]``'s memory_budget, kv_type, gpu and idle_unload, as the NodeSettings fields
+    memory_budget, kv_type, gpu and idle_unload_s; only those present. ConfigError (one
+    line)."""
     out: dict[str, Any] = {}
     if "memory_budget" in section:
         value = section["memory_budget"]
@@ -109,6 +113,11 @@ def node_memory(section: Mapping[str, Any], source: str) -> dict[str, Any]:
         if kv not in KV_TYPES:
             raise ConfigError(f"{source}: node.kv_type is {kv!r}; use {' or '.join(KV_TYPES)}")
         out["kv_type"] = kv
+    if "gpu" in section:
+        try:
+            out["gpu"] = check_gpu(section["gpu"])
+        except ValueError as exc:
+            raise ConfigError(f"{source}: node.gpu is {section['gpu']!r}; {exc}") from None
     if "idle_unload" in section:
         value = section["idle_unload"]
         try:
@@ -158,6 +167,7 @@ def load_config(home: Path) -> Config:
 # paused = false
 # memory_budget = "12GiB"      # absent: the default share of this machine's RAM
 # kv_type = "f16"
+# gpu = "auto"                 # "off" (CPU only) or a device name: "Vulkan0"
 # idle_unload = 15             # minutes, or "never"
 # [discovery]
 # mode = "both"
@@ -269,7 +279,8 @@ def save_machine_settings(settings: Settings, app: dict[str, Any]) -> None:
         node_t.update({k: v for k, v in values.items() if v is not None})
         if node.memory_budget is not None:
             node_t["memory_budget"] = budget_value(node.memory_budget)
-        node_t.update(kv_type=node.kv_type, idle_unload=idle_unload_minutes(node.idle_unload_s))
+        node_t.update(kv_type=node.kv_type, gpu=node.gpu,
+                      idle_unload=idle_unload_minutes(node.idle_unload_s))
     doc["node"] = node_t
     d = settings.discovery
     discovery: dict[str, Any] = {"mode": d.mode, "seeds": list(d.seeds)}
@@ -296,14 +307,15 @@ class NodeMemory:
     memory_budget: Budget
     kv_type: KvType
     idle_unload_s: float | None
+    gpu: str = GPU_DEFAULT
 
     @classmethod
     def of(cls, node: NodeSettings) -> NodeMemory:
-        return cls(node.memory_budget, node.kv_type, node.idle_unload_s)
+        return cls(node.memory_budget, node.kv_type, node.idle_unload_s, node.gpu)
 
     def over(self, node: NodeSettings) -> NodeSettings:
         return replace(node, memory_budget=self.memory_budget, kv_type=self.kv_type,
-                       idle_unload_s=self.idle_unload_s)
+                       idle_unload_s=self.idle_unload_s, gpu=self.gpu)
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,7 @@ from engine.settings import (
     JoinSettings,
     NodeSettings,
     Settings,
+    check_gpu,
 )
 from engine.sizes import (
     KV_TYPES,
@@ -420,20 +421,22 @@ class Shoal:
                               queue_timeout_s: float | None = None,
                               memory_budget: int | Share | None = None,
                               kv_type: KvType | None = None,
+                              gpu: str | None = None,
                               idle_unload_s: float | None = None,
                               app: Mapping[str, Any] | None = None) -> SettingsChange:
         """Change this machine's settings: the API's port, the port where machines join,
         discovery and the queue limit apply at the next start (at once while nothing
         runs: after a failed start, the next `open` takes them); how the node holds its
         model (``memory_budget``: bytes or a share of RAM, 0 the default share;
-        ``kv_type``; ``idle_unload_s``: 0 never) at the node's next start (Shoal's, or
-        another model served); ``app``: the app's own choices, merged key by key.
+        ``kv_type``; ``gpu``: auto, off or a device name; ``idle_unload_s``: 0 never) at
+        the node's next start (Shoal's, or another model served); ``app``: the app's own
+        choices, merged key by key.
         Validated first (CommandError with the fix), then written once (with ``keep``),
         and `SettingsChanged` is published."""
         changes: dict[str, Any] = {}
         pending = self.pending
-        if memory_budget is not None or kv_type is not None or idle_unload_s is not None:
-            changes["node_memory"] = self._node_memory(pending, memory_budget, kv_type,
+        if any(v is not None for v in (memory_budget, kv_type, gpu, idle_unload_s)):
+            changes["node_memory"] = self._node_memory(pending, memory_budget, kv_type, gpu,
                                                        idle_unload_s)
         head = pending.head or HeadSettings()
         if http_port is not None:
@@ -475,7 +478,8 @@ class Shoal:
         return SettingsChange(pending=self.pending, restart_needed=restart)
 
     def _node_memory(self, pending: Settings, budget: int | Share | None,
-                     kv_type: KvType | None, idle_unload_s: float | None) -> NodeMemory:
+                     kv_type: KvType | None, gpu: str | None,
+                     idle_unload_s: float | None) -> NodeMemory:
         """How the node will hold its model with these changes (each None: as it is)."""
         if pending.node is None:
             raise CommandError("this machine serves no model; choose one to serve first",
@@ -497,6 +501,12 @@ class Shoal:
         if kv_type is not None and kv_type not in KV_TYPES:
             raise CommandError(f"the KV cache is {' or '.join(KV_TYPES)}, not {kv_type!r}",
                                code="bad_setting")
+        if gpu is not None:
+            try:
+                gpu = check_gpu(gpu)
+            except ValueError as exc:
+                raise CommandError(f"the GPU choice {gpu!r} is not valid; {exc}",
+                                   code="bad_setting") from None
         idle = now.idle_unload_s
         if idle_unload_s is not None:
             if isinstance(idle_unload_s, bool) or not 0 <= idle_unload_s <= \
@@ -505,7 +515,7 @@ class Shoal:
                                    f"{MAX_IDLE_UNLOAD_MIN} minutes idle", code="bad_setting")
             idle = float(idle_unload_s) or None
         return NodeMemory(memory_budget=new_budget, kv_type=kv_type or now.kv_type,
-                          idle_unload_s=idle)
+                          idle_unload_s=idle, gpu=gpu or now.gpu)
 
     def events(self, *, buffer: int = 1024) -> Subscription:
         """Typed events from now on (``async for``; ``close()`` or ``async with`` to stop)."""

@@ -25,6 +25,20 @@ NODE_PORT = 8455  # where listening nodes take heads that dial
 LANES_DEFAULT = 8
 # runtimes that front a serving engine the user runs, reached at NodeSettings.upstream
 UPSTREAM_RUNTIMES = ("llama-server", "vllm")
+GPU_DEFAULT = "auto"  # the GPU with the most free memory, if llama.cpp finds one
+GPU_MAX_CHARS = 64
+GPU_FORMS = (f"auto, off (CPU only) or a device name such as Vulkan0 (1-{GPU_MAX_CHARS} "
+             "printable characters)")
+
+
+def check_gpu(value: object) -> str:
+    """``value`` as a node's GPU choice: auto, off, or a device's name or part of its
+    description (the engine matches it against the devices it finds, at load).
+    ValueError naming the forms."""
+    if (not isinstance(value, str) or not value.strip() or len(value) > GPU_MAX_CHARS
+            or not value.isprintable()):
+        raise ValueError(f"give {GPU_FORMS}")
+    return value.strip()
 
 
 def default_home() -> Path:
@@ -52,6 +66,7 @@ class NodeSettings:
     # (engine.sizes.Share), or None: the runtime's default share of this machine's RAM
     memory_budget: Budget = None
     kv_type: KvType = "f16"  # q8_0: half the KV memory, so about twice the context
+    gpu: str = GPU_DEFAULT  # auto | off (CPU only) | a device: "Vulkan0" (llama.cpp only)
     idle_unload_s: float | None = IDLE_UNLOAD_DEFAULT_S  # unload the idle model; None: never
 
 

@@ -1,5 +1,5 @@
 """Settings: the ports, discovery and queue limit this machine starts with, how its node holds
-the model (memory, KV cache, unloading when idle), API keys, where models live, and the app's
+the model (memory, KV cache, GPU, unloading when idle), API keys, where models live, and the app's
 own choices. The page shows what Shoal holds for the next start (``Shoal.pending``,
 ``Shoal.app_settings``), again whenever it changes, and sends each change to Shoal
 (``update_settings``), which writes ``config.toml``; ports apply at the next start, the
@@ -42,6 +42,8 @@ from engine.config import NodeMemory
 from engine.events import RolesChanged, SettingsChanged, ShoalEvent
 from engine.settings import (
     FLEET_PORT,
+    GPU_DEFAULT,
+    GPU_MAX_CHARS,
     DiscoveryMode,
     HeadSettings,
     NodeSettings,
@@ -49,6 +51,7 @@ from engine.settings import (
     split_hostport,
 )
 from engine.sizes import Budget, GiB, KvType, Share
+from engine.snapshot import FleetSnapshot
 
 if TYPE_CHECKING:
     from engine.service import SettingsChange
@@ -61,6 +64,10 @@ NODE_NOTE = ("Saved. It applies when the model next loads here: when Shoal next 
 NO_NODE = "This machine serves no model: choose one to serve first (Models)."
 BUDGET_GIB = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 KV_TYPES = (("f16", "f16 (full quality)"), ("q8_0", "q8_0 (half the memory, more context)"))
+GPUS = (("auto", "Automatic"), ("off", "CPU only"))
+GPU_TIP = ("Automatic: the GPU with the most free memory, if llama.cpp finds one; CPU only; "
+           "or type a device's name from the node's start-up line (Vulkan0). It takes effect "
+           "at the node's next start.")
 IDLE_MINUTES = (5, 15, 30, 60)
 KEY_NOTE = ("Shown once: copy it now. Once a key exists, every client must send one "
             "(Authorization: Bearer KEY); revoke a key to shut its holder out.")
@@ -90,6 +97,17 @@ def idle_choices(now: float | None) -> list[tuple[float | None, str]]:
         choices.append((now, f"after {now / 60:g} minutes"))
         choices.sort(key=lambda c: c[0] or 0.0)
     return [*choices, (None, "never")]
+
+
+def gpu_choices(now: str, device: str) -> list[tuple[str, str]]:
+    """The GPUs offered (value, label): automatic, CPU only, the device the node runs
+    on now (its name, "Vulkan0" of "Vulkan0 (NVIDIA ...)"), and the one chosen now where
+    it is none of those."""
+    choices = list(GPUS)
+    for name in (device.split(" ", 1)[0], now):
+        if name and name not in (value for value, _ in choices):
+            choices.append((name, name))
+    return choices
 
 
 def port_of(address: str | None, default: int) -> int:
@@ -167,18 +185,31 @@ class SettingsPage(QWidget):
         form = form_layout()
         self.budget = combo("memoryBudget")
         self.kv = combo("kvType", KV_TYPES)
+        # editable: a device's name can be typed, as --gpu takes it
+        self.gpu = combo("gpu")
+        self.gpu.setEditable(True)
+        self.gpu.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
+        self.gpu.setMinimumWidth(160)
+        gpu_line = self.gpu.lineEdit()
+        assert gpu_line is not None  # editable
+        gpu_line.setMaxLength(GPU_MAX_CHARS)
         self.idle = combo("idleUnload")
         form.addRow("Memory Shoal may use on this machine", self.budget)
         form.addRow("KV cache", self.kv)
+        form.addRow("GPU", self.gpu)
         form.addRow("Unload the model when idle", self.idle)
         serving.body.addLayout(form)
         serving.add(note("The model and the cache of every conversation share that memory. "
                          "An unloaded model loads again on the next request."))
         self._budgets: list[Budget] = []
         self._idles: list[float | None] = []
+        self._gpu_now = GPU_DEFAULT  # as the node's next start has it
+        self._device = ""  # the device the node runs on now ("" the CPU, or none runs)
         self.budget.activated.connect(
             lambda i: self._node_change(memory_budget=self._budgets[i] or 0))
         self.kv.activated.connect(lambda i: self._node_change(kv_type=self.kv.itemData(i)))
+        self.gpu.activated.connect(lambda _i: self._gpu_entered())
+        gpu_line.editingFinished.connect(self._gpu_entered)
         self.idle.activated.connect(
             lambda i: self._node_change(idle_unload_s=self._idles[i] or 0.0))
         self.node_saved = ok_line()
@@ -233,7 +264,9 @@ class SettingsPage(QWidget):
 
         self.show_settings(bridge.shoal.pending)
         self.show_prefs()
+        self._snapshot(bridge.last)
         bridge.event.connect(self._event)
+        bridge.snapshot.connect(self._snapshot)
 
     def _event(self, event: ShoalEvent) -> None:
         if isinstance(event, SettingsChanged):
@@ -241,6 +274,13 @@ class SettingsPage(QWidget):
             self.show_prefs()
         elif isinstance(event, RolesChanged):
             self._fleet_port_state(self._bridge.shoal.pending)
+
+    def _snapshot(self, snap: FleetSnapshot) -> None:
+        node = snap.roles.node
+        device = node.device if node is not None else ""
+        if device != self._device:
+            self._device = device
+            self._show_gpu()
 
     def show_prefs(self) -> None:
         prefs = Prefs.from_table(self._bridge.shoal.app_settings)
@@ -269,9 +309,11 @@ class SettingsPage(QWidget):
 
     def _show_node(self, node: NodeSettings | None) -> None:
         """How the node will hold its model (as the next start of the node has it)."""
-        for box in (self.budget, self.kv, self.idle):
+        for box in (self.budget, self.kv, self.gpu, self.idle):
             box.setEnabled(node is not None)
             box.setToolTip("" if node is not None else NO_NODE)
+        if node is not None:
+            self.gpu.setToolTip(GPU_TIP)
         node = node or NodeSettings()
         mem = self._bridge.shoal.memory
         budgets = budget_choices(node.memory_budget, mem.total, mem.default_budget)
@@ -282,9 +324,34 @@ class SettingsPage(QWidget):
             node.idle_unload_s))
         self._budgets, self._idles = [b for b, _ in budgets], [i for i, _ in idles]
         self.kv.setCurrentIndex(max(self.kv.findData(node.kv_type), 0))
+        self._gpu_now = node.gpu
+        self._show_gpu()
+
+    def _show_gpu(self) -> None:
+        """The GPU chosen for the node's next start, among those offered (left as it is
+        while a person types a name)."""
+        line = self.gpu.lineEdit()
+        if line is not None and line.isModified():
+            return
+        choices = gpu_choices(self._gpu_now, self._device)
+        fill(self.gpu, [label for _, label in choices],
+             [value for value, _ in choices].index(self._gpu_now))
+
+    def _gpu_entered(self) -> None:
+        """A GPU chosen from the list, or a name typed (Enter, or leaving the box)."""
+        text = self.gpu.currentText().strip()
+        value = {label: value for value, label in GPUS}.get(text, text)
+        line = self.gpu.lineEdit()
+        if line is not None:
+            line.setModified(False)
+        if value == self._gpu_now or not value:
+            self._show_gpu()  # nothing changed: shown as Shoal holds it
+            return
+        self._node_change(gpu=value)
 
     def _node_change(self, *, memory_budget: int | Share | None = None,
-                     kv_type: KvType | None = None, idle_unload_s: float | None = None) -> None:
+                     kv_type: KvType | None = None, gpu: str | None = None,
+                     idle_unload_s: float | None = None) -> None:
         """How the node holds its model, changed (memory_budget 0: the default share;
         idle_unload_s 0: never)."""
         say(self.node_saved, "")
@@ -297,9 +364,13 @@ class SettingsPage(QWidget):
                      and NodeMemory.of(now) != NodeMemory.of(later))
             say(self.node_saved, NODE_NOTE if waits else "Saved.")
 
+        def failed(line: str) -> None:
+            say(self.node_error, line)
+            self._show_gpu()  # a name refused: shown again as Shoal holds it
+
         run(self, self._bridge, shoal.update_settings(
-            memory_budget=memory_budget, kv_type=kv_type, idle_unload_s=idle_unload_s),
-            done=saved, failed=lambda line: say(self.node_error, line), anytime=True)
+            memory_budget=memory_budget, kv_type=kv_type, gpu=gpu, idle_unload_s=idle_unload_s),
+            done=saved, failed=failed, anytime=True)
 
     def save_machine(self) -> None:
         say(self.saved, "")

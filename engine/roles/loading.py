@@ -109,7 +109,7 @@ def _finish(label: str, state: str, message: str, emit: Emit, pulls: Pulls) -> N
 
 async def load_engine(model: Resolved, *, name: str, lanes: int, max_context: int | None,
                       mock_speed: float, memory_budget: Budget = None,
-                      kv_type: str = "f16") -> Engine:
+                      kv_type: str = "f16", gpu: str = "auto") -> Engine:
     """An engine loaded and running its decode thread (the load runs off the loop).
     ``memory_budget``: a share of RAM is taken of this machine's."""
     total = (await asyncio.to_thread(total_memory_bytes) if isinstance(memory_budget, Share)
@@ -121,7 +121,7 @@ async def load_engine(model: Resolved, *, name: str, lanes: int, max_context: in
     try:
         engine = registry.make_engine(model.runtime, model.path, model_name=name, lanes=lanes,
                                       max_context=max_context, mock_speed=mock_speed,
-                                      memory_budget=budget, kv_type=kv_type)
+                                      memory_budget=budget, kv_type=kv_type, gpu=gpu)
         await engine.start()
     except (RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
         raise StartError(str(exc), code="cannot_load") from None

@@ -53,7 +53,7 @@ class LocalNode:
                                        max_context=settings.max_context,
                                        mock_speed=settings.mock_speed,
                                        memory_budget=settings.memory_budget,
-                                       kv_type=settings.kv_type)
+                                       kv_type=settings.kv_type, gpu=settings.gpu)
             # an engine it fronts has its own tokenizer: check it against each head's
             probe = engine.probe if isinstance(engine, UpstreamEngine) else []
             agent = NodeAgent(engine, identity=settings.identity or socket.gethostname(),
@@ -104,7 +104,8 @@ class LocalNode:
             address=f"{self.host}:{self.port}", listening=self.settings.listen is not None,
             encrypted=self.agent.psk is not None, heads=heads, linked=linked,
             kv_cells=st.kv_total, memory_used=st.mem_used, memory_budget=st.mem_budget,
-            host_cache_limit=st.host_cache_limit, sleep=self.agent.sleep)
+            host_cache_limit=st.host_cache_limit, sleep=self.agent.sleep,
+            device=st.device, gpu_layers=st.gpu_layers, model_layers=st.model_layers)
 
     def set_psk(self, psk: bytes | None) -> None:
         """A new fleet token: new links use it (heads and joins redial with it)."""

@@ -50,6 +50,7 @@ class EngineSpec:
     mock_speed: float = 0.0  # the mock runtime's tokens/s per lane (0: unlimited)
     memory_budget: int | None = None  # bytes for the model and its KV pool; None: default
     kv_type: str = "f16"  # the KV pool's number type: f16 or q8_0 (llama.cpp only)
+    gpu: str = "auto"  # auto | off | a device name or part of its description (llama.cpp)
 
 
 class ResolvedModel(NamedTuple):
@@ -87,7 +88,14 @@ def _gguf_model(spec: str | None, home: Path, offline: bool, progress: Progress 
 def _llamacpp_engine(spec: EngineSpec) -> Engine:
     return llamacpp.LlamaCppEngine(spec.path, model_name=spec.model_name, lanes=spec.lanes,
                                    max_context=spec.max_context,
-                                   memory_budget=spec.memory_budget, kv_type=spec.kv_type)
+                                   memory_budget=spec.memory_budget, kv_type=spec.kv_type,
+                                   gpu=spec.gpu)
+
+
+def _ignores_gpu(runtime: str, spec: EngineSpec, where: str) -> None:
+    """One line where a GPU was asked of a runtime that chooses its own."""
+    if spec.gpu != "auto":
+        log.warning("runtime %s ignores --gpu %s: %s", runtime, spec.gpu, where)
 
 
 # -- mlx: a model folder, or a repo id mlx-lm finds in the Hugging Face cache itself ----
@@ -109,6 +117,7 @@ def _mlx_engine(spec: EngineSpec) -> Engine:
         log.warning("runtime mlx keeps its KV cache in the model's own precision and "
                     "ignores --kv-type %s; lower --max-context or raise --memory-budget "
                     "for more context", spec.kv_type)
+    _ignores_gpu("mlx", spec, "it runs the model on Apple silicon's GPU")
     return mlx.MlxEngine(spec.path, model_name=spec.model_name, lanes=spec.lanes,
                          max_context=spec.max_context, memory_budget=spec.memory_budget)
 
@@ -152,6 +161,7 @@ def _upstream_model(spec: str | None, home: Path, offline: bool, progress: Progr
 
 def _upstream_engine(dialect: Dialect) -> Callable[[EngineSpec], Engine]:
     def make(spec: EngineSpec) -> Engine:
+        _ignores_gpu(dialect.runtime, spec, "the engine it fronts chooses its own device")
         return UpstreamEngine(dialect, spec.path, model_name=spec.model_name, lanes=spec.lanes,
                               max_context=spec.max_context)
     return make
@@ -227,12 +237,15 @@ def resolve_model(runtime_id: str, spec: str | None, *, home: Path, offline: boo
 
 def make_engine(runtime_id: str, path: str, *, model_name: str, lanes: int = 8,
                 max_context: int | None = None, mock_speed: float = 0.0,
-                memory_budget: int | None = None, kv_type: str = "f16") -> Engine:
+                memory_budget: int | None = None, kv_type: str = "f16",
+                gpu: str = "auto") -> Engine:
     """A node's engine, not started yet (``await engine.start()`` loads the model).
     ``memory_budget`` and ``kv_type``: for the runtimes that size a KV pool (llama.cpp
-    takes both, mlx the budget; the mock and the engines a node fronts, neither)."""
+    takes both, mlx the budget; the mock and the engines a node fronts, neither);
+    ``gpu``: the device llama.cpp runs on (auto, off or a name; the others choose their own)."""
     spec = EngineSpec(path=path, model_name=model_name, lanes=lanes, max_context=max_context,
-                      mock_speed=mock_speed, memory_budget=memory_budget, kv_type=kv_type)
+                      mock_speed=mock_speed, memory_budget=memory_budget, kv_type=kv_type,
+                      gpu=gpu)
     return get_runtime(runtime_id).make_engine(spec)
 
 

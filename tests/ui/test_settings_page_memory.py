@@ -1,5 +1,5 @@
 """How this machine's node holds its model, chosen on the Settings page: the memory Shoal may
-use, the KV cache's type and when an idle model unloads. Each choice goes to the engine
+use, the KV cache's type, the GPU and when an idle model unloads. Each choice goes to the engine
 (`Shoal.update_settings`), lands in config.toml through its one writer, and waits for the
 node's next start, as the page says (issue 23)."""
 
@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QComboBox
 from app.main import Shell
 from app.pages.settings import NODE_NOTE
 from app.widgets import memory
+from engine.runtimes.mock import MockEngine
 from engine.settings import Settings
 from engine.sizes import GiB, Share
 from tests.ui.conftest import MODEL, started
@@ -103,3 +104,45 @@ async def test_a_budget_from_the_file_shows_as_it_was_written(mock_settings: Set
         assert (await stored(ui_home))["node"]["memory_budget"] == "50%"
     finally:
         await app.stop(drain=1)
+
+
+async def test_the_gpu_is_chosen_or_typed_for_the_nodes_next_start(
+        shell: Shell, ui_home: Path, monkeypatch: pytest.MonkeyPatch):
+    page = settings_page(shell)
+    shoal = shell.shoal
+    box = page.gpu
+    assert box.isEditable() and box.currentText() == "Automatic"
+    assert "next start" in box.toolTip()
+    assert [box.itemText(i) for i in range(box.count())] == ["Automatic", "CPU only"]
+
+    pick(box, "CPU only")
+    await until(lambda: holds(ui_home, "node", "gpu", "off"), "CPU only kept")
+    await until(lambda: page.node_saved.text() == NODE_NOTE, "the note")
+    assert shoal.pending.node is not None and shoal.pending.node.gpu == "off"
+    assert shoal.settings.node is not None and shoal.settings.node.gpu == "auto"
+
+    # the node's engine says the device its model runs on: its name is offered
+    stats = MockEngine.stats
+    monkeypatch.setattr(MockEngine, "stats", lambda engine: replace(
+        stats(engine), device="Vulkan0 (llvmpipe (LLVM 15.0.6, 256 bits))", gpu_layers=31,
+        model_layers=31))
+    await until(lambda: box.findText("Vulkan0") >= 0, "the device offered")
+    assert box.currentText() == "CPU only"  # still as chosen
+    pick(box, "Vulkan0")
+    await until(lambda: holds(ui_home, "node", "gpu", "Vulkan0"), "the device kept")
+
+    line = box.lineEdit()
+    assert line is not None
+    box.setFocus()
+    line.selectAll()
+    QTest.keyClicks(line, "RTX 4070")  # part of a device's description, as --gpu takes it
+    QTest.keyClick(line, Qt.Key.Key_Return)
+    await until(lambda: holds(ui_home, "node", "gpu", "RTX 4070"), "the typed name kept")
+    await until(lambda: box.findText("RTX 4070") >= 0, "the typed name offered")
+    assert shoal.pending.node is not None and shoal.pending.node.gpu == "RTX 4070"
+
+    line.selectAll()
+    QTest.keyClick(line, Qt.Key.Key_Backspace)
+    QTest.keyClick(line, Qt.Key.Key_Return)  # nothing typed: nothing changes
+    assert box.currentText() == "RTX 4070"
+    assert shoal.pending.node.gpu == "RTX 4070"

@@ -5,6 +5,7 @@ the file's ``[node]`` stands where they are left out, the defaults where neither
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,6 +58,20 @@ def test_the_config_file_stands_where_the_flags_are_left_out(tmp_path: Path,
     assert memory(got.node) == (Share(50.0), "q8_0", None)
 
 
+@pytest.mark.parametrize("verb", VERBS)
+def test_the_gpu_flag_over_the_file_over_the_default(tmp_path: Path, verb: list[str]) -> None:
+    def gpu(*flags: str) -> str:
+        node = settings(tmp_path, *verb, *flags).node
+        assert node is not None
+        return node.gpu
+
+    assert gpu() == "auto"
+    assert gpu("--gpu", "Vulkan1") == "Vulkan1"
+    (tmp_path / "config.toml").write_text('[node]\ngpu = "off"\n')
+    assert gpu() == "off"
+    assert gpu("--gpu", "auto") == "auto"
+
+
 def test_a_head_that_only_dials_nodes_has_no_node_to_hold_a_model(tmp_path: Path) -> None:
     got = settings(tmp_path, "serve", "--fleet", "h:8455", "--memory-budget", "6G")
     assert got.node is None
@@ -72,18 +87,51 @@ def test_a_wrong_config_file_is_one_line_at_start(tmp_path: Path) -> None:
                               "or q8_0")
 
 
-def test_the_budget_and_kv_type_reach_llama_cpp_and_the_mock_ignores_them() -> None:
+def test_the_budget_kv_type_and_gpu_reach_llama_cpp_and_the_mock_ignores_them(
+        caplog: pytest.LogCaptureFixture) -> None:
     from engine.runtimes import registry
     from engine.runtimes.llamacpp import LlamaCppEngine
     from engine.runtimes.mock import MockEngine
 
     engine = registry.make_engine("llamacpp", "/nowhere/m.gguf", model_name="m",
-                                  memory_budget=6 * GiB, kv_type="q8_0")  # not loaded
+                                  memory_budget=6 * GiB, kv_type="q8_0",
+                                  gpu="Vulkan0")  # not loaded
     assert isinstance(engine, LlamaCppEngine)
-    assert (engine.memory_budget_bytes, engine.kv_type) == (6 * GiB, "q8_0")
+    assert (engine.memory_budget_bytes, engine.kv_type, engine.gpu) == (6 * GiB, "q8_0",
+                                                                        "Vulkan0")
+    default = registry.make_engine("llamacpp", "/nowhere/m.gguf", model_name="m")
+    assert isinstance(default, LlamaCppEngine) and default.gpu == "auto"
     mock = registry.make_engine("mock", "m", model_name="m", memory_budget=6 * GiB,
-                                kv_type="q8_0")
+                                kv_type="q8_0", gpu="off")
     assert isinstance(mock, MockEngine)
+    assert "--gpu" not in caplog.text  # the mock runs no model: nothing to say
+
+
+async def test_the_nodes_gpu_reaches_its_engine(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.roles import loading
+    from engine.roles.loading import Resolved
+    from engine.roles.local_node import LocalNode
+    from engine.runtimes import registry
+
+    made: list[str] = []
+    make = registry.make_engine
+
+    def spy(*args: Any, gpu: str = "auto", **kw: Any) -> Any:
+        made.append(gpu)
+        return make(*args, gpu=gpu, **kw)
+
+    monkeypatch.setattr(loading.registry, "make_engine", spy)
+    ns = settings(tmp_path, "node", "--model", "m", "--runtime", "mock", "--gpu", "off").node
+    assert ns is not None
+    node = await LocalNode.start(ns, Resolved("m", "m", "mock"), name="m", psk=None,
+                                 discovery="none")
+    try:
+        assert made == ["off"]
+        snap = node.snapshot()
+        assert (snap.device, snap.gpu_layers, snap.model_layers) == ("", 0, 0)  # the mock's
+    finally:
+        await node.close()
 
 
 async def test_a_share_too_small_for_this_machine_is_refused_at_the_load() -> None:

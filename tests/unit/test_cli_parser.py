@@ -30,6 +30,7 @@ def parse(*argv: str) -> argparse.Namespace:
       "join", "h:8454"]),
     (["node", "join", "--memory-budget", "6G", "--kv-type", "q8_0", "--idle-unload", "never"],
      ["node", "--memory-budget", "6G", "--kv-type", "q8_0", "--idle-unload", "never", "join"]),
+    (["node", "join", "--gpu", "Vulkan0"], ["node", "--gpu", "Vulkan0", "join"]),
 ])
 def test_options_go_before_or_after_the_verb(after: list[str], before: list[str]) -> None:
     assert vars(parse(*after)) == vars(parse(*before))
@@ -111,9 +112,11 @@ def test_how_a_node_holds_its_model_is_an_option_of_each_node(verb: list[str]) -
     assert (args.memory_budget, args.kv_type, args.idle_unload) == (6 * GiB, "q8_0", 1800.0)
     args = parse(*verb, "--memory-budget", "50%", "--idle-unload", "0")
     assert (args.memory_budget, args.idle_unload) == (Share(50.0), None)
+    assert parse(*verb, "--gpu", "off").gpu == "off"
+    assert parse(*verb, "--gpu", " RTX 4070 ").gpu == "RTX 4070"  # part of a description
     # left out: not in the result, so that config.toml's [node] (then the default) stands
     left_out = vars(parse(*verb))
-    assert not {"memory_budget", "kv_type", "idle_unload"} & set(left_out)
+    assert not {"memory_budget", "kv_type", "gpu", "idle_unload"} & set(left_out)
 
 
 @pytest.mark.parametrize(("argv", "line"), [
@@ -125,6 +128,9 @@ def test_how_a_node_holds_its_model_is_an_option_of_each_node(verb: list[str]) -
     (["node", "join", "--memory-budget", "0.000001%"], "too little for a model and its KV "
      "cache; give a larger share or a size of at least 256M"),
     (["serve", "--kv-type", "q4_0"], "argument --kv-type: invalid choice: 'q4_0' (choose from "),
+    (["node", "join", "--gpu", " "], "argument --gpu: give auto, off (CPU only) or a device "
+     "name such as Vulkan0 (1-64 printable characters)"),
+    (["serve", "--gpu", "x" * 65], "argument --gpu: give auto, off (CPU only) or a device"),
     (["node", "join", "--idle-unload", "soon"], "argument --idle-unload: 'soon' is not an idle "
      "time; give minutes from 0 to 10080 (like 15), or never"),
     (["serve", "--idle-unload", "-5"], "argument --idle-unload: '-5' is not an idle time"),

@@ -30,6 +30,11 @@ def test_discovery_settings_are_read(tmp_path):
     ("[node]\nmemory_budget = 6.5\n", "as a string"),
     ('[node]\nkv_type = "q4_0"\n', "config.toml: node.kv_type is 'q4_0'; use f16 or q8_0"),
     ("[node]\nkv_type = 8\n", "config.toml: node.kv_type is 8; use f16 or q8_0"),
+    ('[node]\ngpu = ""\n', "config.toml: node.gpu is ''; give auto, off (CPU only) or a "
+     "device name such as Vulkan0 (1-64 printable characters)"),
+    ("[node]\ngpu = 0\n", "config.toml: node.gpu is 0; give auto, off"),
+    ('[node]\ngpu = "Vulkan\\t0"\n', "config.toml: node.gpu is 'Vulkan\\t0'; give auto"),
+    (f'[node]\ngpu = "{"x" * 65}"\n', "(1-64 printable characters)"),
     ("[node]\nidle_unload = -1\n", "node.idle_unload: an idle time of -1 minutes is out"),
     ('[node]\nidle_unload = "soon"\n', "node.idle_unload: 'soon' is not an idle time"),
     ("[node]\nidle_unload = false\n", "config.toml: node.idle_unload: give minutes from 0"),
@@ -124,11 +129,13 @@ def test_how_the_node_holds_its_model_round_trips(tmp_path):
 
     for node in (NodeSettings(memory_budget=12 * GiB, kv_type="q8_0", idle_unload_s=None),
                  NodeSettings(memory_budget=Share(50.0), idle_unload_s=1800.0),
+                 NodeSettings(gpu="off"), NodeSettings(gpu="RTX 4070"),
                  NodeSettings()):
         save_machine_settings(Settings(home=tmp_path, head=HeadSettings(), node=node), {})
         assert machine_settings(tmp_path)[0].node == node
     text = (tmp_path / "config.toml").read_text()
     assert 'kv_type = "f16"' in text and "idle_unload = 15\n" in text
+    assert 'gpu = "auto"' in text
     assert "memory_budget" not in text  # the default share: nothing to keep
     save_machine_settings(Settings(home=tmp_path, node=NodeSettings(
         memory_budget=12 * GiB, idle_unload_s=None)), {})
@@ -140,9 +147,10 @@ def test_the_cli_reads_how_the_node_holds_its_model(tmp_path):
     from engine.sizes import GiB, Share
 
     (tmp_path / "config.toml").write_text(
-        '[node]\nmemory_budget = "50%"\nkv_type = "q8_0"\nidle_unload = 30\n')
+        '[node]\nmemory_budget = "50%"\nkv_type = "q8_0"\ngpu = "Vulkan0"\nidle_unload = 30\n')
     assert load_config(tmp_path).node_memory == {
-        "memory_budget": Share(50.0), "kv_type": "q8_0", "idle_unload_s": 1800.0}
+        "memory_budget": Share(50.0), "kv_type": "q8_0", "gpu": "Vulkan0",
+        "idle_unload_s": 1800.0}
     cfg = parse_config(f'[node]\nmemory_budget = {6 * GiB}\nidle_unload = "never"\n',
                        source="c")
     assert cfg.node_memory == {"memory_budget": 6 * GiB, "idle_unload_s": None}
@@ -157,10 +165,10 @@ def test_the_next_start_holds_how_the_node_will_hold_its_model():
     from engine.sizes import GiB
 
     now = Settings(node=NodeSettings(lanes=4))
-    memory = NodeMemory(memory_budget=8 * GiB, kv_type="q8_0", idle_unload_s=None)
+    memory = NodeMemory(memory_budget=8 * GiB, kv_type="q8_0", idle_unload_s=None, gpu="off")
     later = NextStart(node_memory=memory).over(now)
     assert later.node == NodeSettings(lanes=4, memory_budget=8 * GiB, kv_type="q8_0",
-                                      idle_unload_s=None)
+                                      idle_unload_s=None, gpu="off")
     assert NodeMemory.of(later.node) == memory
     assert NextStart().over(now) == now
     assert NextStart(node_memory=memory).over(Settings()).node is None  # no node, none made

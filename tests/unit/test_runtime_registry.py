@@ -138,6 +138,29 @@ def test_an_upstream_runtime_takes_a_url_and_refuses_to_be_a_heads_vocabulary(
         registry.load_vocab(runtime, "http://127.0.0.1:8080")
 
 
+def test_llamacpp_takes_the_gpu_asked_for() -> None:
+    for gpu in ("auto", "off", "Vulkan0"):
+        engine = registry.get_runtime("llamacpp").make_engine(
+            registry.EngineSpec(path="/nowhere/m.gguf", model_name="m", gpu=gpu))
+        assert isinstance(engine, LlamaCppEngine) and engine.gpu == gpu
+
+
+@pytest.mark.parametrize(("runtime", "path", "why"), [
+    ("mlx", "org/repo", "it runs the model on Apple silicon's GPU"),
+    ("llama-server", "http://127.0.0.1:8080", "the engine it fronts chooses its own device"),
+    ("vllm", "http://127.0.0.1:8000", "the engine it fronts chooses its own device"),
+])
+def test_a_runtime_that_chooses_its_own_gpu_says_it_ignores_one(
+        caplog: pytest.LogCaptureFixture, runtime: str, path: str, why: str) -> None:
+    caplog.set_level(logging.WARNING)
+    entry = registry.get_runtime(runtime)
+    entry.make_engine(registry.EngineSpec(path=path, model_name="m", gpu="off"))  # builds only
+    assert f"runtime {runtime} ignores --gpu off: {why}" in caplog.text
+    caplog.clear()
+    entry.make_engine(registry.EngineSpec(path=path, model_name="m"))  # auto: nothing to say
+    assert "--gpu" not in caplog.text
+
+
 def test_mlx_says_it_ignores_a_kv_type(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
     spec = registry.EngineSpec(path="org/repo", model_name="m", kv_type="q8_0")

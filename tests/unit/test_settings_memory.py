@@ -1,5 +1,5 @@
-"""`Shoal.update_settings` for how the node holds its model (memory budget, KV type, idle
-unload): checked first with the fix in one line, then kept for the node's next start."""
+"""`Shoal.update_settings` for how the node holds its model (memory budget, KV type, GPU,
+idle unload): checked first with the fix in one line, then kept for the node's next start."""
 
 from __future__ import annotations
 
@@ -29,6 +29,11 @@ async def test_nothing_running_takes_them_at_once(tmp_path: Path) -> None:
         await shoal.update_settings(memory_budget=Share(25.0))
         assert shoal.pending.node is not None
         assert shoal.pending.node.memory_budget == Share(25.0)
+        await shoal.update_settings(gpu=" Vulkan1 ")
+        node = shoal.pending.node
+        assert node is not None and (node.gpu, node.kv_type) == ("Vulkan1", "q8_0")
+        await shoal.update_settings(kv_type="f16")  # the GPU stays as chosen
+        assert shoal.pending.node is not None and shoal.pending.node.gpu == "Vulkan1"
     finally:
         await shoal.stop(drain=0)
 
@@ -41,6 +46,10 @@ async def test_nothing_running_takes_them_at_once(tmp_path: Path) -> None:
     ({"memory_budget": True}, "the memory budget is a number of bytes or a share"),
     ({"memory_budget": "6G"}, "the memory budget is a number of bytes or a share"),
     ({"kv_type": "q4_0"}, "the KV cache is f16 or q8_0, not 'q4_0'"),
+    ({"gpu": ""}, "the GPU choice '' is not valid; give auto, off (CPU only) or a device name "
+     "such as Vulkan0 (1-64 printable characters)"),
+    ({"gpu": "x" * 65}, "give auto, off (CPU only) or a device name"),
+    ({"gpu": 0}, "the GPU choice 0 is not valid"),
     ({"idle_unload_s": -60}, "the model unloads after 0 (never) to 10080 minutes idle"),
     ({"idle_unload_s": 10_080 * 60 + 1}, "0 (never) to 10080 minutes"),
     ({"idle_unload_s": float("nan")}, "0 (never) to 10080 minutes"),
