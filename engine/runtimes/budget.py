@@ -57,6 +57,16 @@ class BudgetTooSmall(ValueError):
     """The budget cannot hold the model and a usable pool; the message names the fix."""
 
 
+def wanted_cells(*, lanes: int, n_ctx_train: int, max_context: int | None,
+                 pool_cells: int | None = None) -> int:
+    """The pool a node asks for before the budget has its say (see the module doc)."""
+    if pool_cells is not None:
+        return max(pool_cells, POOL_FLOOR)
+    lanes = max(lanes, 1)
+    want_window = max_context or n_ctx_train or DEFAULT_TRAIN_CONTEXT
+    return min(max(want_window, lanes * MIN_CELLS_PER_LANE), lanes * want_window)
+
+
 def plan_pool(
     *,
     budget: int,
@@ -68,20 +78,24 @@ def plan_pool(
     n_ctx_train: int,
     max_context: int | None,
     pool_cells: int | None = None,
+    device_cells: int | None = None,
 ) -> PoolPlan:
     """The pool, window and host cache that fit ``budget`` (see the module doc).
 
     ``pool_cells`` sizes the pool itself (as llama-server's ``-c``: benchmarks compare
     them at one size), still within the budget; the window is then at most the pool.
+    With a GPU (:mod:`engine.runtimes.offload`), ``model_bytes`` and
+    ``kv_bytes_per_token`` are what stays in RAM, and ``device_cells`` the pool the
+    device has room for.
     """
     per_token = max(kv_bytes_per_token, 1)
-    lanes = max(lanes, 1)
     want_window = max_context or n_ctx_train or DEFAULT_TRAIN_CONTEXT
-    want_cells = min(max(want_window, lanes * MIN_CELLS_PER_LANE), lanes * want_window)
-    if pool_cells is not None:
-        want_cells = max(pool_cells, POOL_FLOOR)
+    want_cells = wanted_cells(lanes=lanes, n_ctx_train=n_ctx_train, max_context=max_context,
+                              pool_cells=pool_cells)
     room = budget - base - model_bytes - overhead
     fit = max(room, 0) // per_token
+    if device_cells is not None:
+        fit = min(fit, device_cells)
     if fit < POOL_FLOOR:
         raise BudgetTooSmall(
             f"a memory budget of {human_bytes(budget)} leaves no room for the KV cache "

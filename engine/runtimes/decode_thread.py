@@ -196,6 +196,10 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
         """Bytes the host-memory prompt cache holds, and may hold (none: 0, 0)."""
         return 0, 0
 
+    def _device_stats(self) -> tuple[str, int, int]:
+        """The device the model runs on, and its layers there and in all ("": the CPU)."""
+        return "", 0, 0
+
     def _lane_of(self, job: J) -> PoolLane | None:
         """The lane ``job`` runs on (a runtime with a pool overrides it)."""
         return None
@@ -355,6 +359,16 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
             self._rss = (now, rss)
         return rss
 
+    def record_rates(self, prompt_tokens: int, prefill_s: float, decode_tps: float) -> None:
+        """A measurement taken outside a generation (the start-up warm-up)."""
+        with self._lock:
+            # the rate only: a prompt this short says little of how prefill grows with
+            # length, which the fit learns from the requests
+            if prefill_s > 0:
+                self._prefill_rates.append(prompt_tokens / prefill_s)
+            if decode_tps > 0:
+                self._decode_rates.append(decode_tps)
+
     def stats(self) -> EngineStats:
         with self._lock:
             busy = self._busy
@@ -367,6 +381,7 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
             parked = self._parked
             max_prompt = self._max_prompt()
             counts = (self._from_lanes, self._from_host, self._prefilled)
+        device, gpu_layers, model_layers = self._device_stats()
         return EngineStats(
             lanes=self.lanes,
             lanes_busy=min(busy, self.lanes),
@@ -386,6 +401,9 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
             host_cache_limit=host_limit,
             prefill_s_per_token=fit.a,
             prefill_s_per_token_ctx=fit.b,
+            device=device,
+            gpu_layers=gpu_layers,
+            model_layers=model_layers,
         )
 
     # -- the decode thread --------------------------------------------------------------

@@ -43,11 +43,14 @@ from engine.runtimes.budget import (
     plan_pool,
     process_rss_bytes,
     total_memory_bytes,
+    wanted_cells,
 )
 from engine.runtimes.cpu_quirks import repack_here
 from engine.runtimes.decode_thread import DecodeThreadEngine, Job, PoolLane
+from engine.runtimes.gpu import device_handle, gpu_backends
 from engine.runtimes.host_cache import MIN_ENTRY, HostCache
 from engine.runtimes.lanes import Lane, LaneWant, common_prefix, pick_lane, plan_batch
+from engine.runtimes.offload import Choice, Offload, choose_device, no_offload, plan_offload
 from engine.runtimes.threaded import ThreadedGeneration
 from engine.sizes import MiB
 
@@ -57,6 +60,9 @@ log = logging.getLogger("shoal.node")
 PENALTY_LAST_N = 64
 N_BATCH_MAX = 512
 KV_TYPES = {"f16": (1, 2.0), "q8_0": (8, 34 / 32)}  # ggml type id, bytes per element
+WARM_PROMPT = 32  # tokens the start-up measurement prefills, and then decodes one by one
+WARM_DECODE = 3
+WARM_FIRST_ID = 1000  # ordinary tokens in every vocabulary this size
 HOST_MIN_GAIN = 32  # the host cache is used when it holds this many more tokens than a lane
 
 _LLAMA_DEFAULT_SEED = 0xFFFFFFFF
@@ -192,6 +198,19 @@ def start_line(info: EngineInfo) -> str:
     )
 
 
+def device_line(engine: LlamaCppEngine) -> str:
+    """Where the model runs, for the start-up lines: the device and its share, or why
+    the GPU is not used."""
+    off = engine.offload
+    if engine.device is None or off is None or off.layers == 0:
+        why = engine.device_why
+        if engine.device is not None and off is not None:
+            why = (f"the GPU is not used: {engine.device.label()} has no room for a layer "
+                   "of this model; the model runs on the CPU")
+        return why
+    return f"{engine.device_why}: {off.describe()} of the model on it"
+
+
 def pool_line(engine: LlamaCppEngine) -> str:
     """What the pool holds and what it fits in, for the start-up lines."""
     return (f"KV pool of {engine.pool_cells} cells ({engine.kv_type}) shared by "
@@ -236,6 +255,7 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         memory_budget: int | None = None,
         kv_type: str = "f16",
         pool_cells: int | None = None,
+        gpu: str = "auto",
     ) -> None:
         if kv_type not in KV_TYPES:
             raise ValueError(f"--kv-type {kv_type} is not one of {', '.join(KV_TYPES)}")
@@ -259,6 +279,10 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         self.pool_cells_wanted = pool_cells  # None: one window (budget.plan_pool)
         self.memory_budget_bytes = memory_budget or default_budget_bytes(total_memory_bytes())
         self._host: HostCache | None = None
+        self.gpu = gpu.strip() or "auto"  # auto | off | a device's name (offload.py)
+        self.device: Any = None  # the offload.Device the model runs on, if any
+        self.device_why = ""  # the device chosen, or why none is (one line)
+        self.offload: Offload | None = None
 
     @property
     def pool_cells(self) -> int:
@@ -274,32 +298,79 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
 
     # -- loading ------------------------------------------------------------
 
+    def _choose(self, lib: Any) -> Choice:
+        if self.gpu == "off":
+            return choose_device([], "off")
+        found = gpu_backends(lib)
+        return choose_device(found.devices, self.gpu, unavailable=found.unavailable)
+
+    def _sizes(self, lib: Any, model: Any) -> tuple[int, int, int, int]:
+        """(n_ctx_train, n_batch, compute overhead, KV bytes per token) of a loaded model."""
+        meta = _meta_dict(lib, model)
+        n_ctx_train = int(lib.llama_model_n_ctx_train(model))
+        n_batch = min(N_BATCH_MAX, max(self.max_context or n_ctx_train or N_BATCH_MAX,
+                                       self.lanes))
+        per_token = _kv_bytes_per_token(lib, model, meta, KV_TYPES[self.kv_type][1])
+        return n_ctx_train, n_batch, _overhead_bytes(lib, model, n_batch), per_token
+
+    def _plan_offload(self, lib: Any, choice: Choice, model_bytes: int) -> Offload:
+        """The layers for the chosen device, sized from the model's header (llama.cpp's
+        ``no_alloc`` reads the metadata only: the tensors load once, where they go)."""
+        if choice.device is None:
+            return no_offload(0, model_bytes, 0)
+        params = lib.llama_model_default_params()
+        params.no_alloc = True
+        params.load_mode = 0  # LLAMA_LOAD_MODE_NONE: no_alloc maps nothing (as common/fit.cpp)
+        params.n_gpu_layers = 0
+        nothing = (ctypes.c_void_p * 1)(None)
+        params.devices = ctypes.cast(nothing, ctypes.c_void_p)
+        head = lib.llama_model_load_from_file(self.path.encode(), params)
+        if not head:
+            raise ValueError(
+                f"llama.cpp cannot load {self.path}; check that it is a complete GGUF file")
+        try:
+            n_ctx_train, _, overhead, per_token = self._sizes(lib, head)
+            n_layer = int(lib.llama_model_n_layer(head))
+        finally:
+            lib.llama_model_free(head)
+        want = wanted_cells(lanes=self.lanes, n_ctx_train=n_ctx_train,
+                            max_context=self.max_context, pool_cells=self.pool_cells_wanted)
+        return plan_offload(device=choice.device, n_layer=n_layer, model_bytes=model_bytes,
+                            kv_bytes_per_token=per_token, want_cells=want, overhead=overhead)
+
     def _load(self) -> None:
         _check_path(self.path)
         lib = _lib()
         base = process_rss_bytes()  # the process before the model: counted in the budget
+        model_bytes = os.path.getsize(self.path)
+        choice = self._choose(lib)
+        off = self._plan_offload(lib, choice, model_bytes)
         mparams = lib.llama_model_default_params()
         mparams.use_extra_bufts = repack_here()  # not on AMX CPUs: cpu_quirks.py
+        # the devices llama.cpp may use, NULL-terminated: the chosen one, or none at all
+        # (NULL itself would mean every GPU it lists)
+        handle = (device_handle(lib, choice.device.name)
+                  if choice.device is not None and off.layers else None)
+        devices = (ctypes.c_void_p * 2)(handle, None)
+        mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
+        mparams.n_gpu_layers = off.layers if handle else 0
         model = lib.llama_model_load_from_file(self.path.encode(), mparams)
         if not model:
             raise ValueError(
                 f"llama.cpp cannot load {self.path}; check that it is a complete GGUF file"
             )
-        meta = _meta_dict(lib, model)
-        n_ctx_train = int(lib.llama_model_n_ctx_train(model))
-        type_id, per_element = KV_TYPES[self.kv_type]
-        n_batch = min(N_BATCH_MAX, max(self.max_context or n_ctx_train or N_BATCH_MAX,
-                                       self.lanes))
-        overhead = _overhead_bytes(lib, model, n_batch)
-        model_bytes = os.path.getsize(self.path)
+        n_ctx_train, n_batch, overhead, per_token = self._sizes(lib, model)
+        if not handle:
+            off = no_offload(int(lib.llama_model_n_layer(model)), model_bytes, per_token)
+        type_id, _ = KV_TYPES[self.kv_type]
         try:
             plan = plan_pool(budget=self.memory_budget_bytes, base=base,
-                             model_bytes=model_bytes, overhead=overhead,
-                             kv_bytes_per_token=_kv_bytes_per_token(lib, model, meta,
-                                                                    per_element),
+                             model_bytes=off.ram_weights, overhead=overhead,
+                             kv_bytes_per_token=off.ram_kv_per_token,
                              lanes=self.lanes, n_ctx_train=n_ctx_train,
                              max_context=self.max_context,
-                             pool_cells=self.pool_cells_wanted)
+                             pool_cells=self.pool_cells_wanted,
+                             device_cells=off.max_cells)
         except ValueError:
             lib.llama_model_free(model)
             raise
@@ -315,6 +386,9 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         # one KV pool for every sequence: a session grows while cells are free
         cparams.kv_unified = True
         cparams.no_perf = True
+        # a node without layers on a GPU keeps its prompts off it too (llama.cpp would
+        # otherwise copy weights to a GPU it lists for every large batch)
+        cparams.op_offload = bool(handle)
         if type_id != 1:
             cparams.type_k = type_id
             cparams.type_v = type_id
@@ -330,6 +404,9 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
                 f"llama.cpp cannot make a KV pool of {plan.cells} cells for {self.path}; "
                 "lower --memory-budget or --max-context"
             )
+        self.device = choice.device
+        self.device_why = choice.why
+        self.offload = off
         self._model = model
         self._ctx = ctx
         self._mem = lib.llama_get_memory(ctx)
@@ -345,10 +422,47 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         # what the budget leaves once the model is in: the model's pages counted whole (an
         # mmap fills as it is read) and the pool (llama.cpp clears it, so it is resident
         # already), and the compute buffers, which fill at the first steps
-        held = max(process_rss_bytes(), base + model_bytes + plan.kv_bytes) + overhead
+        held = max(process_rss_bytes(), base + off.ram_weights + plan.kv_bytes) + overhead
         self._host = HostCache(min(plan.host_cache_bytes, max(self._budget - held, 0)))
         self._n_batch = int(lib.llama_n_batch(ctx))
         self._batch = lib.llama_batch_init(self._n_batch, 0, 1)
+        self._warm_up(lib)
+
+    def _warm_up(self, lib: Any) -> None:
+        """Measure prefill and decode once before serving, so that the node's first stats
+        (and its hello to every head) carry real rates and placement sends the first
+        sessions to the fast machine: a short pass to warm the kernels (a GPU compiles
+        its pipelines at first use), then a measured one; the pool is cleared after."""
+        batch, n_vocab = self._batch, max(self._n_vocab, 2)
+        prompt = min(WARM_PROMPT, self._n_batch, max(self._pool - WARM_DECODE - 1, 1))
+
+        def feed(tokens: list[int], pos: int) -> bool:
+            for i, tok in enumerate(tokens):
+                batch.token[i] = tok
+                batch.pos[i] = pos + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 1 if i == len(tokens) - 1 else 0
+            batch.n_tokens = len(tokens)
+            return int(lib.llama_decode(self._ctx, batch)) == 0
+
+        ids = [(WARM_FIRST_ID + i) % n_vocab for i in range(prompt + WARM_DECODE)]
+        try:
+            # the same shapes as the measured pass: a GPU builds a pipeline per shape
+            if not (feed(ids[:prompt], 0) and feed(ids[prompt:prompt + 1], prompt)):
+                return
+            lib.llama_memory_clear(self._mem, True)
+            t0 = time.perf_counter()
+            if not feed(ids[:prompt], 0):
+                return
+            t1 = time.perf_counter()
+            for i in range(WARM_DECODE):
+                if not feed(ids[prompt + i:prompt + i + 1], prompt + i):
+                    return
+            t2 = time.perf_counter()
+        finally:
+            lib.llama_memory_clear(self._mem, True)
+        self.record_rates(prompt, t1 - t0, WARM_DECODE / max(t2 - t1, 1e-9))
 
     def _unload(self) -> None:
         lib = _lib()
@@ -425,6 +539,14 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
 
     def _pool_lanes(self) -> list[_Lane]:
         return self._lanes
+
+    def _device_stats(self) -> tuple[str, int, int]:
+        off, dev = self.offload, self.device
+        if off is None:
+            return "", 0, 0
+        if dev is None or off.layers == 0:
+            return "", 0, off.of
+        return f"{dev.name} ({dev.description})", off.layers, off.of
 
     def _host_cache_use(self) -> tuple[int, int]:
         host = self._host  # read once: the decode thread replaces it on unload

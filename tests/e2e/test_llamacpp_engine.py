@@ -239,7 +239,10 @@ async def test_stop_id_is_honoured(engine: LlamaCppEngine, vocab: LlamaCppVocab)
 async def test_stats_are_sane(engine: LlamaCppEngine, vocab: LlamaCppVocab) -> None:
     s0 = engine.stats()
     assert s0.lanes == 8 and s0.lanes_busy == 0 and s0.kv_used == 0
-    assert s0.prefill_tps == 0.0 and s0.decode_tps == 0.0 and s0.ttft_ms == 0.0
+    # measured at start (the warm-up), before any request, and nothing of it left behind
+    assert s0.prefill_tps > 0.0 and s0.decode_tps > 0.0 and s0.ttft_ms == 0.0
+    assert s0.prompt_prefilled == 0 and engine.kv_used_from_llama() == 0
+    assert (s0.device, s0.gpu_layers, s0.model_layers) == ("", 0, 31)  # SmolLM2, the CPU
     assert engine.info.context_window == WINDOW and engine.info.window_pinned
     assert s0.kv_total == WINDOW * 8
     _out, res = await run(engine, vocab.encode(chat("Describe a forest in detail.")), 6)
