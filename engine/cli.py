@@ -177,7 +177,8 @@ async def _join_banner(shoal: Shoal) -> list[str]:
         return []
     link = "encrypted" if node.encrypted else "plaintext, loopback only"
     return [f"runtime {node.runtime} serves {node.path}: context window "
-            f"{node.context_window} tokens, {node.lanes} lanes", *pool_lines(node),
+            f"{node.context_window} tokens, {node.lanes} lanes",
+            *([node.device_note] if node.device_note else []), *pool_lines(node),
             f"node '{node.identity}' joining {', '.join(node.heads)} as '{node.model}' "
             f"(link {link})"]
 

@@ -115,6 +115,7 @@ def node_lines(node: LocalNodeSnapshot) -> list[str]:
     link = "encrypted" if node.encrypted else "plaintext, loopback only"
     return [f"runtime {node.runtime} serves {node.path}: context window "
             f"{node.context_window} tokens ({how}), {node.lanes} lanes",
+            *([node.device_note] if node.device_note else []),
             *pool_lines(node),
             f"node '{node.identity}' serving '{node.model}' on {node.address} (link {link}): "
             f"context window {node.context_window} tokens, {node.lanes} lanes"]

@@ -132,6 +132,7 @@ class LocalNodeSnapshot:
     device: str = ""  # as NodeSnapshot's: "" the CPU
     gpu_layers: int = 0
     model_layers: int = 0
+    device_note: str = ""  # the device it chose, or why it runs on the CPU (one line)
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,7 +105,8 @@ class LocalNode:
             encrypted=self.agent.psk is not None, heads=heads, linked=linked,
             kv_cells=st.kv_total, memory_used=st.mem_used, memory_budget=st.mem_budget,
             host_cache_limit=st.host_cache_limit, sleep=self.agent.sleep,
-            device=st.device, gpu_layers=st.gpu_layers, model_layers=st.model_layers)
+            device=st.device, gpu_layers=st.gpu_layers, model_layers=st.model_layers,
+            device_note=st.device_note)
 
     def set_psk(self, psk: bytes | None) -> None:
         """A new fleet token: new links use it (heads and joins redial with it)."""

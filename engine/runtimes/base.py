@@ -83,6 +83,7 @@ class EngineStats:
     device: str = ""
     gpu_layers: int = 0
     model_layers: int = 0
+    device_note: str = ""  # what the node chose and why, one line ("" where no choice)
 
 
 @runtime_checkable

@@ -200,6 +200,10 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
         """The device the model runs on, and its layers there and in all ("": the CPU)."""
         return "", 0, 0
 
+    def _device_note(self) -> str:
+        """What the runtime chose to run on and why, one line ("": no choice to make)."""
+        return ""
+
     def _lane_of(self, job: J) -> PoolLane | None:
         """The lane ``job`` runs on (a runtime with a pool overrides it)."""
         return None
@@ -404,6 +408,7 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
             device=device,
             gpu_layers=gpu_layers,
             model_layers=model_layers,
+            device_note=self._device_note(),
         )
 
     # -- the decode thread --------------------------------------------------------------

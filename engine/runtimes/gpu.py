@@ -99,6 +99,8 @@ def _list(g: Any) -> list[Device]:
         kind = _KINDS.get(int(g.ggml_backend_dev_type(dev)))
         if kind is None:
             continue
+        if sys.platform == "darwin":
+            kind = "igpu"  # Apple silicon's memory is the RAM: the budget counts all of it
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         g.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
         out.append(Device(name=(g.ggml_backend_dev_name(dev) or b"").decode(errors="replace"),

@@ -548,6 +548,9 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
             return "", 0, off.of
         return f"{dev.name} ({dev.description})", off.layers, off.of
 
+    def _device_note(self) -> str:
+        return device_line(self) if self.offload is not None else ""
+
     def _host_cache_use(self) -> tuple[int, int]:
         host = self._host  # read once: the decode thread replaces it on unload
         return (host.size, host.limit) if host is not None else (0, 0)

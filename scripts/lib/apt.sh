@@ -15,6 +15,11 @@
 #   tmux, git               the coding agents' tests: Claude Code's interactive start in a
 #                           terminal, aider's repository (the npm agents need Node.js 20 and
 #                           its npm, which scripts/lib/agents.py asks for by name if missing)
+# llama.cpp's Vulkan backend (scripts/lib/vulkan_backend.py) and its tests on Mesa's
+# software Vulkan driver (lavapipe), as llama.cpp's own CI runs it:
+#   glslc, libvulkan-dev, spirv-headers   the shader compiler, the loader to link, SPIR-V
+#                           headers (the Vulkan headers come from Debian 13: see the script)
+#   mesa-vulkan-drivers     lavapipe, a Vulkan device on any machine
 # The installers (scripts/build-installer) and their tests (tests/installer):
 #   dpkg-dev, zstd, binutils    dpkg-shlibdeps, dpkg-deb -Zzstd, the .tar.zst, ar to read a .deb
 SHOAL_APT_QT="libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0
@@ -22,7 +27,7 @@ SHOAL_APT_QT="libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-
   libx11-xcb1 libxkbcommon-x11-0 libegl1 libgl1 libfontconfig1 libdbus-1-3 libglib2.0-0"
 SHOAL_APT_PACKAGES="cmake build-essential iproute2 dbus gnome-keyring libsecret-tools
   $SHOAL_APT_QT xvfb trayer xdotool xclip x11-utils desktop-file-utils nginx tmux git
-  dpkg-dev zstd binutils"
+  glslc libvulkan-dev spirv-headers mesa-vulkan-drivers dpkg-dev zstd binutils"
 
 # ensure_apt [PACKAGES]  (default: everything the suite needs)
 ensure_apt() {

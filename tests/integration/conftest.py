@@ -71,7 +71,8 @@ class Cluster:
         return out.stdout.strip()
 
     def _start(self, name: str, args: list[str], ready: re.Pattern[str],
-               env: dict[str, str] | None = None, prefix: Sequence[str] = ()) -> Proc:
+               env: dict[str, str] | None = None, prefix: Sequence[str] = (),
+               ready_timeout: float = READY_TIMEOUT) -> Proc:
         """Start ``shoal ARGS`` (after ``prefix``, e.g. ``ip netns exec NS``) and wait for
         the line ``ready`` matches; its first group is the port."""
         log = self.logs / f"{name}-{len(self.procs)}.log"
@@ -79,7 +80,7 @@ class Cluster:
             popen = subprocess.Popen([*prefix, *SHOAL, *args], env=env or self.env,
                                      stdout=subprocess.PIPE, stderr=logf, text=True,
                                      start_new_session=True, cwd=os.getcwd())
-        deadline = time.monotonic() + READY_TIMEOUT
+        deadline = time.monotonic() + ready_timeout
         assert popen.stdout is not None
         os.set_blocking(popen.stdout.fileno(), False)
         buf = ""
@@ -103,21 +104,26 @@ class Cluster:
 
     def node(self, identity: str, *, model: str = "mock-m", runtime: str = "mock",
              lanes: int = 4, speed: float = 0.0, port: int = 0,
-             extra: tuple[str, ...] = ()) -> Proc:
-        """A node process; ``speed`` (tokens/s per lane) applies to the mock runtime."""
+             extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
+             ready_timeout: float = READY_TIMEOUT) -> Proc:
+        """A node process; ``speed`` (tokens/s per lane) applies to the mock runtime;
+        ``env``: the whole environment instead of the cluster's."""
         args = ["node", "--runtime", runtime, "--model", model, "--identity", identity,
                 "--listen", f"127.0.0.1:{port}", "--max-batch", str(lanes), *extra]
         if runtime == "mock":
             args += ["--mock-speed", str(speed)]
-        return self._start(identity, args, re.compile(r" on 127\.0\.0\.1:(\d+) \(link"))
+        return self._start(identity, args, re.compile(r" on 127\.0\.0\.1:(\d+) \(link"),
+                           env=env, ready_timeout=ready_timeout)
 
     def head(self, nodes: list[Proc] | list[str], *, model: str = "mock-m",
-             runtime: str = "mock", extra: tuple[str, ...] = ()) -> Proc:
+             runtime: str = "mock", extra: tuple[str, ...] = (),
+             env: dict[str, str] | None = None, ready_timeout: float = READY_TIMEOUT) -> Proc:
         """A head process dialing ``nodes``; with no nodes, a head with its embedded node."""
         args = ["serve", model, "--runtime", runtime, "--http", "127.0.0.1:0", *extra]
         if nodes:
             args += ["--fleet", ",".join(n if isinstance(n, str) else n.address for n in nodes)]
-        return self._start("head", args, re.compile(r"at http://127\.0\.0\.1:(\d+)/v1"))
+        return self._start("head", args, re.compile(r"at http://127\.0\.0\.1:(\d+)/v1"),
+                           env=env, ready_timeout=ready_timeout)
 
     def join_port(self, head: Proc, timeout: float = 10.0) -> int:
         """The port a head started with --fleet-listen takes joins on (from its log)."""

@@ -1,0 +1,221 @@
+"""llama.cpp's Vulkan backend on a real Vulkan driver: Mesa's lavapipe, as llama.cpp's own CI
+runs it. Nodes and heads are real processes on 127.0.0.1 on the real GGUF models.
+
+ggml leaves CPU-type Vulkan devices out unless ``GGML_VK_VISIBLE_DEVICES`` names them (as
+``--gpu auto`` must on a user's machine: lavapipe is slower than the CPU backend), so the
+Vulkan nodes here get ``GGML_VK_VISIBLE_DEVICES=0``. Lavapipe decodes at about a token a
+second and compiles its shaders at start (tens of seconds): answers stay short.
+
+Greedy answers on lavapipe are compared whole with the CPU backend's where the two agree:
+Gemma 3 270M (Q4_K_M) on a raw completion, and SmolLM2 (Q4_1) on "What is 2 + 2?". On
+most SmolLM2 prompts they part within the first few tokens (measured on five chat prompts:
+equal for 11 tokens on one, apart after 0, 3, 4 and 20 on the others): lavapipe has no
+integer dot product, so ggml computes the Q4_1 matrix products in floating point where
+the CPU backend quantizes the activations to 8 bits, and a 135M model's greedy choice is
+often a near-tie. There the test asks only for a sensible answer ("Paris"). The failover
+test moves a session while both backends still agree (its prompt's first 20 tokens).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from engine.runtimes.gpu import vulkan_library
+from tests.integration.conftest import Cluster, Proc, sse_text
+from tests.integration.test_fleet import fleet_state, url, wait_ready
+from tests.waiting import until_result
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
+
+LAVAPIPE_ICDS = ("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",
+                 "/usr/share/vulkan/icd.d/lvp_icd.aarch64.json")
+VK_START = 300.0  # s: lavapipe compiles every pipeline the warm-up uses
+FRANCE = "What is the capital of France?"
+SUM = "What is 2 + 2?"
+BICYCLE = "Tell me about the history of the bicycle."
+ANSWER = 24  # tokens; lavapipe and the CPU agree on this prompt's first 20
+
+needs_lavapipe = pytest.mark.skipif(
+    vulkan_library() is None or not any(os.path.exists(p) for p in LAVAPIPE_ICDS),
+    reason="needs llama.cpp's Vulkan backend in .venv and Mesa's lavapipe "
+           "(scripts/test installs both: scripts/lib/vulkan_backend.py, mesa-vulkan-drivers)")
+
+
+def said(proc: Proc) -> str:
+    """What a process printed at start: its ready line, and the lines before it in its log."""
+    return proc.banner + proc.log_text()
+
+
+def lavapipe_env(cluster: Cluster) -> dict[str, str]:
+    return {**cluster.env, "GGML_VK_VISIBLE_DEVICES": "0"}
+
+
+def serve(cluster: Cluster, gguf: Path, *extra: str, env: dict[str, str] | None = None,
+          ctx: int = 1024) -> Proc:
+    """A head with its own llama.cpp node in one process (`shoal serve`)."""
+    return cluster.head([], model=str(gguf), runtime="llamacpp", env=env,
+                        extra=("--max-context", str(ctx), "--max-batch", "2", *extra),
+                        ready_timeout=VK_START)
+
+
+async def complete(head: Proc, model: str, prompt: str, max_tokens: int) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    async with aiohttp.ClientSession() as http, \
+            http.post(url(head, "/v1/completions"), json=body) as r:
+        text = await r.text()
+        assert r.status == 200, text
+        return await r.json()
+
+
+async def chat(head: Proc, model: str, content: str, max_tokens: int) -> dict:
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "user", "content": content}]}
+    async with aiohttp.ClientSession() as http, \
+            http.post(url(head, "/v1/chat/completions"), json=body) as r:
+        text = await r.text()
+        assert r.status == 200, text
+        return await r.json()
+
+
+async def local_node(head: Proc) -> dict:
+    state = await wait_ready(head, 1, timeout=60)
+    (node,) = state["nodes"]
+    return node
+
+
+@needs_lavapipe
+@pytest.mark.parametrize(("which", "max_tokens"), [("smollm2", 16), ("gemma", 12)])
+async def test_a_node_on_lavapipe_offloads_and_answers_as_the_cpu_does(
+        cluster, smollm2_gguf, gemma_gguf, which, max_tokens):
+    gguf = smollm2_gguf if which == "smollm2" else gemma_gguf
+    name = gguf.name[:-5]
+    cluster.token()
+    cpu = serve(cluster, gguf, "--gpu", "off")
+    assert "the GPU is not used (--gpu off); the model runs on the CPU" in said(cpu)
+    assert "Vulkan0" not in said(cpu)
+    vk = serve(cluster, gguf, "--gpu", "auto", env=lavapipe_env(cluster))
+    # the one line that says what the node chose
+    assert "GPU Vulkan0 (llvmpipe" in said(vk), said(vk)
+    assert "all layers of the model on it" in said(vk), said(vk)
+
+    node = await local_node(vk)
+    assert node["device"].startswith("Vulkan0 (llvmpipe")
+    assert node["gpu_layers"] == node["model_layers"] > 0
+    assert (await local_node(cpu))["device"] is None
+
+    if which == "smollm2":
+        ref = await chat(cpu, name, SUM, max_tokens)
+        got = await chat(vk, name, SUM, max_tokens)
+        text = got["choices"][0]["message"]["content"]
+        assert "4" in text, text
+        assert text == ref["choices"][0]["message"]["content"]
+        france = await chat(vk, name, FRANCE, max_tokens)
+        assert "Paris" in france["choices"][0]["message"]["content"], france
+    else:  # a base model: a raw completion
+        ref = await complete(cpu, name, "The capital of France is", max_tokens)
+        got = await complete(vk, name, "The capital of France is", max_tokens)
+        text = got["choices"][0]["text"]
+        assert "France" in text or "Paris" in text, text
+        assert text == ref["choices"][0]["text"]
+    assert got["usage"]["completion_tokens"] == ref["usage"]["completion_tokens"] > 0
+
+
+@pytest.mark.parametrize(("case", "line"), [
+    ("no_driver", "the GPU is not used: llama.cpp's Vulkan backend did not start: no "
+                  "working Vulkan driver"),
+    ("cpu_device_only", "the GPU is not used: no Vulkan driver lists a GPU"),
+])
+@needs_lavapipe
+async def test_without_a_usable_driver_the_node_runs_on_the_cpu_and_says_why(
+        cluster, smollm2_gguf, case, line):
+    env = dict(cluster.env)
+    env.pop("GGML_VK_VISIBLE_DEVICES", None)
+    if case == "no_driver":
+        # the Vulkan loader finds no driver at all (the path names no manifest)
+        nowhere = "/nonexistent/icd.json"
+        env.update(VK_ICD_FILENAMES=nowhere, VK_DRIVER_FILES=nowhere,
+                   GGML_VK_VISIBLE_DEVICES="0")
+    # else: lavapipe is there, and ggml leaves a CPU-type device out by default
+    cluster.token()
+    head = serve(cluster, smollm2_gguf, env=env)
+    assert line in said(head), said(head)
+    assert "the model runs on the CPU" in said(head)
+    assert (await local_node(head))["device"] is None
+    got = await chat(head, smollm2_gguf.name[:-5], SUM, 16)
+    assert "4" in got["choices"][0]["message"]["content"], got
+
+
+@needs_lavapipe
+async def test_a_vulkan_node_in_the_fleet_measured_placed_and_failed_over(
+        cluster, smollm2_gguf):
+    """A lavapipe node and a CPU node behind one head. Both measure their rates at start,
+    so the head knows before any session that the CPU node is the fast one (lavapipe is a
+    CPU, and a slow one) and places the first session there. Then, with the CPU node gone,
+    a session runs on the Vulkan node; a CPU node comes back on the same address, the
+    Vulkan node is killed mid-answer, and the session finishes on the CPU node with the
+    same greedy text, no token lost."""
+    cluster.token()
+    name = smollm2_gguf.name[:-5]
+    extra = ("--max-context", "1024")
+
+    def cpu_node(port: int = 0) -> Proc:
+        return cluster.node("cpu", model=str(smollm2_gguf), runtime="llamacpp", lanes=1,
+                            port=port, extra=(*extra, "--gpu", "off"))
+
+    fast = cpu_node()
+    vk = cluster.node("vk", model=str(smollm2_gguf), runtime="llamacpp", lanes=1,
+                      extra=(*extra, "--gpu", "auto"), env=lavapipe_env(cluster),
+                      ready_timeout=VK_START)
+    assert "GPU Vulkan0 (llvmpipe" in said(vk), said(vk)
+    head = cluster.head([fast, vk], model=str(smollm2_gguf), runtime="llamacpp",
+                        extra=("--fleet-listen", "127.0.0.1:0"))
+    state = await wait_ready(head, 2, timeout=60)
+    by_addr = {n["address"]: n for n in state["nodes"]}
+    cpu_seen, vk_seen = by_addr[fast.address], by_addr[vk.address]
+    # the warm-up's rates reached the head before its first session
+    assert cpu_seen["sessions_total"] == vk_seen["sessions_total"] == 0
+    assert cpu_seen["decode_tps"] > vk_seen["decode_tps"] > 0
+    assert vk_seen["device"].startswith("Vulkan0 (llvmpipe") and cpu_seen["device"] is None
+
+    reference = await chat(head, name, BICYCLE, ANSWER)
+    after = {n["address"]: n for n in (await fleet_state(head))["nodes"]}
+    assert after[fast.address]["sessions_total"] == 1  # the first session: the fast node
+    assert after[vk.address]["sessions_total"] == 0
+
+    fast.signal(signal.SIGKILL)
+    await until_result(lambda: fleet_state(head),
+                       lambda st: any(n["address"] == fast.address and n["state"] != "ready"
+                                      for n in st["nodes"]),
+                       what="the head to see the CPU node gone", timeout=30)
+    join = f"127.0.0.1:{cluster.join_port(head)}"
+    body = {"model": name, "max_tokens": ANSWER, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": BICYCLE}]}
+    raw: list[str] = []
+    back: list[Proc] = []
+    async with aiohttp.ClientSession() as http, \
+            http.post(url(head, "/v1/chat/completions"), json=body) as r:
+        assert r.status == 200, await r.text()
+        async for line in r.content:
+            raw.append(line.decode())
+            if len(raw) == 3 and not back:  # the answer has begun on the Vulkan node
+                # a CPU node joins (at once: it dials the head), then the Vulkan one dies
+                back.append(cluster._start(
+                    "cpu2", ["node", "join", join, "--runtime", "llamacpp", "--model",
+                             str(smollm2_gguf), "--identity", "cpu2", "--max-batch", "1",
+                             *extra, "--gpu", "off"],
+                    re.compile(r"joining [\d.]+:(\d+)")))
+                await wait_ready(head, 2, timeout=60)
+                vk.signal(signal.SIGKILL)
+    assert back, "the stream ended before the Vulkan node had begun"
+    text, finish, usage = sse_text("".join(raw))
+    assert "moved from" in head.log_text()
+    assert text == reference["choices"][0]["message"]["content"]
+    assert finish == reference["choices"][0]["finish_reason"]
+    assert usage["completion_tokens"] == reference["usage"]["completion_tokens"]
