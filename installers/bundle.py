@@ -38,6 +38,9 @@ _CORE_RE = re.compile(
     r"^lib(llama|ggml|ggml-base|ggml-cpu|ggml-metal|ggml-blas)(\.so(\.\d+)?|(\.\d+)?\.dylib)$"
 )
 _VARIANT_RE = re.compile(r"^libggml-cpu-(?P<name>[A-Za-z0-9._]+?)\.so$")
+# the GPU backends a node loads itself (engine/runtimes/gpu.py), never ggml's search at start:
+# Vulkan on Linux, added by scripts/lib/vulkan_backend.py (Metal is part of the core on a Mac)
+GPU_LIBS = ("libggml-vulkan.so",)
 
 
 class BuildError(Exception):
@@ -78,6 +81,7 @@ class LlamaLibs:
     lib_dir: Path
     core: list[Path]  # libllama, libggml, libggml-base (and Metal on a Mac)
     variants: list[Path]  # libggml-cpu-<variant>.so (Linux)
+    gpu: list[Path]  # libggml-vulkan.so (Linux), when the build venv has it
 
 
 def llama_libs() -> LlamaLibs:
@@ -97,6 +101,7 @@ def llama_libs() -> LlamaLibs:
     # the wheel carries libX.so.N.M.P as a third full copy, which nothing opens
     core = sorted(lib_dir / n for n in names if _CORE_RE.match(n))
     variants = sorted(lib_dir / n for n in names if _VARIANT_RE.match(n))
+    gpu = sorted(lib_dir / n for n in names if n in GPU_LIBS)
     if sys.platform.startswith("linux"):
         if "libggml-cpu.so" in names or not variants:
             raise BuildError(
@@ -111,7 +116,7 @@ def llama_libs() -> LlamaLibs:
             )
     if not any(p.name.startswith("libllama.") for p in core):
         raise BuildError(f"{lib_dir} has no libllama; reinstall llama-cpp-python")
-    return LlamaLibs(lib_dir, core, variants)
+    return LlamaLibs(lib_dir, core, variants, gpu)
 
 
 def model_files(folder: Path) -> tuple[Path, Path]:

@@ -6,8 +6,10 @@ install script for every other distribution.
 The .deb puts the bundle under /opt/shoal, the program at /usr/bin/shoal (the app and the
 CLI are one program), the desktop entry and the hicolor icons under /usr/share. Its
 dependencies are what the bundle's libraries link against (dpkg-shlibdeps) plus what Qt
-opens at run time by name. Removing it leaves nothing behind but each user's $SHOAL_HOME
-(models, token, settings): a package never touches home folders.
+opens at run time by name; the Vulkan loader and Mesa's drivers are only recommended (a node
+loads llama.cpp's Vulkan backend when it can, and runs on the CPU where it cannot).
+Removing it leaves nothing behind but each user's $SHOAL_HOME (models, token, settings): a
+package never touches home folders.
 """
 
 from __future__ import annotations
@@ -57,6 +59,12 @@ RUNTIME_DEPENDS = [
 ]
 
 
+# What the GPU backend (bundle.GPU_LIBS) needs: recommended, never depended on. The backend
+# is loaded by the node at run time and is optional, so it is left out of dpkg-shlibdeps'
+# scan, which would make its libvulkan1 a hard dependency.
+RECOMMENDS = ["libvulkan1", "mesa-vulkan-drivers"]
+
+
 class PackageError(Exception):
     """One line: what went wrong and how to fix it."""
 
@@ -101,9 +109,14 @@ def _elf_files(root: Path) -> list[Path]:
     return found
 
 
+def scanned_files(bundle_dir: Path) -> list[Path]:
+    """The ELF files whose libraries the package depends on: all but the GPU backend."""
+    return [p for p in _elf_files(bundle_dir) if p.name not in bundle.GPU_LIBS]
+
+
 def shlib_depends(bundle_dir: Path) -> list[str]:
     """The packages providing the system libraries the bundle's ELF files link against."""
-    elves = _elf_files(bundle_dir)
+    elves = scanned_files(bundle_dir)
     private = sorted({str(p.parent) for p in elves if ".so" in p.name})
     work = bundle_dir.parent / "shlibdeps"
     shutil.rmtree(work, ignore_errors=True)
@@ -122,11 +135,28 @@ def shlib_depends(bundle_dir: Path) -> list[str]:
     return []
 
 
-def depends(bundle_dir: Path) -> str:
-    linked = shlib_depends(bundle_dir)
+def depends_field(linked: list[str]) -> str:
+    """Depends: what the bundle links against and what Qt opens, without the recommended."""
+    optional = set(RECOMMENDS)
+    linked = [d for d in linked if d.split()[0] not in optional]
     names = {d.split()[0] for d in linked}
     extra = [d for d in RUNTIME_DEPENDS if d.split()[0] not in names]
     return ", ".join(linked + extra)
+
+
+def depends(bundle_dir: Path) -> str:
+    return depends_field(shlib_depends(bundle_dir))
+
+
+def control_text(version: str, arch: str, installed_kib: int, depends: str) -> str:
+    """The package's DEBIAN/control."""
+    return (
+        f"Package: shoal\nVersion: {version}\nArchitecture: {arch}\n"
+        f"Maintainer: {MAINTAINER}\nInstalled-Size: {installed_kib}\n"
+        f"Depends: {depends}\nRecommends: {', '.join(RECOMMENDS)}\n"
+        "Section: net\nPriority: optional\n"
+        f"Description: {SUMMARY}\n{DESCRIPTION}\n"
+    )
 
 
 def desktop_text(exec_path: str) -> str:
@@ -189,13 +219,7 @@ def build_deb(bundle_dir: Path, out_dir: Path, version: str) -> Path:
     )
     control = stage / "DEBIAN" / "control"
     control.parent.mkdir()
-    control.write_text(
-        f"Package: shoal\nVersion: {version}\nArchitecture: {arch}\n"
-        f"Maintainer: {MAINTAINER}\nInstalled-Size: {_tree_size_kib(stage)}\n"
-        f"Depends: {depends(opt)}\n"
-        "Section: net\nPriority: optional\n"
-        f"Description: {SUMMARY}\n{DESCRIPTION}\n"
-    )
+    control.write_text(control_text(version, arch, _tree_size_kib(stage), depends(opt)))
     deb = out_dir / f"shoal_{version}_{arch}.deb"
     deb.unlink(missing_ok=True)
     _run(["dpkg-deb", "--root-owner-group", "-Zzstd", "--build", str(stage), str(deb)])

@@ -61,6 +61,45 @@ def test_the_portable_build_is_taken_without_its_third_copies(
     assert bundle.cpu_variants(lib) == ["haswell", "x64"]
 
 
+def test_the_gpu_backend_is_taken_as_its_own_list(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    names = ["libllama.so", "libggml.so", "libggml-base.so.0", "libggml-cpu-x64.so"]
+    monkeypatch.setattr(bundle, "expected_variants", lambda: ("x64",))
+    lib = _fake_llama(monkeypatch, tmp_path, [*names, "libggml-vulkan.so"])
+    libs = bundle.llama_libs()
+    assert libs.gpu == [lib / "libggml-vulkan.so"]
+    # neither a core library nor a CPU variant: it goes to llama_cpp/lib, not beside the
+    # executable where ggml's search would load it at start
+    assert lib / "libggml-vulkan.so" not in libs.core + libs.variants
+    # a build venv without it (SHOAL_BUILD_VULKAN=0) bundles no GPU backend
+    (lib / "libggml-vulkan.so").unlink()
+    assert bundle.llama_libs().gpu == []
+
+
+def test_the_deb_recommends_vulkan_and_never_depends_on_it() -> None:
+    linked = ["libc6 (>= 2.34)", "libvulkan1 (>= 1.2.131.2)", "libstdc++6 (>= 12)"]
+    depends = linux.depends_field(linked)
+    text = linux.control_text("1.2.3", "amd64", 1000, depends)
+    fields = dict(line.split(": ", 1) for line in text.splitlines()
+                  if line and not line.startswith(" "))
+    needed = {d.strip().split()[0] for d in fields["Depends"].split(",")}
+    assert "libvulkan1" not in needed and "mesa-vulkan-drivers" not in needed
+    assert {"libc6", "libstdc++6", "libegl1"} <= needed
+    assert fields["Recommends"] == "libvulkan1, mesa-vulkan-drivers"
+    assert fields["Package"] == "shoal" and fields["Version"] == "1.2.3"
+
+
+def test_dpkg_shlibdeps_never_scans_the_gpu_backend(tmp_path: Path) -> None:
+    # what it scans becomes Depends: the backend's libvulkan.so.1 would be a hard one
+    (tmp_path / "llama_cpp" / "lib").mkdir(parents=True)
+    for name in ("shoal", "llama_cpp/lib/libllama.so", "llama_cpp/lib/libggml-vulkan.so"):
+        (tmp_path / name).write_bytes(b"\x7fELF")
+    (tmp_path / "README").write_text("not an ELF file")
+    scanned = {str(p.relative_to(tmp_path)) for p in linux.scanned_files(tmp_path)}
+    assert scanned == {"shoal", "llama_cpp/lib/libllama.so"}
+
+
 def test_expected_variants_by_machine() -> None:
     assert "haswell" in bundle.expected_variants("x86_64")
     assert "x64" in bundle.expected_variants("AMD64")  # the baseline every x86-64 runs

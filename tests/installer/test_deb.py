@@ -1,10 +1,12 @@
 """The .deb as a user meets it: installed with dpkg -i, `shoal --version`, the headless
-`shoal serve` answering from the bundled model with no network, the app's icon in a real
-tray under Xvfb, then removed, leaving nothing outside $SHOAL_HOME. Tests run in order and
-share one installation (see conftest.py)."""
+`shoal serve` answering from the bundled model with no network, on the CPU and on llama.cpp's
+Vulkan backend (Mesa's software driver, lavapipe, stands in for a GPU), the app's icon in a
+real tray under Xvfb, then removed, leaving nothing outside $SHOAL_HOME. Tests run in order
+and share one installation (see conftest.py)."""
 
 from __future__ import annotations
 
+import ctypes.util
 import json
 import os
 import re
@@ -21,6 +23,7 @@ from tests.installer.conftest import (
     BUILD_VENV_PY,
     Built,
     Installed,
+    Lines,
     dpkg_status,
     run,
     start,
@@ -74,6 +77,34 @@ def test_the_bundle_carries_every_cpu_variant_and_no_native_build(built: Built) 
                      for f in files if re.match(r"^/opt/shoal/libggml-cpu-.+\.so$", f))
     assert carried == expected
     (ARTIFACTS / "cpu-variants.txt").write_text("\n".join(carried) + "\n")
+
+
+def _no_vulkan_build() -> None:
+    if os.environ.get("SHOAL_BUILD_VULKAN") == "0":
+        pytest.skip("SHOAL_BUILD_VULKAN=0: this build carries no Vulkan backend")
+
+
+VULKAN_IN_BUNDLE = "_internal/llama_cpp/lib/libggml-vulkan.so"
+
+
+def test_the_bundle_carries_the_vulkan_backend_where_only_shoal_loads_it(built: Built) -> None:
+    _no_vulkan_build()
+    backend = built.bundle / VULKAN_IN_BUNDLE
+    assert backend.is_file() and not backend.is_symlink()
+    exported = run(["nm", "-D", "--defined-only", str(backend)]).stdout
+    assert " ggml_backend_init" in exported  # a ggml backend module, not a stub
+    # not beside the executable, where ggml's own search would load it at start (and touch
+    # a driver with --gpu off); no Vulkan loader of the build machine's: the system's
+    assert not list(built.bundle.glob("libggml-vulkan*"))
+    assert not list(built.bundle.rglob("libvulkan.so*"))
+    assert f"/opt/shoal/{VULKAN_IN_BUNDLE}" in _deb_files(built.deb)
+    listed = run(["tar", "-I", "zstd", "-tf", str(built.tar)]).stdout.splitlines()
+    folder = built.tar.name.removesuffix(".tar.zst")
+    assert f"{folder}/shoal/{VULKAN_IN_BUNDLE}" in listed
+    # optional: a machine without Vulkan installs the .deb and runs on the CPU
+    depends = {part.strip().split()[0] for part in _deb_field(built.deb, "Depends").split(",")}
+    assert "libvulkan1" not in depends, sorted(depends)
+    assert _deb_field(built.deb, "Recommends") == "libvulkan1, mesa-vulkan-drivers"
 
 
 def test_the_bundle_carries_the_model_icons_and_desktop_entry(built: Built) -> None:
@@ -144,19 +175,32 @@ def test_installed_cli_is_the_same_program(installed: Installed) -> None:
     assert not os.stat("/opt/shoal/shoal").st_mode & 0o022
 
 
-def _chat(installed: Installed, url: str, model: str) -> dict:
-    """A chat completion through the OpenAI route, from inside the namespace."""
+def _chat(installed: Installed, url: str, model: str, *, max_tokens: int = 12,
+          timeout: float = 120) -> dict:
+    """A greedy chat completion through the OpenAI route, from inside the namespace."""
     client = (
         "import json, sys, urllib.request\n"
-        "body = json.dumps({'model': sys.argv[2], 'max_tokens': 12, 'temperature': 0,\n"
+        "body = json.dumps({'model': sys.argv[2], 'max_tokens': int(sys.argv[3]),\n"
+        "    'temperature': 0,\n"
         "    'messages': [{'role': 'user', 'content': 'What is the capital of France?'}]})\n"
         "req = urllib.request.Request(sys.argv[1] + '/chat/completions', body.encode(),\n"
         "    {'Content-Type': 'application/json'})\n"
-        "print(urllib.request.urlopen(req, timeout=120).read().decode())\n"
+        "print(urllib.request.urlopen(req, timeout=float(sys.argv[4])).read().decode())\n"
     )
-    out = subprocess.run(installed.cmd([sys.executable, "-c", client, url, model]),
-                         capture_output=True,
-                         text=True, timeout=180, check=False, env=installed.env())
+    argv = [sys.executable, "-c", client, url, model, str(max_tokens), str(timeout)]
+    out = subprocess.run(installed.cmd(argv), capture_output=True, text=True,
+                         timeout=timeout + 60, check=False, env=installed.env())
+    assert out.returncode == 0, out.stderr[-600:]
+    return json.loads(out.stdout)
+
+
+def _fleet(installed: Installed, url: str) -> dict:
+    """``GET /v1/fleet``, from inside the namespace."""
+    client = ("import sys, urllib.request\n"
+              "print(urllib.request.urlopen(sys.argv[1] + '/fleet', timeout=30).read().decode())\n")
+    out = subprocess.run(installed.cmd([sys.executable, "-c", client, url]),
+                         capture_output=True, text=True, timeout=90, check=False,
+                         env=installed.env())
     assert out.returncode == 0, out.stderr[-600:]
     return json.loads(out.stdout)
 
@@ -189,6 +233,76 @@ def test_installed_serve_answers_from_the_bundled_model_with_no_network(
     if "avx2" in _cpu_flags():
         assert variant not in ("x64", "sse42", "sandybridge", "ivybridge"), variant
     (ARTIFACTS / "loaded-variant.txt").write_text(variant + "\n")
+
+
+# lavapipe: ~1 token/s, and its start compiles llama.cpp's shaders (about 30 s on 2 cores)
+LAVAPIPE_START_S = 900
+LAVAPIPE_REPLY_S = 600
+# what the engine says when it runs the model on the GPU (engine.runtimes.llamacpp.device_line)
+_ON_LAVAPIPE = re.compile(r"GPU Vulkan0 \(llvmpipe.*: all layers of the model on it")
+
+
+def _lavapipe() -> None:
+    """Skip where the machine has no Vulkan loader or no lavapipe to list."""
+    _no_vulkan_build()
+    if not list(Path("/usr/share/vulkan/icd.d").glob("lvp_icd*.json")):
+        pytest.skip("Mesa's lavapipe is not installed (apt install mesa-vulkan-drivers)")
+    if ctypes.util.find_library("vulkan") is None:
+        pytest.skip("the Vulkan loader is not installed (apt install libvulkan1)")
+
+
+def _serve_with_gpu(installed: Installed, gpu: str, log_name: str,
+                    timeout: float) -> tuple[subprocess.Popen[str], Lines, re.Match[str]]:
+    """`shoal serve --gpu GPU`, with lavapipe listed (ggml lists a CPU-type Vulkan device
+    only when asked to) and llama.cpp's log on, once it serves; the test stops it."""
+    if not installed.netns:
+        pytest.skip("`ip netns` is unavailable: the installed serve runs without network")
+    proc, lines = start(installed, ["/usr/bin/shoal", "serve", "--http", "127.0.0.1:8453",
+                                    "--gpu", gpu],
+                        log_name, GGML_VK_VISIBLE_DEVICES="0", SHOAL_LLAMA_LOG="1")
+    try:
+        serving = lines.wait_for(r"shoal: serving '(.*)' at (http://\S+)", timeout=timeout)
+    except BaseException:
+        stop(proc, lines)
+        raise
+    return proc, lines, serving
+
+
+def test_installed_serve_runs_the_model_on_vulkan(installed: Installed) -> None:
+    _lavapipe()
+    proc, lines, serving = _serve_with_gpu(installed, "auto", "serve-vulkan.log",
+                                           LAVAPIPE_START_S)
+    try:
+        fleet = _fleet(installed, serving[2])
+        answer = _chat(installed, serving[2], serving[1], max_tokens=4,
+                       timeout=LAVAPIPE_REPLY_S)
+    finally:
+        log = stop(proc, lines)
+    on_gpu = [line for line in log if _ON_LAVAPIPE.search(line)]
+    assert on_gpu, log[-30:]
+    (node,) = fleet["nodes"]
+    assert (node["device"] or "").startswith("Vulkan0 (llvmpipe"), node
+    assert answer["usage"]["completion_tokens"] > 0, answer
+    assert answer["choices"][0]["message"]["content"].strip(), answer
+    # the bundle's own backend, loaded by the node from llama_cpp/lib
+    assert f"load_backend: loaded Vulkan backend from /opt/shoal/{VULKAN_IN_BUNDLE}" in log, \
+        [line for line in log if "load_backend" in line]
+    (ARTIFACTS / "vulkan-device.txt").write_text(on_gpu[0] + "\n")
+
+
+def test_installed_serve_with_gpu_off_never_loads_vulkan(installed: Installed) -> None:
+    _lavapipe()
+    proc, lines, serving = _serve_with_gpu(installed, "off", "serve-gpu-off.log", 300)
+    try:
+        fleet = _fleet(installed, serving[2])
+    finally:
+        log = stop(proc, lines)
+    assert any("the GPU is not used (--gpu off); the model runs on the CPU" in line
+               for line in log), log[-30:]
+    # llama.cpp's log says when its Vulkan backend loads and lists lavapipe; it never does
+    assert [line for line in log if "vulkan" in line.lower()] == []
+    (node,) = fleet["nodes"]
+    assert node["device"] is None, node
 
 
 def _xvfb(display_log: Path) -> tuple[subprocess.Popen[bytes], str]:
