@@ -47,8 +47,8 @@ class Choice:
 
 
 def choose_device(devices: list[Device], want: str, *, unavailable: str = "") -> Choice:
-    """The device for ``want`` (auto, off or a name); ValueError (one line) for a name that
-    matches none. ``unavailable``: why the GPU backend could not load, if it could not."""
+    """The device for ``want`` (auto, off or a name; none, with why, for a name that
+    matches none). ``unavailable``: why the GPU backend could not load, if it could not."""
     want = want.strip() or "auto"
     if want == "off":
         return Choice(None, "the GPU is not used (--gpu off); the model runs on the CPU")
@@ -62,9 +62,12 @@ def choose_device(devices: list[Device], want: str, *, unavailable: str = "") ->
     named = [d for d in devices if d.name.lower() == low] or [
         d for d in devices if low in d.description.lower()]
     if not named:
+        # not an error: a named GPU may be unplugged (an eGPU) or its driver gone, and the
+        # node still serves, on the CPU
         listed = ", ".join(d.label() for d in devices) or (unavailable or "none")
-        raise ValueError(f"--gpu {want} names no device llama.cpp lists (it lists: {listed}); "
-                         "pick one of them, auto or off")
+        return Choice(None, f"the GPU is not used: --gpu {want} names no device llama.cpp "
+                            f"lists (it lists: {listed}); pick one of them, auto or off; the "
+                            "model runs on the CPU")
     best = max(named, key=lambda d: d.free)
     return Choice(best, f"GPU {best.label()}")
 
