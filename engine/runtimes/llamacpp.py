@@ -355,6 +355,15 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
         mparams.n_gpu_layers = off.layers if handle else 0
         model = lib.llama_model_load_from_file(self.path.encode(), mparams)
+        if not model and handle and choice.device is not None:
+            # the device refused what the plan gave it (its free memory changed, or the
+            # layers are less even than the plan assumes): serve from the CPU instead
+            choice = Choice(None, f"the GPU is not used: llama.cpp could not load the model "
+                                  f"onto {choice.device.label()}; the model runs on the CPU")
+            handle = None
+            devices[0] = None
+            mparams.n_gpu_layers = 0
+            model = lib.llama_model_load_from_file(self.path.encode(), mparams)
         if not model:
             raise ValueError(
                 f"llama.cpp cannot load {self.path}; check that it is a complete GGUF file"
