@@ -341,9 +341,11 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
     def _load(self) -> None:
         _check_path(self.path)
         lib = _lib()
-        base = process_rss_bytes()  # the process before the model: counted in the budget
         model_bytes = os.path.getsize(self.path)
         choice = self._choose(lib)
+        # the process before the model, counted in the budget: after the GPU backend and
+        # its driver are in (about 60 MB for Vulkan with Mesa's drivers)
+        base = process_rss_bytes()
         off = self._plan_offload(lib, choice, model_bytes)
         mparams = lib.llama_model_default_params()
         mparams.use_extra_bufts = repack_here()  # not on AMX CPUs: cpu_quirks.py
