@@ -205,7 +205,10 @@ async def test_a_vulkan_node_in_the_fleet_measured_placed_and_failed_over(
         async for line in r.content:
             raw.append(line.decode())
             if len(raw) == 3 and not back:  # the answer has begun on the Vulkan node
-                # a CPU node joins (at once: it dials the head), then the Vulkan one dies
+                # frozen at once, while both backends still agree (it would otherwise go
+                # on decoding while the CPU node starts); a CPU node joins (it dials the
+                # head), then the Vulkan one dies
+                vk.signal(signal.SIGSTOP)
                 back.append(cluster._start(
                     "cpu2", ["node", "join", join, "--runtime", "llamacpp", "--model",
                              str(smollm2_gguf), "--identity", "cpu2", "--max-batch", "1",
