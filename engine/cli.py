@@ -205,6 +205,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from engine import cli_admin
 
             return cli_admin.main(args, home)
+        if args.command == "models":
+            from engine import cli_models
+
+            return cli_models.main(args, home)
         if args.command == "serve":
             setup_logging("shoal")
             return asyncio.run(run(serve_settings(args, home), _serve_banner))

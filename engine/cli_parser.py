@@ -252,8 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     node_sub = _node_parser(sub)
     from engine.cli_admin import add_parsers
+    from engine.cli_models import add_parser as add_models_parser
 
     add_parsers(sub)
+    add_models_parser(sub)
     leave = node_sub.add_parser("leave", help="close the links and forget the head")
     leave.add_argument("--forget-token", action="store_true",
                        help="also remove the fleet token from this machine")

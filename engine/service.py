@@ -5,6 +5,7 @@ desktop app all drive.
     shoal.snapshot()                           # frozen state: nodes, heads, aliases, roles
     async for event in shoal.events(): ...     # typed changes, bounded per subscriber
     await shoal.join(code) / leave() / set_head(on) / pause_serving(on) / set_model(spec)
+    await shoal.serve_on(node_key, spec)       # this machine's node, or one of the fleet's
     await shoal.aliases.set(...); shoal.keys.issue(name); await shoal.pairing()
     shoal.settings / shoal.pending             # in force / for the next start
     await shoal.update_settings(http_port=8460)  # validated, written once (SettingsChanged)
@@ -33,6 +34,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from engine import models as model_ids
 from engine import pairing
 from engine import secrets as tokens
 from engine.config import (
@@ -57,9 +59,12 @@ from engine.events import (
 )
 from engine.head.access import keys as keyfiles
 from engine.head.commands import AliasCommands
+from engine.head.fleet.links import NotAsked
 from engine.head.observe import fleet_snapshot
 from engine.head.prompt.model import HeadModel
+from engine.model_commands import ModelCommands
 from engine.node.join import HeadAddress
+from engine.node.machine import DiskFree, MachineFacts
 from engine.roles.head_role import HeadRole
 from engine.roles.loading import Pulls, Resolved, load_head_model, resolve
 from engine.roles.local_node import LocalNode
@@ -87,11 +92,13 @@ from engine.sizes import (
     check_bytes,
 )
 from engine.snapshot import FleetSnapshot, PullSnapshot, Roles
+from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal")
 T = TypeVar("T")
 
 DEFAULT_FLEET_LISTEN = f"0.0.0.0:{FLEET_PORT}"  # other machines join here
+LOCAL_KEYS = ("local", "this machine")  # serve_on's names of this machine's own node
 FLEET_NAME_FILE = "name"
 
 
@@ -189,7 +196,14 @@ class Shoal:
         self._parked_head: HeadSettings | None = None  # the API's settings while it is off
         self._stopped = False
         self._memory: MachineMemory | None = None
+        self._disk: DiskFree | None = None  # the disk free where this node keeps models
+        # a model a head of the fleet chose for this node, being pulled and loaded
+        self._chosen: asyncio.Task[None] | None = None
+        self._chosen_spec = ""
         self.keys = KeyCommands(settings.home)
+        # the catalog, the fit of its models on each machine, the models kept here
+        self.models = ModelCommands(snapshot=self.snapshot, settings=lambda: self.settings,
+                                    clock=clock)
 
     # -- life cycle ----------------------------------------------------------------
 
@@ -332,8 +346,12 @@ class Shoal:
             ns = replace(ns, identity=f"{socket.gethostname()} (local)")
         if self._head is not None:  # /v1/models lists it as loading from now on
             self._head.head.local_model = name
+        if self._disk is None or self._disk.folder != s.models_dir:
+            self._disk = DiskFree(s.models_dir, clock=self._clock)
         self._node = await LocalNode.start(ns, model, name=name, psk=self._psk,
-                                           discovery=s.discovery.mode, sock=sock)
+                                           discovery=s.discovery.mode, sock=sock, home=s.home,
+                                           machine=self._machine_facts,
+                                           serve_model=self._fleet_chooses)
         if model.runtime == "mock" and self._head is not None:
             log.info("serving the built-in mock engine as the local node (tests only: its "
                      "answers are not a model's)")
@@ -357,6 +375,9 @@ class Shoal:
         if self._stopped:
             return
         self._stopped = True
+        if self._chosen is not None:  # a pull a head asked for stops with this Shoal
+            self._pulls.cancel(self._chosen_spec)
+            await cancel_and_wait([self._chosen], "the model a head chose")
         await self._close_roles(drain)
         if self._config is not None:
             await self._config.flush()
@@ -423,14 +444,16 @@ class Shoal:
                               kv_type: KvType | None = None,
                               gpu: str | None = None,
                               idle_unload_s: float | None = None,
+                              fleet_may_choose_model: bool | None = None,
                               app: Mapping[str, Any] | None = None) -> SettingsChange:
         """Change this machine's settings: the API's port, the port where machines join,
         discovery and the queue limit apply at the next start (at once while nothing
         runs: after a failed start, the next `open` takes them); how the node holds its
         model (``memory_budget``: bytes or a share of RAM, 0 the default share;
         ``kv_type``; ``gpu``: auto, off or a device name; ``idle_unload_s``: 0 never) at
-        the node's next start (Shoal's, or another model served); ``app``: the app's own
-        choices, merged key by key.
+        the node's next start (Shoal's, or another model served);
+        ``fleet_may_choose_model``: whether a head of the fleet may have this node serve
+        another model, at once; ``app``: the app's own choices, merged key by key.
         Validated first (CommandError with the fix), then written once (with ``keep``),
         and `SettingsChanged` is published."""
         changes: dict[str, Any] = {}
@@ -456,6 +479,15 @@ class Shoal:
             if isinstance(queue_timeout_s, bool) or not 1 <= queue_timeout_s <= 600:
                 raise CommandError("the queue limit is 1 to 600 seconds", code="bad_setting")
             changes["queue_timeout_s"] = float(queue_timeout_s)
+        chooser: NodeSettings | None = None
+        if fleet_may_choose_model is not None:
+            if not isinstance(fleet_may_choose_model, bool):
+                raise CommandError("whether the fleet may choose this machine's model is "
+                                   "true or false", code="bad_setting")
+            if self.settings.node is None:
+                raise CommandError("this machine serves no model; choose one to serve first",
+                                   code="no_node")
+            chooser = replace(self.settings.node, fleet_may_choose_model=fleet_may_choose_model)
         merged = self._app
         if app:
             try:
@@ -463,6 +495,8 @@ class Shoal:
             except ValueError as exc:
                 raise CommandError(str(exc), code="bad_setting") from None
         wanted = replace(self._next, **changes)
+        if chooser is not None:  # in force at once: the node asks the settings each time
+            self.settings = self.settings.with_node(chooser)
         if self._head is None and self._node is None and not self._opening:
             # nothing runs: what is asked for is what the next open starts with
             self.settings = replace(wanted, join=None).over(self.settings)
@@ -607,6 +641,87 @@ class Shoal:
     def cancel_pull(self, model: str) -> bool:
         """Stop a pull under way; its partial file is removed. False: no such pull."""
         return self._pulls.cancel(model)
+
+    async def serve_on(self, node_key: str, spec: str) -> str:
+        """Serve ``spec`` on one machine of the fleet: this machine's own node (``local``
+        or ``this machine``) as `set_model` does, once it serves it; a node of the fleet
+        (its key in the snapshot) is asked over its link and answers at once, then pulls
+        and swaps the model by itself (its pull shows in its NodeSnapshot, and its model
+        changes there once it serves it). Returns the line of what happens. CommandError
+        (one line) when the node is unknown, not linked, too old or refuses, or ``spec``
+        is not a hub id (org/repo:QUANT) a node can pull."""
+        if node_key in LOCAL_KEYS:
+            node = self.pending.node
+            name = await self.set_model(spec, runtime=node.runtime if node else None)
+            return f"this machine serves {name}"
+        spec = spec.strip()
+        try:
+            model_ids.parse_model_id(spec)
+            if model_ids.looks_like_path(spec):
+                raise ValueError(f"{spec!r} names a file on this machine")
+        except ValueError as exc:
+            raise CommandError(f"{exc}; a fleet node pulls its model from the hub, so give "
+                               "it as org/repo:QUANT", code="bad_model") from None
+        head = self._head
+        if head is None:
+            raise CommandError("the API does not run on this machine, so it links with no "
+                               "fleet node; turn it on (Run the API on this machine), or "
+                               "choose the model on that machine", code="no_head")
+        try:
+            answer = await head.head.fleet.serve_model(node_key, spec)
+        except NotAsked as exc:
+            raise CommandError(str(exc), code=exc.code) from None
+        if not answer.accepted:
+            pool = head.head.fleet.pools.get(node_key)
+            who = (pool.info.identity if pool is not None else "") or node_key
+            raise CommandError(f"{who} refused to serve {spec}: {answer.message}",
+                               code="node_refused")
+        return answer.message
+
+    def _fleet_chooses(self, spec: str) -> tuple[bool, str]:
+        """A head of the fleet asks this machine's node to serve ``spec`` (a hub id, checked
+        by the agent): taken when the settings let the fleet choose, and pulled and loaded
+        in the background (`set_model`); refused with why otherwise. Answers at once."""
+        node = self.settings.node
+        if node is None or self._stopped:
+            return False, "this machine is stopping; ask again once it serves"
+        if not node.fleet_may_choose_model:
+            return False, ("this machine keeps the model its user chose (Settings: \"Let "
+                           "the fleet choose this machine's model\" is off); choose its "
+                           "model on that machine")
+        if node.upstream is not None:
+            return False, (f"this node fronts the engine at {node.upstream}; choose that "
+                           "engine's model there")
+        if self._chosen is not None and not self._chosen.done():
+            return False, (f"this node is switching to {self._chosen_spec} already; ask "
+                           "again once it serves it")
+        if self._node is not None and self._node.engine.info.model == spec:
+            return True, f"serves {spec} already"
+        self._chosen_spec = spec
+        self._chosen = asyncio.get_running_loop().create_task(
+            self._serve_chosen(spec, node.runtime), name="shoal-fleet-model")
+        return True, f"pulling {spec}; this node serves it once it is loaded"
+
+    async def _serve_chosen(self, spec: str, runtime: str | None) -> None:
+        try:
+            name = await self.set_model(spec, runtime=runtime)
+        except ShoalError as exc:
+            line = f"could not serve {spec}, which a head of the fleet chose: {exc}"
+            log.warning("%s", line)
+            self.notice("error", line)
+            return
+        log.info("serving %s, which a head of the fleet chose", name)
+
+    def _machine_facts(self) -> MachineFacts:
+        """What this machine's node tells its heads of the machine: RAM, the disk free
+        where models are kept (read off the loop every few seconds), a pull under way."""
+        pull = next((p for p in reversed(self._pulls.running.values())
+                     if p.state == "running"), None)
+        return MachineFacts(ram_total=self.memory.total,
+                            disk_free=self._disk.now() if self._disk is not None else 0,
+                            pull_model=pull.model if pull else "",
+                            pull_done=pull.done_bytes if pull else 0,
+                            pull_total=pull.total_bytes if pull else 0)
 
     # -- the fleet -----------------------------------------------------------------
 

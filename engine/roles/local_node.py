@@ -10,11 +10,14 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+from engine import model_store
 from engine.discovery.service import announce_node
 from engine.errors import StartError
 from engine.link.transport import is_loopback
-from engine.node.agent import NodeAgent
+from engine.node.agent import NodeAgent, ServeModelAsked
+from engine.node.machine import MachineFacts
 from engine.roles.loading import Resolved, load_engine
 from engine.roles.sockets import bind, bound_address, parse_address
 from engine.runtimes.base import Engine
@@ -40,9 +43,14 @@ class LocalNode:
     @classmethod
     async def start(cls, settings: NodeSettings, model: Resolved, *, name: str,
                     psk: bytes | None, discovery: DiscoveryMode,
-                    sock: socket.socket | None = None) -> LocalNode:
+                    sock: socket.socket | None = None, home: Path | None = None,
+                    machine: Callable[[], MachineFacts] | None = None,
+                    serve_model: ServeModelAsked | None = None) -> LocalNode:
         """Load ``model`` and serve it. ``sock``: the listener, bound earlier (before the
-        model loaded); without one the node listens on loopback for this machine's head."""
+        model loaded); without one the node listens on loopback for this machine's head.
+        ``home``: the model is marked served there while the node runs (`shoal models rm`
+        refuses it). ``machine``, ``serve_model``: what its stats say of the machine, and who
+        answers a head that asks it to serve another model (`NodeAgent`)."""
         if sock is None:
             sock = bind("127.0.0.1", 0, what="the local node's")
         host, port = bound_address(sock)
@@ -60,7 +68,8 @@ class LocalNode:
                               psk=psk, handshake_timeout_s=settings.handshake_timeout_s,
                               idle_timeout_s=settings.idle_timeout_s,
                               idle_unload_s=settings.idle_unload_s, probe=probe,
-                              probe_source=f"the {engine.info.runtime} at {engine.info.path}")
+                              probe_source=f"the {engine.info.runtime} at {engine.info.path}",
+                              machine=machine, serve_model=serve_model)
             agent.paused = settings.paused
             await agent.listen_on(sock)
         except BaseException:
@@ -69,6 +78,9 @@ class LocalNode:
                 await engine.close()
             raise
         node = cls(settings, model, engine, agent, host, port, closers)
+        if home is not None:
+            marks = await asyncio.to_thread(_mark_served, home, model.path)
+            closers.append(lambda: asyncio.to_thread(marks.close))
         if settings.listen is not None and not is_loopback(host) and discovery != "none":
             closers.extend(await announce_node(discovery, identity=agent.identity,
                                                model=engine.info.model, psk=psk, port=port,
@@ -97,6 +109,7 @@ class LocalNode:
                  linked: tuple[str, ...] = ()) -> LocalNodeSnapshot:
         info = self.engine.info
         st = self.engine.stats()
+        facts = self.agent.facts()
         return LocalNodeSnapshot(
             state=self.state, identity=self.agent.identity, model=info.model,
             runtime=info.runtime, path=info.path, context_window=info.context_window,
@@ -106,7 +119,9 @@ class LocalNode:
             kv_cells=st.kv_total, memory_used=st.mem_used, memory_budget=st.mem_budget,
             host_cache_limit=st.host_cache_limit, sleep=self.agent.sleep,
             device=st.device, gpu_layers=st.gpu_layers, model_layers=st.model_layers,
-            device_note=st.device_note)
+            device_note=st.device_note, ram_total=facts.ram_total, device_kind=st.device_kind,
+            device_total=st.device_total, device_free=st.device_free,
+            disk_free=facts.disk_free)
 
     def set_psk(self, psk: bytes | None) -> None:
         """A new fleet token: new links use it (heads and joins redial with it)."""
@@ -129,3 +144,12 @@ class LocalNode:
                 await close()
         await self.agent.close()
         await self.engine.close()
+
+
+def _mark_served(home: Path, path: str) -> contextlib.ExitStack:
+    """The model file marked served by this process until the stack closes (nothing for
+    an engine that loads no file of ours: the mock, an upstream server)."""
+    marks = contextlib.ExitStack()
+    if Path(path).is_file():
+        marks.enter_context(model_store.serving(home, path))
+    return marks

@@ -1,0 +1,187 @@
+"""`shoal models list|rm|catalog|pull`: the models kept on this machine, the catalog with
+the fit for this machine, and a pull with progress. Parses and prints only: the work is
+:mod:`engine.model_store`, :mod:`engine.catalog` and :mod:`engine.model_choice`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from engine import model_store
+from engine.errors import StartError
+from engine.runtimes.budget import human_bytes
+
+FLEET_TIMEOUT_S = 3.0
+MAX_FLEET_BYTES = 16 << 20
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("models", help="the models kept on this machine, and the catalog")
+    msub = p.add_subparsers(dest="models_command", required=True,
+                            metavar="{list,rm,catalog,pull}",
+                            help="`shoal models VERB --help` for its arguments")
+    ls = msub.add_parser("list", help="the models on this machine: size, who serves them, "
+                                      "when last used")
+    ls.add_argument("--head", default="127.0.0.1:8453", metavar="HOST:PORT",
+                    help="the head asked which fleet nodes serve each model (default: "
+                         "this machine's)")
+    rm = msub.add_parser("rm", help="remove a model from this machine (refused while served)")
+    rm.add_argument("name", help="the model, as `shoal models list` names it")
+    cat = msub.add_parser("catalog", help="the models Shoal knows work, with their sizes")
+    cat.add_argument("--fits", action="store_true",
+                     help="with whether each fits this machine, and with which window")
+    cat.add_argument("--memory-budget", default=None, metavar="SIZE",
+                     help="the node budget to judge the fit by (default: this machine's)")
+    pull = msub.add_parser("pull", help="download a model (a catalog id or org/repo:QUANT) "
+                                        "without serving it")
+    pull.add_argument("model", help="a catalog id (`shoal models catalog`) or org/repo:QUANT")
+
+
+def main(args: argparse.Namespace, home: Path) -> int:
+    cmd = args.models_command
+    if cmd == "list":
+        return _list(home, args.head)
+    if cmd == "rm":
+        try:
+            gone = model_store.remove(home, args.name)
+        except (model_store.ModelInUse, model_store.ModelNotKept) as exc:
+            raise StartError(str(exc)) from None
+        print(f"removed {gone.name} ({human_bytes(gone.size)} freed)")
+        return 0
+    if cmd == "catalog":
+        return _catalog(home, fits=args.fits, budget=args.memory_budget)
+    return _pull(home, args.model)
+
+
+def _ago(when: float | None, now: float) -> str:
+    if when is None:
+        return "never"
+    s = max(now - when, 0)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= size:
+            return f"{int(s // size)} {unit} ago"
+    return "just now"
+
+
+def fleet_models(head: str) -> tuple[dict[str, list[str]], str]:
+    """Model name -> the fleet nodes serving it, from the head's /v1/fleet; and a line when
+    the head could not be asked."""
+    try:
+        with urllib.request.urlopen(f"http://{head}/v1/fleet",  # http only
+                                    timeout=FLEET_TIMEOUT_S) as r:
+            data = json.loads(r.read(MAX_FLEET_BYTES))
+    except (OSError, ValueError, urllib.error.URLError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return {}, f"(no head answered at {head}: {reason}; fleet nodes are not shown)"
+    out: dict[str, list[str]] = {}
+    for n in data.get("nodes", []) if isinstance(data, dict) else []:
+        if isinstance(n, dict) and isinstance(n.get("model"), str):
+            out.setdefault(n["model"].lower(), []).append(str(n.get("identity") or n.get("key")))
+    return out, ""
+
+
+def _served_names(m: model_store.StoredModel) -> set[str]:
+    """The names a node serving ``m`` goes by: its spec, and its repo for the default."""
+    names = {m.name.lower(), m.spec.lower()} - {""}
+    if m.repo:
+        names.add(m.repo.lower())
+    return names
+
+
+def _list(home: Path, head: str) -> int:
+    kept = model_store.kept_models(home)
+    if not kept:
+        print("no models on this machine yet; `shoal models catalog --fits` shows some to pull")
+        return 0
+    by_name, note = fleet_models(head)
+    now = time.time()
+    rows = [("NAME", "SIZE", "SERVED BY", "LAST USED")]
+    for m in kept:
+        fleet = sorted({n for name in _served_names(m) for n in by_name.get(name, [])})
+        served = ", ".join([*m.served_by, *fleet]) or "-"
+        rows.append((m.name, human_bytes(m.size), served, _ago(m.last_used, now)))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3])
+    print(f"{len(kept)} models, {human_bytes(model_store.total_bytes(kept))} in all")
+    if note:
+        print(note)
+    return 0
+
+
+def _catalog(home: Path, *, fits: bool, budget: str | None) -> int:
+    from engine.catalog import CatalogError, load_catalog
+
+    try:
+        catalog, line = load_catalog(home)
+    except CatalogError as exc:
+        raise StartError(str(exc)) from None
+    if line:
+        print(line)
+    head = f"catalog v{catalog.version} ({catalog.updated}), {len(catalog.entries)} models"
+    results = None
+    if fits:
+        from engine.config import ConfigError, machine_settings
+        from engine.machine_facts import this_machine
+        from engine.model_choice import fits_for
+        from engine.sizes import parse_budget
+
+        try:
+            settings, _ = machine_settings(home)
+            node = settings.node
+            chosen = parse_budget(budget) if budget else (node.memory_budget if node else None)
+        except (ConfigError, ValueError) as exc:
+            raise StartError(str(exc)) from None
+        machine, facts = this_machine(home, budget=chosen, gpu=node.gpu if node else "auto")
+        kept = [m.spec for m in model_store.kept_models(home)]
+        results = {f.entry.id: f for f in fits_for(catalog, machine, kept=kept)}
+        head += f"; the fit for this machine: {facts}"
+    print(head)
+    for e in catalog.entries:
+        caps = ", ".join(c for c, on in (("tools", e.tools), ("fill-in-the-middle", e.fim),
+                                          ("thinking", e.thinking)) if on) or "chat"
+        print(f"\n{e.id}: {e.name}, {e.params_b:g}B, {e.context // 1024}K window, {caps}; "
+              f"{e.license}" + (f"; MLX {e.mlx_repo}" if e.mlx_repo else ""))
+        fitted = {q.quant.name: q for q in results[e.id].quants} if results else {}
+        for q in e.quants:
+            mark = "*" if q.name == e.default_quant else " "
+            text = f"  {mark} {q.name:<8} {human_bytes(q.size):>8}  {e.spec(q.name)}"
+            got = fitted.get(q.name)
+            if got is not None:
+                text += f"  {got.fit.line}" + ("  (downloaded)" if got.kept else "")
+            print(text)
+    print("\n* the default quantisation; serve one with `shoal serve ID` or pull it with "
+          "`shoal models pull ID`")
+    return 0
+
+
+def _pull(home: Path, model: str) -> int:
+    from engine import models
+    from engine.catalog import CatalogError, load_catalog
+
+    spec = model
+    try:
+        catalog, _ = load_catalog(home)
+        entry = catalog.get(model)
+        if entry is not None:
+            spec = entry.spec()
+    except CatalogError:
+        pass  # a broken catalog does not stop a pull by id
+    last = [""]
+
+    def progress(line: str, done: int, total: int) -> None:
+        if line and line != last[0]:
+            last[0] = line
+            print(f"shoal: {line}", flush=True)
+
+    try:
+        path = models.resolve_model(spec, home=home, offline=False, progress=progress)
+    except models.ModelMissing as exc:
+        raise StartError(str(exc)) from None
+    print(f"{spec} is ready at {path}; serve it with `shoal serve {spec}`")
+    return 0

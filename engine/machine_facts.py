@@ -1,0 +1,64 @@
+"""This machine's figures for the fit estimate (:mod:`engine.fit`): RAM, the node's
+memory budget, the GPU llama.cpp would choose, and the disk free where models go.
+
+IO (it may load llama.cpp's GPU backend to list devices): call it off the event loop.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+from engine import models
+from engine.fit import Machine
+from engine.runtimes.budget import total_memory_bytes
+from engine.sizes import Budget, budget_bytes
+
+
+def disk_free(home: Path) -> int | None:
+    """Bytes free on the filesystem that holds ``home``'s models (None: cannot tell)."""
+    folder = models.models_dir(home)
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def gpu_device(gpu: str) -> tuple[str, int, int, str]:
+    """(kind, total, free, description) of the device ``--gpu gpu`` would take, or
+    ("", 0, 0, why none) when the node would run on the CPU."""
+    if gpu == "off":
+        return "", 0, 0, "off"
+    try:
+        import llama_cpp
+
+        from engine.runtimes.gpu import gpu_backends
+        from engine.runtimes.offload import choose_device
+    except ImportError:
+        return "", 0, 0, "llama.cpp is not installed"
+    found = gpu_backends(llama_cpp.llama_cpp)
+    choice = choose_device(found.devices, gpu, unavailable=found.unavailable)
+    if choice.device is None:
+        return "", 0, 0, choice.why
+    d = choice.device
+    return d.kind, d.total, d.free, d.description
+
+
+def this_machine(home: Path, *, budget: Budget = None, gpu: str = "auto",
+                 lanes: int = 8, name: str | None = None) -> tuple[Machine, str]:
+    """This machine as the fit estimate sees it, and a line saying what it found."""
+    total = total_memory_bytes()
+    limit = budget_bytes(budget, total) or 0
+    kind, dev_total, dev_free, desc = gpu_device(gpu)
+    machine = Machine(name or socket.gethostname(), ram_total=total, budget=limit,
+                      device_kind=kind, device_total=dev_total,  # type: ignore[arg-type]
+                      device_free=dev_free, disk_free=disk_free(home), lanes=lanes)
+    gb = 1 << 30
+    gpu_text = (f"GPU {desc} ({dev_free / gb:.1f} GB free)" if kind else "no GPU used")
+    disk = machine.disk_free
+    line = (f"{total / gb:.1f} GB of RAM, a node budget of {machine.memory / gb:.1f} GB, "
+            f"{gpu_text}" + (f", {disk / gb:.1f} GB of disk free" if disk is not None else ""))
+    return machine, line

@@ -1,0 +1,143 @@
+"""Model commands on a running Shoal (``shoal.models``): the catalog, the fit of each of its
+models on each machine of the fleet with a split to accept, and the models kept on this
+machine, removed unless a node here serves them. Every file and device read runs off the
+event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engine import model_store
+from engine.errors import CommandError
+from engine.fit import Machine, Suggestion
+from engine.settings import Settings
+from engine.snapshot import FleetSnapshot, NodeSnapshot
+
+if TYPE_CHECKING:  # imported when first used: the catalog is read only when asked for
+    from engine.catalog import Catalog
+    from engine.model_choice import EntryFit
+
+MACHINE_TTL_S = 10.0  # how long this machine's figures (free GPU memory, disk) are reused
+
+
+@dataclass(frozen=True, slots=True)
+class MachineFits:
+    """One machine of the fleet and the fit of every catalog model on it."""
+
+    key: str  # "this machine", or the fleet node's key
+    label: str
+    machine: Machine
+    fits: tuple[EntryFit, ...]
+    local: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FleetFits:
+    catalog: Catalog
+    note: str  # a line about the catalog file used, or ""
+    machines: tuple[MachineFits, ...]  # this machine first
+    split: tuple[Suggestion, ...]  # Suggestion.machine is a MachineFits.key
+    facts: str  # this machine's figures, for people
+
+
+def machine_of(node: NodeSnapshot) -> Machine | None:
+    """A fleet node as the fit estimate sees it (None: it did not say how much RAM)."""
+    if node.ram_total <= 0:
+        return None
+    kind = node.device_kind if node.device_kind in ("gpu", "igpu") else ""
+    return Machine(node.identity or node.key, ram_total=node.ram_total,
+                   budget=node.mem_budget, device_kind=kind,  # type: ignore[arg-type]
+                   device_total=node.device_total, device_free=node.device_free,
+                   disk_free=node.disk_free or None, lanes=max(node.lanes, 1))
+
+
+class ModelCommands:
+    def __init__(self, *, snapshot: Callable[[], FleetSnapshot],
+                 settings: Callable[[], Settings], clock: Callable[[], float]) -> None:
+        self._snapshot = snapshot
+        self._settings = settings
+        self._clock = clock
+        self._catalog: tuple[Catalog, str] | None = None
+        self._machine: tuple[float, Machine, str] | None = None
+
+    @property
+    def _home(self) -> Path:
+        return self._settings().home
+
+    async def catalog(self) -> tuple[Catalog, str]:
+        """The catalog (a newer one the user dropped in, else the bundled one), read once."""
+        if self._catalog is None:
+            from engine.catalog import CatalogError, load_catalog
+
+            try:
+                self._catalog = await asyncio.to_thread(load_catalog, self._home)
+            except CatalogError as exc:
+                raise CommandError(str(exc), code="bad_catalog") from None
+        return self._catalog
+
+    async def kept(self) -> list[model_store.StoredModel]:
+        """The models on this machine's disk, with who serves each: this Shoal's own node,
+        other processes here, and the fleet's nodes by the name they serve."""
+        kept = await asyncio.to_thread(model_store.kept_models, self._home)
+        mine = f"pid {os.getpid()}"
+        fleet: dict[str, list[str]] = {}
+        for n in self._snapshot().nodes:
+            if n.key != "local":
+                fleet.setdefault(n.model.lower(), []).append(n.identity or n.key)
+        out = []
+        for m in kept:
+            who = ["this machine" if p == mine else p for p in m.served_by]
+            names = {m.name.lower(), m.spec.lower(), (m.repo or "").lower()} - {""}
+            who += sorted({i for name in names for i in fleet.get(name, [])})
+            out.append(replace(m, served_by=tuple(who)))
+        return out
+
+    async def remove(self, name: str) -> model_store.StoredModel:
+        """Delete a kept model; refused (``model_in_use``) while a node here serves it."""
+        try:
+            return await asyncio.to_thread(model_store.remove, self._home, name)
+        except model_store.ModelInUse as exc:
+            raise CommandError(str(exc), code="model_in_use") from None
+        except model_store.ModelNotKept as exc:
+            raise CommandError(str(exc), code="model_unknown") from None
+
+    async def this_machine(self) -> tuple[Machine, str]:
+        now = self._clock()
+        if self._machine is not None and now - self._machine[0] < MACHINE_TTL_S:
+            return self._machine[1], self._machine[2]
+        from engine.machine_facts import this_machine
+
+        node = self._settings().node
+        machine, facts = await asyncio.to_thread(
+            this_machine, self._home, budget=node.memory_budget if node else None,
+            gpu=node.gpu if node else "auto", lanes=node.lanes if node else 8,
+            name="this machine")
+        self._machine = (now, machine, facts)
+        return machine, facts
+
+    async def fits(self) -> FleetFits:
+        """Every catalog model's fit on every machine the fleet knows, and a split."""
+        from engine.model_choice import fits_for, fleet_split
+
+        catalog, note = await self.catalog()
+        machine, facts = await self.this_machine()
+        kept = [m.spec for m in await asyncio.to_thread(model_store.kept_models, self._home)]
+        kv = self._settings().node.kv_type if self._settings().node else "f16"
+        rows = [MachineFits("this machine", "This machine", machine,
+                            tuple(fits_for(catalog, machine, kept=kept, kv_type=kv)), True)]
+        for n in self._snapshot().nodes:
+            if n.key == "local":
+                continue  # this machine's own node: already first
+            other = machine_of(n)
+            if other is not None:
+                rows.append(MachineFits(n.key, n.identity or n.key, other,
+                                        tuple(fits_for(catalog, other, kv_type=kv)), False))
+        machines = [replace(r.machine, name=r.key) for r in rows]
+        return FleetFits(catalog, note, tuple(rows), fleet_split(catalog, machines, kv_type=kv),
+                         facts)
