@@ -22,6 +22,7 @@ MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # where the model sits inside the bundle; engine.models.bundled_models_dir() looks there
 MODEL_DEST = "resources/models"
 ICONS_DEST = "resources/icons"
+CATALOG_DEST = "resources"  # the model catalog, where engine.catalog finds it
 
 # x86-64 variants llama.cpp's GGML_CPU_ALL_VARIANTS builds; the loader scores each one on the
 # machine it runs on and keeps the best (x64 runs anywhere)
@@ -156,6 +157,15 @@ def desktop_entry() -> Path:
     if not entry.is_file():
         raise BuildError("resources/shoal.desktop is missing; restore it from git")
     return entry
+
+
+def catalog_file() -> Path:
+    """The model catalog, resources/catalog.toml; engine.catalog.bundled_catalog_path()
+    looks for it under resources/ in the bundle."""
+    catalog = ROOT / CATALOG_DEST / "catalog.toml"
+    if not catalog.is_file():
+        raise BuildError("resources/catalog.toml is missing; restore it from git")
+    return catalog
 
 
 def has_app_main() -> bool:

@@ -107,7 +107,7 @@ def test_the_bundle_carries_the_vulkan_backend_where_only_shoal_loads_it(built: 
     assert _deb_field(built.deb, "Recommends") == "libvulkan1, mesa-vulkan-drivers"
 
 
-def test_the_bundle_carries_the_model_icons_and_desktop_entry(built: Built) -> None:
+def test_the_bundle_carries_the_model_icons_desktop_entry_and_catalog(built: Built) -> None:
     res = built.bundle / "_internal" / "resources"
     model = res / "models" / bundle.MODEL_FILE
     assert model.stat().st_size > 50 << 20
@@ -115,6 +115,8 @@ def test_the_bundle_carries_the_model_icons_and_desktop_entry(built: Built) -> N
     assert {p.name for p in (res / "icons").glob("shoal-*.png")} == {
         f"shoal-{s}.png" for s in bundle.ICON_SIZES}
     assert (res / "shoal.desktop").is_file()
+    # engine.catalog.bundled_catalog_path() reads it there in a frozen bundle
+    assert (res / "catalog.toml").read_bytes() == bundle.catalog_file().read_bytes()
 
 
 def test_the_deb_declares_what_it_needs_and_installs_only_its_own_paths(built: Built) -> None:
