@@ -128,7 +128,8 @@ class ModelCommands:
         catalog, note = await self.catalog()
         machine, facts = await self.this_machine()
         kept = [m.spec for m in await asyncio.to_thread(model_store.kept_models, self._home)]
-        kv = self._settings().node.kv_type if self._settings().node else "f16"
+        node = self._settings().node
+        kv = node.kv_type if node is not None else "f16"
         rows = [MachineFits("this machine", "This machine", machine,
                             tuple(fits_for(catalog, machine, kept=kept, kv_type=kv)), True)]
         for n in self._snapshot().nodes:

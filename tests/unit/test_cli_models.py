@@ -1,0 +1,57 @@
+"""`shoal models catalog [--fits]` and `shoal models list` as a user reads them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.cli import main
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SHOAL_HOME", str(tmp_path))
+    (tmp_path / "config.toml").write_text('[node]\ngpu = "off"\n')
+    return tmp_path
+
+
+def entry_block(out: str, entry_id: str) -> str:
+    return next(b for b in out.split("\n\n") if b.startswith(entry_id + ":"))
+
+
+def test_the_catalog_lists_each_model_with_its_quantisations_and_ids(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models", "catalog"]) == 0
+    out = capsys.readouterr().out
+    block = entry_block(out, "qwen2.5-coder-7b-instruct")
+    assert "tools, fill-in-the-middle" in block.splitlines()[0]
+    assert "* Q4_K_M" in block and "unsloth/Qwen2.5-Coder-7B-Instruct-GGUF:Q4_K_M" in block
+    assert "fits" not in out  # no fit without --fits
+
+
+def test_fits_judges_each_quantisation_by_the_budget_given(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models", "catalog", "--fits", "--memory-budget", "3GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "a node budget of 3.0 GB, no GPU used" in out.splitlines()[0]
+    small = entry_block(out, "smollm2-135m-instruct")
+    assert all("fits with its whole 8K window" in line for line in small.splitlines()[1:])
+    big = entry_block(out, "qwen2.5-coder-32b-instruct")
+    assert all("does not fit: it needs about" in line for line in big.splitlines()[1:])
+    assert "fits with a " in entry_block(out, "qwen2.5-coder-3b-instruct")  # a smaller window
+
+
+def test_list_on_an_empty_machine_says_where_to_look(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models", "list"]) == 0
+    assert capsys.readouterr().out == (
+        "no models on this machine yet; `shoal models catalog --fits` shows some to pull\n")
+
+
+def test_rm_of_a_model_not_kept_says_what_is(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["models", "rm", "org/none:Q4_K_M"]) == 2
+    assert capsys.readouterr().err == (
+        "shoal: no model 'org/none:Q4_K_M' is kept on this machine (kept: none); "
+        "`shoal models list` shows them\n")
