@@ -19,6 +19,7 @@ from pathlib import Path
 from engine.events import Notice, PullProgress, ShoalEvent, Subscription
 from engine.files import write_private
 from engine.process_stamp import PROC, process_stamp, same_process
+from engine.pulls import text as pull_text
 from engine.runtimes.budget import human_bytes
 from engine.service import Shoal
 from engine.serving_gc import pace_for_serving
@@ -39,6 +40,8 @@ def setup_logging(name: str, level: int = logging.INFO) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # huggingface_hub's HTTP client logs each request; a pull prints its own lines
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
 
 
 def _stop_event() -> asyncio.Event:
@@ -50,17 +53,46 @@ def _stop_event() -> asyncio.Event:
     return stop
 
 
-def _print_event(event: ShoalEvent) -> None:
+class PullLines:
+    """What the CLI prints of a pull: each step's line once (``pulling org/repo/file``),
+    then a line at every tenth of the bytes with the rate and the time left."""
+
+    def __init__(self) -> None:
+        self._said: dict[str, tuple[str, int]] = {}  # model -> (last line, last tenth)
+
+    def lines(self, event: PullProgress) -> list[str]:
+        if event.state != "running":
+            self._said.pop(event.model, None)
+            return [event.message] if event.message else []
+        said, tenth = self._said.get(event.model, ("", -1))
+        out: list[str] = []
+        if event.message and event.message != said:
+            out.append(event.message)
+            said, tenth = event.message, (10 * event.done_bytes // event.total_bytes
+                                          if event.total_bytes > 0 else -1)
+        if event.total_bytes > 0:
+            now = 10 * event.done_bytes // event.total_bytes
+            if now > tenth:
+                out.append(f"pulling {event.model}: " + pull_text.progress(
+                    event.done_bytes, event.total_bytes, event.rate_bps, event.eta_s))
+                tenth = now
+        self._said[event.model] = (said, tenth)
+        return out
+
+
+def _print_event(event: ShoalEvent, pulls: PullLines) -> None:
     """What the CLI shows of the engine's events (its logs say the rest)."""
-    if isinstance(event, PullProgress) and event.message:
-        log.info("%s", event.message)
+    if isinstance(event, PullProgress):
+        for line in pulls.lines(event):
+            log.info("%s", line)
     elif isinstance(event, Notice):
         log.log(logging.ERROR if event.level == "error" else logging.WARNING, "%s", event.text)
 
 
 async def _print_events(events: Subscription) -> None:
+    pulls = PullLines()
     async for event in events:
-        _print_event(event)
+        _print_event(event, pulls)
 
 
 async def run(settings: Settings, banner: Callable[[Shoal], Awaitable[list[str]]], *,

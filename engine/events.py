@@ -104,6 +104,8 @@ class PullProgress(Event):
     total_bytes: int
     state: Literal["running", "done", "failed", "cancelled"] = "running"
     message: str = ""
+    rate_bps: float = 0.0  # bytes a second lately; 0.0 while not known
+    eta_s: float | None = None  # seconds left at that rate; None while not known
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

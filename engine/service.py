@@ -409,7 +409,8 @@ class Shoal:
             if node else None,
             member=self._member is not None)
         pulls = tuple(PullSnapshot(model=p.model, done_bytes=p.done_bytes,
-                                   total_bytes=p.total_bytes, state=p.state, message=p.message)
+                                   total_bytes=p.total_bytes, state=p.state, message=p.message,
+                                   rate_bps=p.rate_bps, eta_s=p.eta_s)
                       for p in self._pulls.running.values())
         return fleet_snapshot(head.head if head else None, roles=roles,
                               fleet_name=self._fleet_name if self._psk else None,

@@ -103,6 +103,8 @@ class PullSnapshot:
     total_bytes: int
     state: Literal["running", "done", "failed", "cancelled"]
     message: str = ""
+    rate_bps: float = 0.0  # bytes a second lately; 0.0 while not known
+    eta_s: float | None = None  # seconds left at that rate; None while not known
 
 
 @dataclass(frozen=True, slots=True)

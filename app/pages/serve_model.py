@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 from app.bridge import ShoalBridge
 from app.widgets import choose_file, inline_error, note, ok_line, run, say
 from engine.events import PullProgress, ShoalEvent
+from engine.pulls.text import pace
 
 EMBEDDED, FILE, HUB = 0, 1, 2
 
@@ -152,7 +153,7 @@ class ServeModel(QWidget):
             return
         self._bridge.shoal.cancel_pull(self._pull or self._spec or "")
         self.cancel.setEnabled(False)
-        say(self.progress_text, "Cancelling… what was downloaded stays, to resume later.")
+        say(self.progress_text, "Cancelling… what was downloaded is removed.")
 
     def _event(self, event: ShoalEvent) -> None:
         if not self._busy or not isinstance(event, PullProgress):
@@ -166,6 +167,7 @@ class ServeModel(QWidget):
             text = f"{size(event.done_bytes)} of {size(event.total_bytes)}"
         else:
             text = f"{size(event.done_bytes)}" if event.done_bytes else "Starting…"
+        text += "".join(f", {part}" for part in pace(event.rate_bps, event.eta_s))
         say(self.progress_text, f"Downloading {event.model}: {text}"
             + (f" — {event.message}" if event.message else ""))
 

@@ -2,7 +2,8 @@
 cancel), check its runtime, load an engine for a node or a vocabulary for a head.
 
 Every slow step runs in a worker thread; progress comes back to the loop as
-`PullProgress` events, at most a few a second.
+`PullProgress` events, at most a few a second, with the rate and the time left measured
+where the bytes arrive (engine.pulls.meter).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from engine.events import Emit, PullProgress
 from engine.head.prompt.model import HeadModel
 from engine.head.prompt.model import load_head_model as _load_head_model
 from engine.head.prompt.templates import TemplateError
+from engine.pulls.meter import Meter, Reading
 from engine.runtimes import registry
 from engine.runtimes.base import Engine, RuntimeUnavailable
 from engine.runtimes.budget import total_memory_bytes
@@ -39,14 +41,28 @@ class Pulls:
     """Pulls under way, for the snapshot; each can be cancelled."""
 
     running: dict[str, PullProgress] = field(default_factory=dict)
-    cancels: dict[str, models.Cancel] = field(default_factory=dict)
+    # one flag per resolve under way: two of one model (a head's and a node's) both stop
+    cancels: dict[str, list[models.Cancel]] = field(default_factory=dict)
 
     def cancel(self, model: str) -> bool:
-        flag = self.cancels.get(model)
-        if flag is None:
+        flags = self.cancels.get(model)
+        if not flags:
             return False
-        flag.set()
+        for flag in flags:
+            flag.set()
         return True
+
+    def add(self, model: str, flag: models.Cancel) -> None:
+        self.cancels.setdefault(model, []).append(flag)
+
+    def remove(self, model: str, flag: models.Cancel) -> bool:
+        """Forget ``flag``; True when it was the last resolve of ``model``."""
+        flags = self.cancels.get(model, [])
+        if flag in flags:
+            flags.remove(flag)
+        if not flags:
+            self.cancels.pop(model, None)
+        return not flags
 
 
 async def resolve(spec: str | None, runtime: str | None, *, home: Path, offline: bool,
@@ -61,39 +77,53 @@ async def resolve(spec: str | None, runtime: str | None, *, home: Path, offline:
     cancel = models.Cancel()
     loop = asyncio.get_running_loop()
     last = [0.0]
+    meter = Meter()
 
     def progress(line: str, done: int, total: int) -> None:
-        # from the worker thread: hand the numbers to the loop, a few times a second
+        # from the worker thread: every block feeds the meter; the loop hears of it a few
+        # times a second
         now = time.monotonic()
-        if line or now - last[0] >= REPORT_EVERY_S:
+        if line:  # a new step (a file, a resumed part): its bytes so far are no rate
+            meter.reset()
+        if done:
+            meter.add(now, done)
+        if line or now - last[0] >= REPORT_EVERY_S or (total and done >= total):
             last[0] = now
-            loop.call_soon_threadsafe(_report, label, done, total, line, emit, pulls)
+            loop.call_soon_threadsafe(_report, label, done, total, line,
+                                      meter.reading(now, total), emit, pulls)
 
-    pulls.cancels[label] = cancel
+    pulls.add(label, cancel)
+    last_one = True
     try:
         path, name = await asyncio.to_thread(
             registry.resolve_model, rt, spec, home=home, offline=offline, progress=progress,
             cancel=cancel)
     except models.PullCancelled as exc:
-        _finish(label, "cancelled", str(exc), emit, pulls)
+        if pulls.remove(label, cancel):
+            _finish(label, "cancelled", str(exc), emit, pulls)
         raise StartError(str(exc), code="pull_cancelled") from None
     except (models.ModelMissing, RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
-        _finish(label, "failed", str(exc), emit, pulls)
+        if pulls.remove(label, cancel):
+            _finish(label, "failed", str(exc), emit, pulls)
         raise StartError(str(exc), code="model_missing") from None
-    finally:
-        pulls.cancels.pop(label, None)
-    if label in pulls.running:
+    else:
+        last_one = pulls.remove(label, cancel)
+    if last_one and label in pulls.running:
         _finish(label, "done", "", emit, pulls)
     return Resolved(path=path, name=name, runtime=rt)
 
 
-def _report(label: str, done: int, total: int, line: str, emit: Emit, pulls: Pulls) -> None:
+def _report(label: str, done: int, total: int, line: str, reading: Reading, emit: Emit,
+            pulls: Pulls) -> None:
     before = pulls.running.get(label)
     if before is not None and before.state != "running":
         return
+    if label not in pulls.cancels:  # it ended: a report queued before the end came late
+        return
     event = PullProgress(model=label, done_bytes=done or (before.done_bytes if before else 0),
                          total_bytes=total or (before.total_bytes if before else 0),
-                         message=line or (before.message if before else ""))
+                         message=line or (before.message if before else ""),
+                         rate_bps=reading.rate_bps, eta_s=reading.eta_s)
     pulls.running[label] = event
     emit(event)
 

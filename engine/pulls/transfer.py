@@ -1,0 +1,227 @@
+"""One file of a repository downloaded into its part, ``downloads/<sha256>.part``.
+
+The part lives outside the model folder. A download goes on from what the part holds
+(``Range: bytes=N-``; a server that ignores the range sends it all and the part starts
+over), hashes as it writes (a part left by an earlier run is hashed first), and ends
+with the file's size and sha256 checked against what the hub said:
+
+- the bytes do not match: the part is removed, ModelMissing;
+- the connection broke: the part is kept and the download goes on from it, a few times
+  while it gains bytes; then ModelMissing, and the next pull resumes it;
+- ``stopped()`` (every caller cancelled): the part is removed, PullCancelled.
+
+Blocking: runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.pulls.errors import CANCELLED, ModelMissing, PullCancelled, one_line
+from engine.pulls.plan import body_starts_at, range_header, resume_offset
+from engine.pulls.text import amount
+
+BLOCK = 1 << 20  # of a part hashed from disk
+TIMEOUT_S = 60.0  # no byte for this long: the connection is taken as broken
+ATTEMPTS = 4  # tries of one download in a row, each gaining bytes, before it fails
+
+Report = Callable[[str, int, int], None]
+"""A line for people (or ""), and the bytes of this file done and in all."""
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    repo: str
+    commit: str
+    name: str  # the path inside the repository
+    size: int
+    sha256: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.repo}/{self.name}"
+
+
+def part_path(downloads: Path, sha256: str) -> Path:
+    return downloads / f"{sha256}.part"
+
+
+class _Broken(Exception):
+    """The connection ended before the file did; the part keeps what came."""
+
+
+class _StartOver(Exception):
+    """The server will not go on from the part (416): it is thrown away."""
+
+
+class _TooLong(Exception):
+    """The body goes on past the file's size."""
+
+
+class _Hashed:
+    """The sha256 of a part's first ``done`` bytes, carried from one try to the next."""
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+        self.done = 0
+
+    def restart(self) -> None:
+        self.digest = hashlib.sha256()
+        self.done = 0
+
+    def add(self, block: bytes) -> None:
+        self.digest.update(block)
+        self.done += len(block)
+
+
+def fetch(wanted: Wanted, part: Path, report: Report, stopped: Callable[[], bool]) -> None:
+    """Leave ``part`` holding the whole file, checked, or raise (see the module doc)."""
+    part.parent.mkdir(parents=True, exist_ok=True)
+    hashed = _Hashed()
+    tries = 0
+    while True:
+        offset = _prepare(wanted, part, hashed, report, stopped)
+        if offset == wanted.size:
+            break
+        before = offset
+        report(f"pulling {wanted.label} ({amount(wanted.size)})" if offset == 0 else
+               f"resuming {wanted.label} at {amount(offset)} of {amount(wanted.size)}",
+               offset, wanted.size)
+        try:
+            _stream(wanted, part, offset, hashed, report, stopped)
+            break
+        except _StartOver:
+            tries += 1
+            if tries >= ATTEMPTS:
+                raise ModelMissing(f"the hub refuses every range of {wanted.label}; run "
+                                   "again later") from None
+        except _Broken as exc:
+            tries += 1
+            if hashed.done <= before or tries >= ATTEMPTS:  # a try that gained nothing
+                raise ModelMissing(
+                    f"the download of {wanted.label} stopped at {amount(hashed.done)} of "
+                    f"{amount(wanted.size)} ({exc}); run again to resume from there") from None
+    _check(wanted, part, hashed)
+
+
+def _prepare(wanted: Wanted, part: Path, hashed: _Hashed, report: Report,
+             stopped: Callable[[], bool]) -> int:
+    """Where this try starts: the part's length, its bytes hashed (when not yet)."""
+    try:
+        held = part.stat().st_size
+    except FileNotFoundError:
+        held = 0
+    offset = resume_offset(held, wanted.size)
+    if offset != held:
+        _cut_to(part, offset)
+    if hashed.done == offset:
+        return offset
+    hashed.restart()
+    if offset:
+        report(f"checking the {amount(offset)} of {wanted.label} pulled before", 0,
+               wanted.size)
+        with part.open("rb") as f:
+            while hashed.done < offset:
+                _stop_if(stopped, part)
+                block = f.read(min(BLOCK, offset - hashed.done))
+                if not block:
+                    break
+                hashed.add(block)
+    return hashed.done
+
+
+def _stream(wanted: Wanted, part: Path, offset: int, hashed: _Hashed, report: Report,
+            stopped: Callable[[], bool]) -> None:
+    import httpx2
+    from huggingface_hub import get_session, hf_hub_url, hf_raise_for_status
+    from huggingface_hub.utils._headers import build_hf_headers  # its token and agent
+
+    url = hf_hub_url(wanted.repo, wanted.name, revision=wanted.commit)
+    headers = {**build_hf_headers(), "Accept-Encoding": "identity", **range_header(offset)}
+    try:
+        with get_session().stream("GET", url, headers=headers, timeout=TIMEOUT_S,
+                                  follow_redirects=True) as response:
+            if response.status_code == 416 and offset > 0:  # the part is not of this file
+                _cut_to(part, 0)
+                hashed.restart()
+                raise _StartOver
+            if response.status_code >= 400:
+                response.read()
+                try:
+                    hf_raise_for_status(response)
+                except Exception as exc:
+                    raise ModelMissing(
+                        f"pulling {wanted.label} failed ({one_line(exc)}); check the id and "
+                        "the network, then run again") from None
+            start = body_starts_at(response.status_code,
+                                   response.headers.get("Content-Range"), offset)
+            if start is None:
+                raise ModelMissing(
+                    f"the hub answered {response.status_code} to a request for "
+                    f"{wanted.label} from byte {offset}; run again")
+            if start != offset:  # the range was ignored: the body is the whole file
+                _cut_to(part, 0)
+                hashed.restart()
+            # as the network gives them: a block cut short by a break is kept, not dropped
+            _append(wanted, part, response.iter_raw(), hashed, report, stopped)
+    except httpx2.TransportError as exc:
+        raise _Broken(one_line(exc) if str(exc) else type(exc).__name__) from None
+    except OSError as exc:
+        if isinstance(exc, ConnectionError):  # offline mode refused, the network down
+            raise _Broken(one_line(exc)) from None
+        raise ModelMissing(f"cannot write {part} ({exc.strerror or exc}); free disk space "
+                           "or check the folder, then run again") from None
+    if hashed.done < wanted.size:
+        raise _Broken("the server ended the file early")
+
+
+def _append(wanted: Wanted, part: Path, blocks: Iterator[bytes], hashed: _Hashed,
+            report: Report, stopped: Callable[[], bool]) -> None:
+    """The body's blocks added to the part; a cancel or a body longer than the file
+    removes the part (the first keeps nothing, the second is not the file)."""
+    try:
+        with part.open("ab") as out:
+            try:
+                for block in blocks:
+                    if stopped():
+                        raise PullCancelled(CANCELLED)
+                    if hashed.done + len(block) > wanted.size:
+                        raise _TooLong
+                    out.write(block)
+                    hashed.add(block)
+                    report("", hashed.done, wanted.size)
+            finally:
+                out.flush()
+                os.fsync(out.fileno())
+    except (PullCancelled, _TooLong) as exc:
+        part.unlink(missing_ok=True)
+        if isinstance(exc, PullCancelled):
+            raise
+        raise ModelMissing(
+            f"{wanted.label} came out longer than the {amount(wanted.size)} the hub says; "
+            "the download is corrupt, run again") from None
+
+
+def _check(wanted: Wanted, part: Path, hashed: _Hashed) -> None:
+    got = hashed.digest.hexdigest()
+    if got != wanted.sha256:
+        part.unlink(missing_ok=True)
+        raise ModelMissing(
+            f"{wanted.label} came out with sha256 {got[:12]}…, the hub says "
+            f"{wanted.sha256[:12]}…; the download is corrupt, run again")
+
+
+def _stop_if(stopped: Callable[[], bool], part: Path) -> None:
+    """An explicit cancel keeps nothing: the part goes with it."""
+    if stopped():
+        part.unlink(missing_ok=True)
+        raise PullCancelled(CANCELLED)
+
+
+def _cut_to(part: Path, size: int) -> None:
+    with part.open("ab") as f:
+        f.truncate(size)
