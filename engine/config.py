@@ -14,6 +14,7 @@ memory_budget = "12GiB"  # or "50%" of this machine's RAM, or bytes; absent: the
 kv_type = "f16"          # f16 | q8_0
 gpu = "auto"             # auto | off (CPU only) | a device name: "Vulkan0" (llama.cpp)
 idle_unload = 15         # minutes idle before the model unloads; 0 or "never": it stays
+fleet_may_choose_model = true  # a head of the fleet may have it pull and serve another model
 ```
 """
 
@@ -63,7 +64,8 @@ class Config:
     discovery: DiscoveryMode = "both"
     seeds: list[str] = field(default_factory=list)
     tailscale_socket: str | None = None
-    # [node]'s memory_budget, kv_type, gpu and idle_unload as NodeSettings fields, those given
+    # [node]'s memory_budget, kv_type, gpu, idle_unload and fleet_may_choose_model as
+    # NodeSettings fields, those given
     node_memory: dict[str, Any] = field(default_factory=dict)
 
 
@@ -93,9 +95,9 @@ def parse_config(text: str, *, source: str) -> Config:
 
 
 def node_memory(section: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """``[node]``'s memory_budget, kv_type, gpu and idle_unload, as the NodeSettings fields
-    memory_budget, kv_type, gpu and idle_unload_s; only those present. ConfigError (one
-    line)."""
+    """``[node]``'s memory_budget, kv_type, gpu, idle_unload and fleet_may_choose_model, as
+    the NodeSettings fields memory_budget, kv_type, gpu, idle_unload_s and
+    fleet_may_choose_model; only those present. ConfigError (one line)."""
     out: dict[str, Any] = {}
     if "memory_budget" in section:
         value = section["memory_budget"]
@@ -129,6 +131,10 @@ def node_memory(section: Mapping[str, Any], source: str) -> dict[str, Any]:
                 raise ValueError(f"give {IDLE_FORMS}")
         except ValueError as exc:
             raise ConfigError(f"{source}: node.idle_unload: {exc}") from None
+    if "fleet_may_choose_model" in section:
+        if not isinstance(section["fleet_may_choose_model"], bool):
+            raise ConfigError(f"{source}: node.fleet_may_choose_model is true or false")
+        out["fleet_may_choose_model"] = section["fleet_may_choose_model"]
     return out
 
 
@@ -169,6 +175,7 @@ def load_config(home: Path) -> Config:
 # kv_type = "f16"
 # gpu = "auto"                 # "off" (CPU only) or a device name: "Vulkan0"
 # idle_unload = 15             # minutes, or "never"
+# fleet_may_choose_model = true  # a head of the fleet may change the model it serves
 # [discovery]
 # mode = "both"
 # [app]                        # the app's own choices, kept as they are
@@ -280,7 +287,8 @@ def save_machine_settings(settings: Settings, app: dict[str, Any]) -> None:
         if node.memory_budget is not None:
             node_t["memory_budget"] = budget_value(node.memory_budget)
         node_t.update(kv_type=node.kv_type, gpu=node.gpu,
-                      idle_unload=idle_unload_minutes(node.idle_unload_s))
+                      idle_unload=idle_unload_minutes(node.idle_unload_s),
+                      fleet_may_choose_model=node.fleet_may_choose_model)
     doc["node"] = node_t
     d = settings.discovery
     discovery: dict[str, Any] = {"mode": d.mode, "seeds": list(d.seeds)}

@@ -616,12 +616,18 @@ class Shoal:
             head_settings = self.settings.head
             old_head, old_node = self._head, self._node
             had_fleet = old_head is not None and old_head.fleet_side is not None
+            member = self._member
+            heads = member.heads if member is not None else []
             if old_head is not None:
                 await old_head.drain(self._drain_s)
                 await old_head.close()
                 self._head = None
             if old_node is not None:
                 await old_node.drain(self._drain_s)
+                if member is not None:
+                    # the links to the fleet's heads go with the old node (they see it
+                    # leave) and come back from the new one, with its hello
+                    await member.joiner.close()
                 await old_node.close()
                 self._node = None
             self.settings = replace(self.settings, node=ns, head=(
@@ -634,6 +640,8 @@ class Shoal:
             if self._member is not None and self._node is not None:
                 self._member.agent = self._node.agent
                 self._member.joiner.agent = self._node.agent
+                for head in heads:
+                    self._member.joiner.link(head)
             if had_fleet:
                 await self._open_fleet()
             self._roles_changed()

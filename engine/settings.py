@@ -68,6 +68,9 @@ class NodeSettings:
     kv_type: KvType = "f16"  # q8_0: half the KV memory, so about twice the context
     gpu: str = GPU_DEFAULT  # auto | off (CPU only) | a device: "Vulkan0" (llama.cpp only)
     idle_unload_s: float | None = IDLE_UNLOAD_DEFAULT_S  # unload the idle model; None: never
+    # a head of the fleet may ask it to serve another model (pulled and swapped in here):
+    # whoever holds the fleet token runs sessions on it already
+    fleet_may_choose_model: bool = True
 
 
 @dataclass(frozen=True, slots=True)

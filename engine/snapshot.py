@@ -58,6 +58,18 @@ class NodeSnapshot:
     device: str = ""
     gpu_layers: int = 0
     model_layers: int = 0
+    # what a fit estimate of another model there needs (0 / "": the node did not say):
+    # bytes of RAM; the GPU llama.cpp chose ("gpu", "igpu"; "" none) with its memory, free
+    # as it was before the node's model loaded; the disk free where it keeps models
+    ram_total: int = 0
+    device_kind: str = ""
+    device_total: int = 0
+    device_free: int = 0
+    disk_free: int = 0
+    # a pull under way there ("" none): the model, and bytes done of the total
+    pull_model: str = ""
+    pull_done: int = 0
+    pull_total: int = 0
 
     @property
     def kv_percent(self) -> float:
@@ -135,6 +147,12 @@ class LocalNodeSnapshot:
     gpu_layers: int = 0
     model_layers: int = 0
     device_note: str = ""  # the device it chose, or why it runs on the CPU (one line)
+    # as NodeSnapshot's: what a fit estimate here needs (its pulls are FleetSnapshot.pulls)
+    ram_total: int = 0
+    device_kind: str = ""
+    device_total: int = 0
+    device_free: int = 0
+    disk_free: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,10 @@
 """Settings: the ports, discovery and queue limit this machine starts with, how its node holds
-the model (memory, KV cache, GPU, unloading when idle), API keys, where models live, and the app's
-own choices. The page shows what Shoal holds for the next start (``Shoal.pending``,
-``Shoal.app_settings``), again whenever it changes, and sends each change to Shoal
-(``update_settings``), which writes ``config.toml``; ports apply at the next start, the
-node's choices when its model next loads, keys at once (the running head watches their
-files)."""
+the model (memory, KV cache, GPU, unloading when idle) and whether the fleet may choose it,
+API keys, where models live, and the app's own choices. The page shows what Shoal holds for
+the next start (``Shoal.pending``, ``Shoal.app_settings``), again whenever it changes, and
+sends each change to Shoal (``update_settings``), which writes ``config.toml``; ports apply
+at the next start, the node's choices when its model next loads (whether the fleet chooses
+it: at once), keys at once (the running head watches their files)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,10 @@ GPU_TIP = ("Automatic: the GPU with the most free memory, if llama.cpp finds one
            "or type a device's name from the node's start-up line (Vulkan0). It takes effect "
            "at the node's next start.")
 IDLE_MINUTES = (5, 15, 30, 60)
+FLEET_CHOOSES = "Let the fleet choose this machine's model"
+FLEET_CHOOSES_TIP = ("A head of your fleet may have this machine download and serve another "
+                     "model (the split the Models page suggests). Off: only you choose it "
+                     "here. It takes effect at once.")
 KEY_NOTE = ("Shown once: copy it now. Once a key exists, every client must send one "
             "(Authorization: Bearer KEY); revoke a key to shut its holder out.")
 
@@ -201,6 +205,10 @@ class SettingsPage(QWidget):
         serving.body.addLayout(form)
         serving.add(note("The model and the cache of every conversation share that memory. "
                          "An unloaded model loads again on the next request."))
+        self.fleet_chooses = QCheckBox(FLEET_CHOOSES)
+        self.fleet_chooses.setObjectName("fleetChoosesModel")
+        self.fleet_chooses.toggled.connect(self._fleet_chooses_changed)
+        serving.add(self.fleet_chooses)
         self._budgets: list[Budget] = []
         self._idles: list[float | None] = []
         self._gpu_now = GPU_DEFAULT  # as the node's next start has it
@@ -309,12 +317,17 @@ class SettingsPage(QWidget):
 
     def _show_node(self, node: NodeSettings | None) -> None:
         """How the node will hold its model (as the next start of the node has it)."""
-        for box in (self.budget, self.kv, self.gpu, self.idle):
+        for box in (self.budget, self.kv, self.gpu, self.idle, self.fleet_chooses):
             box.setEnabled(node is not None)
             box.setToolTip("" if node is not None else NO_NODE)
         if node is not None:
             self.gpu.setToolTip(GPU_TIP)
+            self.fleet_chooses.setToolTip(FLEET_CHOOSES_TIP)
         node = node or NodeSettings()
+        if self.fleet_chooses.isChecked() != node.fleet_may_choose_model:
+            self.fleet_chooses.blockSignals(True)  # shown, not chosen
+            self.fleet_chooses.setChecked(node.fleet_may_choose_model)
+            self.fleet_chooses.blockSignals(False)
         mem = self._bridge.shoal.memory
         budgets = budget_choices(node.memory_budget, mem.total, mem.default_budget)
         idles = idle_choices(node.idle_unload_s)
@@ -371,6 +384,17 @@ class SettingsPage(QWidget):
         run(self, self._bridge, shoal.update_settings(
             memory_budget=memory_budget, kv_type=kv_type, gpu=gpu, idle_unload_s=idle_unload_s),
             done=saved, failed=failed, anytime=True)
+
+    def _fleet_chooses_changed(self, on: bool) -> None:
+        say(self.node_saved, "")
+        say(self.node_error, "")
+
+        def failed(line: str) -> None:
+            say(self.node_error, line)
+            self._show_node(self._bridge.shoal.pending.node)  # shown as Shoal holds it
+
+        run(self, self._bridge, self._bridge.shoal.update_settings(fleet_may_choose_model=on),
+            done=lambda _change: say(self.node_saved, "Saved."), failed=failed, anytime=True)
 
     def save_machine(self) -> None:
         say(self.saved, "")

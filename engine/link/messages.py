@@ -4,6 +4,12 @@ Records are msgpack-encoded msgspec Structs tagged by ``t``; decoding is strict
 (unknown tags, wrong types and missing fields are refused). Sizes a peer
 chooses (prompt length, id lists, strings) are bounded here so that a decoded
 record never holds more than the link allowed to buffer.
+
+A record gains fields only at its end, with defaults: an older peer leaves them out
+and reads a newer peer's record without them (array-like records drop extra trailing
+fields). A new record type is sent only to a peer whose hello says it reads it (an older
+one refuses an unknown tag and drops the link): ``HeadHello.progress`` for Progress,
+``NodeHello.takes_models`` for ServeModel (answered by ServeModelResult).
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ PROTOCOL_VERSION = 1
 # one record never exceeds this; checked against the length prefix before buffering
 MAX_RECORD = 8 * 1024 * 1024
 MAX_TOKENS_PER_RECORD = 1 << 20
-_Name = Annotated[str, msgspec.Meta(max_length=256)]
+MAX_NAME = 256
+_Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
 _Text = Annotated[str, msgspec.Meta(max_length=4096)]
 MAX_DEVICE = 200
 _Device = Annotated[str, msgspec.Meta(max_length=MAX_DEVICE)]
@@ -27,6 +34,15 @@ _Probe = Annotated[list[Annotated[list[Annotated[int, msgspec.Meta(ge=0, lt=1 <<
                                   msgspec.Meta(max_length=256)]],
                    msgspec.Meta(max_length=16)]
 _Rate = Annotated[float, msgspec.Meta(ge=0.0)]
+_Bytes = Annotated[int, msgspec.Meta(ge=0, lt=1 << 62)]  # RAM, disk, a device's memory
+MAX_KIND = 16
+MAX_SPEC = 256
+MAX_ANSWER = 1000  # a ServeModelResult's line
+# a model a head asks a node to serve: a hub id, org/repo[:QUANT] (engine.models checks it
+# fully where it is handled); never a path, which would name a file on the head's machine
+MODEL_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]*/[A-Za-z0-9_][A-Za-z0-9._-]*(:[A-Za-z0-9._-]+)?$"
+_Spec = Annotated[str, msgspec.Meta(min_length=3, max_length=MAX_SPEC,
+                                    pattern=MODEL_ID_PATTERN)]
 
 
 class Rates(msgspec.Struct, frozen=True, array_like=True):
@@ -51,6 +67,8 @@ class NodeHello(msgspec.Struct, frozen=True, array_like=True, tag="node_hello", 
     protocol: int = PROTOCOL_VERSION
     instance: _Name = ""  # random per node process: tells a restart from a namesake
     channels: bool = False  # it can carry a head's sessions as channels of one link
+    # it reads ServeModel (and answers it, yes or no); a head sends it to no other node
+    takes_models: bool = False
 
 
 class HeadHello(msgspec.Struct, frozen=True, array_like=True, tag="head_hello", tag_field="t"):
@@ -152,6 +170,19 @@ class Stats(msgspec.Struct, frozen=True, array_like=True, tag="stats", tag_field
     device: _Device = ""
     gpu_layers: _Count = 0
     model_layers: _Count = 0
+    # what a fit estimate of another model on this machine needs (0 / "": not said): its
+    # RAM; the GPU llama.cpp chose ("gpu", "igpu"; "" none) with its memory, the free
+    # figure as it was before this model loaded (what a model there may take); the disk
+    # free where the node keeps its models
+    ram_total: _Bytes = 0
+    device_kind: Annotated[str, msgspec.Meta(max_length=MAX_KIND)] = ""
+    device_total: _Bytes = 0
+    device_free: _Bytes = 0
+    disk_free: _Bytes = 0
+    # a pull under way on the node (a model a head asked it to serve, or its user chose)
+    pull_model: _Name = ""
+    pull_done: _Bytes = 0
+    pull_total: _Bytes = 0
 
 
 class Progress(msgspec.Struct, frozen=True, array_like=True, tag="progress", tag_field="t"):
@@ -170,6 +201,28 @@ class AliasSync(msgspec.Struct, frozen=True, array_like=True, tag="alias_sync", 
     table: Annotated[bytes, msgspec.Meta(max_length=MAX_RECORD - 1024)]
     reply: bool = False
     serial: _Count = 0  # echoed in the reply, so the asker knows which push it answers
+
+
+class ServeModel(msgspec.Struct, frozen=True, array_like=True, tag="serve_model",
+                 tag_field="t"):
+    """Head to node: serve ``spec`` (a hub id, org/repo[:QUANT]) instead of the model served
+    now. Sent only to a node whose hello said ``takes_models``, on any of its connections
+    or channels. The node answers at once with a ServeModelResult of the same ``ask``; if it
+    accepted, it pulls the model (its Stats' pull fields say how far), then swaps it in as
+    its user would, and its next hello names it."""
+
+    spec: _Spec
+    ask: _Count = 0  # echoed in the answer, so the head knows which question it answers
+
+
+class ServeModelResult(msgspec.Struct, frozen=True, array_like=True,
+                       tag="serve_model_result", tag_field="t"):
+    """Node to head, the answer to a ServeModel: accepted ("pulling org/repo:Q4_K_M") or
+    refused, with why in one line ("this node does not take models chosen by heads...")."""
+
+    accepted: bool
+    message: Annotated[str, msgspec.Meta(max_length=MAX_ANSWER)]
+    ask: _Count = 0
 
 
 # wrong_model: a node refusing a head whose model tokenizes otherwise (sent only to a
@@ -191,7 +244,7 @@ class End(msgspec.Struct, frozen=True, array_like=True, tag="end", tag_field="t"
 
 # what a channel carries: what one connection carries, and its end
 ChannelRecord = (Generate | Accepted | Tokens | Done | Renew | Cancel | Ping | Pong | Stats
-                 | Error | End | Progress)
+                 | Error | End | Progress | ServeModel | ServeModelResult)
 MAX_BATCH = 4096
 _Channel = Annotated[int, msgspec.Meta(ge=1, lt=1 << 31)]
 
@@ -204,7 +257,8 @@ class Batch(msgspec.Struct, frozen=True, array_like=True, tag="batch", tag_field
 
 
 Record = (NodeHello | HeadHello | Generate | Accepted | Tokens | Done | Renew | Cancel
-          | Ping | Pong | Stats | Error | AliasSync | End | Batch | Progress)
+          | Ping | Pong | Stats | Error | AliasSync | End | Batch | Progress | ServeModel
+          | ServeModelResult)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)

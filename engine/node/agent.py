@@ -17,6 +17,12 @@ busy at once, so the head places it elsewhere. Before the first token the node
 tells a head that reads them (its hello says ``progress``) how far the prompt is
 every ``PROGRESS_S``, so that a long prefill is never taken for a hung attempt.
 
+A head may ask the node to serve another model (``ServeModel``): the agent checks the
+id and hands it to its owner's ``serve_model`` (given at construction), which says at
+once whether it takes it; the agent answers the head with that (``ServeModelResult``).
+Without one, the node refuses. Its stats carry what its owner's ``machine`` says of the
+machine (RAM, disk free, a pull under way) beside the engine's device and its memory.
+
 Idle unload (``idle_unload_s``, an engine that is a
 :class:`~engine.runtimes.base.Sleeper`): after that long with no session the
 engine frees its model and pool, the links stay up and the stats say "asleep";
@@ -36,6 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from engine import models
 from engine.link import messages as m
 from engine.link.admission import PRE_HELLO_S, PendingHandshakes
 from engine.link.connection import LinkError
@@ -43,6 +50,7 @@ from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.mux import Carrier, Channel, Mux
 from engine.link.transport import Incoming, Link, LinkClosed, accept, serve
 from engine.node import leases
+from engine.node.machine import MachineFacts
 from engine.runtimes.base import (
     Admission,
     Engine,
@@ -62,6 +70,10 @@ STATS_INTERVAL_S = 1.0
 PROGRESS_S = 1.0  # how often a head hears how far the prompt (or the model's load) is
 _TOLD_MAX = 1024
 SleepState = Literal["", "asleep", "waking"]
+# the owner's answer to a head asking this node to serve a model: (taken, the line why)
+ServeModelAsked = Callable[[str], tuple[bool, str]]
+NO_FLEET_MODELS = ("this node does not take models chosen by heads; choose its model on "
+                   "that machine")
 
 
 @dataclass
@@ -76,8 +88,12 @@ class NodeAgent:
                  handshake_timeout_s: float = 10.0, idle_timeout_s: float = 120.0,
                  clock: Callable[[], float] = time.monotonic,
                  probe: Sequence[Sequence[int]] = (), probe_source: str = "",
-                 idle_unload_s: float | None = None) -> None:
+                 idle_unload_s: float | None = None,
+                 machine: Callable[[], MachineFacts] | None = None,
+                 serve_model: ServeModelAsked | None = None) -> None:
         self.engine = engine
+        self.machine = machine  # what the stats say of the machine (None: nothing)
+        self.serve_model = serve_model  # None: heads cannot choose this node's model
         self.probe = probe  # the engine's ids for PROBE_TEXTS; () when not checked
         self.probe_source = probe_source  # how a refusal names the engine
         self.identity = identity
@@ -133,6 +149,11 @@ class NodeAgent:
         for server in self._servers:
             server.close()
         await cancel_and_wait([*self._tasks, self._stats_task, self._sleep_task], "the node")
+        # the links it took from heads it joined are served in its joiner's tasks: closed
+        # here, so that no head keeps a link to a node that is gone
+        for heads in list(self._heads.values()):
+            for link in list(heads.links):
+                link.close()
         for server in self._servers:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
@@ -205,7 +226,10 @@ class NodeAgent:
                          head: m.HeadHello | None = None) -> bool:
         """Run one head connection until it closes. Used for dialed and joined links;
         ``head``: the head's hello when it was read already. False when this node
-        refused the head (another tokenizer under the same name)."""
+        refused the head (another tokenizer under the same name), or is closed."""
+        if self._closing:  # its model is gone: a joiner asks again later, of its new node
+            link.close()
+            return False
         try:
             if head is None:
                 try:
@@ -254,7 +278,7 @@ class NodeAgent:
         return m.NodeHello(identity=self.identity, model=info.model, runtime=info.runtime,
                            context_window=info.context_window, lanes=info.lanes,
                            kv_total=st.kv_total, rates=_rates(st), instance=self.instance,
-                           channels=self.offers_channels)
+                           channels=self.offers_channels, takes_models=True)
 
     async def _serve_channels(self, link: Link, head_id: str, progress: bool) -> None:
         """A head that dialed carries its sessions as channels of this one link: each is
@@ -305,6 +329,8 @@ class NodeAgent:
                 elif isinstance(rec, m.Cancel):
                     if run is not None and run.session == rec.session:
                         run.cancel()
+                elif isinstance(rec, m.ServeModel):
+                    link.send(self.asked_to_serve(rec))
                 elif isinstance(rec, m.HeadHello):
                     continue
                 else:
@@ -317,6 +343,33 @@ class NodeAgent:
             heads.links.discard(link)
             if not heads.links:
                 self._heads.pop(head_id, None)
+
+    def asked_to_serve(self, ask: m.ServeModel) -> m.ServeModelResult:
+        """The answer to a head that asks this node to serve ``ask.spec``: the owner's,
+        for a hub id it may take; a refusal naming why otherwise."""
+        def answer(accepted: bool, line: str) -> m.ServeModelResult:
+            return m.ServeModelResult(accepted=accepted, message=line[:m.MAX_ANSWER],
+                                      ask=ask.ask)
+
+        if self.serve_model is None:
+            return answer(False, NO_FLEET_MODELS)
+        if self._closing:
+            return answer(False, "the node is shutting down")
+        spec = ask.spec.strip()
+        try:
+            models.parse_model_id(spec)
+            if models.looks_like_path(spec):
+                raise ValueError(f"{spec!r} names a file; a head names a model by its hub id "
+                                 "(org/repo:QUANT)")
+        except ValueError as exc:
+            return answer(False, str(exc))
+        try:
+            accepted, line = self.serve_model(spec)
+        except Exception as exc:  # the owner's bug: the head hears it, the node goes on
+            log.exception("could not take the model %s a head asked for", spec)
+            return answer(False, f"the node could not take it: {exc}")
+        log.info("a head asked this node to serve %s: %s", spec, line)
+        return answer(accepted, line)
 
     # -- generations -----------------------------------------------------------
 
@@ -499,6 +552,7 @@ class NodeAgent:
 
     def stats_record(self) -> m.Stats:
         st = self.engine.stats()
+        facts = self.facts()
         busy = self.lanes if self.paused or st.down else self._busy
         return m.Stats(lanes=self.lanes, lanes_busy=busy, kv_used=st.kv_used,
                        kv_total=st.kv_total, rates=_rates(st), sessions=self._busy,
@@ -510,7 +564,15 @@ class NodeAgent:
                        prompt_prefilled=st.prompt_prefilled,
                        # cut to what the link carries: a longer name would fail the record
                        device=st.device[:m.MAX_DEVICE], gpu_layers=st.gpu_layers,
-                       model_layers=st.model_layers)
+                       model_layers=st.model_layers, ram_total=facts.ram_total,
+                       device_kind=st.device_kind[:m.MAX_KIND], device_total=st.device_total,
+                       device_free=st.device_free, disk_free=facts.disk_free,
+                       pull_model=facts.pull_model[:m.MAX_NAME], pull_done=facts.pull_done,
+                       pull_total=facts.pull_total)
+
+    def facts(self) -> MachineFacts:
+        """What the owner says of the machine now (nothing, without an owner's word)."""
+        return self.machine() if self.machine is not None else MachineFacts()
 
     # -- idle unload -----------------------------------------------------------------
 

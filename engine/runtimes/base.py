@@ -84,6 +84,11 @@ class EngineStats:
     gpu_layers: int = 0
     model_layers: int = 0
     device_note: str = ""  # what the node chose and why, one line ("" where no choice)
+    # the GPU llama.cpp chose ("gpu" or "igpu"; "" none), whether or not a layer went
+    # there, and its memory in bytes: the free figure as listed before the model loaded
+    device_kind: str = ""
+    device_total: int = 0
+    device_free: int = 0
 
 
 @runtime_checkable

@@ -33,10 +33,10 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.runtimes.base import EngineInfo, RuntimeUnavailable, Sampling
+from engine.runtimes.base import EngineInfo, EngineStats, RuntimeUnavailable, Sampling
 from engine.runtimes.budget import (
     default_budget_bytes,
     human_bytes,
@@ -561,6 +561,15 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
 
     def _device_note(self) -> str:
         return device_line(self) if self.offload is not None else ""
+
+    def stats(self) -> EngineStats:
+        st = super().stats()
+        dev = self.device  # read once: a load on the decode thread replaces it
+        if dev is None:
+            return st
+        # a fit estimate of another model here needs the GPU's memory, even where this
+        # model left it no layer
+        return replace(st, device_kind=dev.kind, device_total=dev.total, device_free=dev.free)
 
     def _host_cache_use(self) -> tuple[int, int]:
         host = self._host  # read once: the decode thread replaces it on unload

@@ -7,6 +7,10 @@ handed over as the transport reads them (no reader task): stats and pongs go to 
 node's pool, everything else to the sink of the session attempt that holds the
 connection. A session never reads the socket itself, and a token reaches the HTTP side
 without another task to wake in between.
+
+A head asks a node to serve another model (:meth:`Fleet.serve_model`) over any of its
+connections, idle or carrying a session: the node answers on the same one, and the
+answer goes to the question by its ``ask`` (never to a session's sink).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ RETRY_S = 10.0
 DROP_DISCOVERED_AFTER = 3  # failed dials in a row before a node found on the network is let go
 KEEPALIVE_S = 15.0
 FULL_HOLD_S = 1.0  # after a "busy" refusal, skip the node until fresh stats or this long
+ANSWER_S = 10.0  # how long a node may take to answer a ServeModel (it answers at once)
 
 
 class ConnClosed:
@@ -45,6 +50,15 @@ class ConnClosed:
 
 
 CLOSED_NOTE = "connection closed"
+
+
+class NotAsked(Exception):
+    """A node could not be asked to serve a model, or did not answer: ``str`` is the one
+    line (the cause and the fix), ``code`` says which."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
 Inbound = m.Record | ConnClosed
 Sink = Callable[[Inbound], None]
 
@@ -71,6 +85,8 @@ class NodeConn:
             return
         elif isinstance(rec, m.Error) and rec.code == "wrong_model":
             self.pool.on_refused(rec.message)
+        elif isinstance(rec, m.ServeModelResult):
+            self.pool.on_serve_answer(rec)
         elif self.sink is not None:
             self.sink(rec)
 
@@ -102,6 +118,14 @@ class PoolReport(TypedDict):
     device: str
     gpu_layers: int
     model_layers: int
+    ram_total: int
+    device_kind: str
+    device_total: int
+    device_free: int
+    disk_free: int
+    pull_model: str
+    pull_done: int
+    pull_total: int
 
 
 @dataclass
@@ -111,6 +135,7 @@ class NodeInfo:
     runtime: str = ""
     context_window: int = 0
     lanes: int = 0
+    takes_models: bool = False  # it reads ServeModel (its hello said so)
 
 
 class NodePool:
@@ -141,6 +166,8 @@ class NodePool:
         self.instance = ""
         self.mux: Mux | None = None  # the link whose channels the connections are, if any
         self.refused_at = -RETRY_S  # when the node last refused this head (wrong_model)
+        # ServeModel questions waiting for their answer: by ask, with the connection asked
+        self._asks: dict[int, tuple[NodeConn, asyncio.Future[m.ServeModelResult]]] = {}
 
     @property
     def state(self) -> NodeState:
@@ -196,7 +223,50 @@ class NodePool:
     def reported_busy(self) -> int:
         return self.stats.lanes_busy if self.stats is not None else 0
 
+    def on_serve_answer(self, answer: m.ServeModelResult) -> None:
+        asked = self._asks.pop(answer.ask, None)
+        if asked is not None and not asked[1].done():
+            asked[1].set_result(answer)
+
+    async def serve_model(self, spec: str, *, timeout_s: float = ANSWER_S
+                          ) -> m.ServeModelResult:
+        """Ask the node to serve ``spec`` (a hub id) and wait for its answer; NotAsked
+        (one line) when it cannot be asked or does not answer in ``timeout_s``."""
+        name = self.info.identity or self.address
+        conn = next((c for c in [*self.idle, *self.busy] if not c.closed), None)
+        if self.state != "ready" or conn is None:
+            why = f": {self.last_error}" if self.last_error else ""
+            raise NotAsked(f"the node {name} is not linked with this head now{why}; try again "
+                           "once it is ready", "node_not_linked")
+        if not self.info.takes_models:
+            raise NotAsked(f"the node {name} runs an older Shoal that cannot take a model "
+                           "from the fleet; update Shoal there, or choose its model on that "
+                           "machine", "node_too_old")
+        ask = self.fleet.next_ask()
+        answered: asyncio.Future[m.ServeModelResult] = \
+            asyncio.get_running_loop().create_future()
+        self._asks[ask] = (conn, answered)
+        try:
+            conn.link.send(m.ServeModel(spec=spec, ask=ask))
+            async with asyncio.timeout(timeout_s):
+                return await answered
+        except LinkClosed:
+            raise NotAsked(f"the link to the node {name} closed before it was asked; try "
+                           "again", "node_not_linked") from None
+        except TimeoutError:
+            raise NotAsked(f"the node {name} did not answer in {timeout_s:.0f} s; check "
+                           "that it runs", "node_silent") from None
+        finally:
+            self._asks.pop(ask, None)
+
     def on_conn_closed(self, conn: NodeConn) -> None:
+        for ask, (asked, answered) in list(self._asks.items()):
+            if asked is conn and not answered.done():  # no answer comes on it now
+                del self._asks[ask]
+                answered.set_exception(NotAsked(
+                    f"the link to the node {self.info.identity or self.address} closed "
+                    f"before it answered ({conn.close_reason}); see whether it serves the "
+                    "model, or ask again", "node_not_linked"))
         if conn in self.idle:
             self.idle.remove(conn)
         self.busy.discard(conn)
@@ -296,7 +366,11 @@ class NodePool:
                           prompt_from_lanes=st.prompt_from_lanes,
                           prompt_from_host=st.prompt_from_host,
                           prompt_prefilled=st.prompt_prefilled, device=st.device,
-                          gpu_layers=st.gpu_layers, model_layers=st.model_layers)
+                          gpu_layers=st.gpu_layers, model_layers=st.model_layers,
+                          ram_total=st.ram_total, device_kind=st.device_kind,
+                          device_total=st.device_total, device_free=st.device_free,
+                          disk_free=st.disk_free, pull_model=st.pull_model,
+                          pull_done=st.pull_done, pull_total=st.pull_total)
 
     def describe(self) -> dict[str, object]:
         st = self.stats
@@ -413,7 +487,8 @@ class NodePool:
         fresh = (hello.identity, hello.model, hello.context_window, hello.lanes) != (
             self.info.identity, self.info.model, self.info.context_window, self.info.lanes)
         self.info = NodeInfo(identity=hello.identity, model=hello.model, runtime=hello.runtime,
-                             context_window=hello.context_window, lanes=hello.lanes)
+                             context_window=hello.context_window, lanes=hello.lanes,
+                             takes_models=hello.takes_models)
         if fresh or not self._announced:
             self._announced = True
             self.last_error = ""
@@ -498,6 +573,22 @@ class Fleet:
         self._tasks: set[asyncio.Task[None]] = set()
         self.on_capacity: Callable[[], None] | None = None
         self.on_window: Callable[[], None] | None = None
+        self._asks = 0  # the last ServeModel's ask, over every node
+
+    def next_ask(self) -> int:
+        self._asks += 1
+        return self._asks
+
+    async def serve_model(self, key: str, spec: str, *, timeout_s: float = ANSWER_S
+                          ) -> m.ServeModelResult:
+        """Ask the node ``key`` (a NodeSnapshot's key) to serve ``spec``; its answer, or
+        NotAsked (one line) when there is no such node or it cannot be asked."""
+        pool = self.pools.get(key)
+        if pool is None:
+            known = ", ".join(sorted(self.pools)[:8]) or "none"
+            raise NotAsked(f"no node '{key}' in this head's fleet (it knows: {known}); give "
+                           "a node's key as the fleet lists it", "node_unknown")
+        return await pool.serve_model(spec, timeout_s=timeout_s)
 
     def spawn(self, coro: object, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]

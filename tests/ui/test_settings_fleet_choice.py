@@ -1,0 +1,31 @@
+"""Whether the fleet may choose this machine's model, on the Settings page (issue 25): the box
+shows what Shoal holds, a click goes to the engine (`Shoal.update_settings`), is in force at
+once (not at the next start: tests/integration/test_fleet_chooses_model.py has a head refused
+then), and lands in config.toml through its one writer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.main import Shell
+from app.pages.settings import FLEET_CHOOSES
+from tests.ui.test_settings_owner import holds, settings_page, tick
+from tests.waiting import until
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_the_box_lets_the_fleet_choose_or_not_at_once(shell: Shell, ui_home: Path):
+    page = settings_page(shell)
+    box = page.fleet_chooses
+    assert box.text() == FLEET_CHOOSES and box.isEnabled() and box.isChecked()
+    tick(box)
+    await until(lambda: holds(ui_home, "node", "fleet_may_choose_model", False), "off kept")
+    node = shell.shoal.settings.node
+    assert node is not None and not node.fleet_may_choose_model  # in force, not pending
+    assert page.node_saved.text() == "Saved."
+    tick(box)
+    await until(lambda: holds(ui_home, "node", "fleet_may_choose_model", True), "on kept")
+    assert box.isChecked()
