@@ -108,7 +108,8 @@ def _list(home: Path, head: str) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3])
-    print(f"{len(kept)} models, {human_bytes(model_store.total_bytes(kept))} in all")
+    count = f"{len(kept)} model" + ("" if len(kept) == 1 else "s")
+    print(f"{count}, {human_bytes(model_store.total_bytes(kept))} in all")
     if note:
         print(note)
     return 0
@@ -161,8 +162,15 @@ def _catalog(home: Path, *, fits: bool, budget: str | None) -> int:
 
 
 def _pull(home: Path, model: str) -> int:
-    from engine import models
+    """Pull ``model`` (a catalog id or a hub id) into this machine's cache, printing the
+    pull's lines as `shoal serve` does: each step, then every tenth with rate and time left.
+    Interrupted (Ctrl-C, the network), it resumes from where it stopped on the next try."""
+    import asyncio
+
     from engine.catalog import CatalogError, load_catalog
+    from engine.cli_run import PullLines
+    from engine.events import PullProgress, ShoalEvent
+    from engine.roles.loading import Pulls, resolve
 
     spec = model
     try:
@@ -172,16 +180,14 @@ def _pull(home: Path, model: str) -> int:
             spec = entry.spec()
     except CatalogError:
         pass  # a broken catalog does not stop a pull by id
-    last = [""]
+    lines = PullLines()
 
-    def progress(line: str, done: int, total: int) -> None:
-        if line and line != last[0]:
-            last[0] = line
-            print(f"shoal: {line}", flush=True)
+    def show(event: ShoalEvent) -> None:
+        if isinstance(event, PullProgress):
+            for line in lines.lines(event):
+                print(f"shoal: {line}", flush=True)
 
-    try:
-        path = models.resolve_model(spec, home=home, offline=False, progress=progress)
-    except models.ModelMissing as exc:
-        raise StartError(str(exc)) from None
-    print(f"{spec} is ready at {path}; serve it with `shoal serve {spec}`")
+    resolved = asyncio.run(resolve(spec, "llamacpp", home=home, offline=False, emit=show,
+                                   pulls=Pulls()))
+    print(f"{spec} is ready at {resolved.path}; serve it with `shoal serve {spec}`")
     return 0
