@@ -219,6 +219,16 @@ class Shoal:
             raise
         return shoal
 
+    async def _check_catalog(self) -> None:
+        """Read and check the model catalog once at start: a user's newer one refused, or
+        a broken bundled one, is said in one line (the catalog is not needed to serve)."""
+        try:
+            _, line = await self.models.catalog()
+        except CommandError as exc:
+            line = str(exc)
+        if line:
+            log.log(logging.INFO if line.startswith("using ") else logging.WARNING, "%s", line)
+
     async def open(self, settings: Settings | None = None) -> None:
         """Start the roles (for a caller that subscribed to `events` first, to see the
         start's own progress). On failure every part started is stopped again and the
@@ -240,6 +250,7 @@ class Shoal:
                 raise
             finally:
                 self._opening = False
+            await self._check_catalog()
 
     async def _start(self) -> None:
         s = self.settings
