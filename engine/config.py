@@ -164,6 +164,7 @@ def load_config(home: Path) -> Config:
 # keys = "auto"
 # cors_allow = []
 # allow_hosts = []
+# also_models = ["org/repo:Q4_K_M"]  # other models it serves (fleet nodes serve them)
 # [node]                       # the model this machine serves
 # enabled = true
 # model = "org/repo:Q4_K_M"    # absent: the embedded default
@@ -184,7 +185,8 @@ def load_config(home: Path) -> Config:
 
 _Kinds = dict[str, type | tuple[type, ...]]
 HEAD_KEYS: _Kinds = {"http": str, "fleet_listen": str, "queue_timeout_s": (int, float),
-                     "keys": str, "cors_allow": list, "allow_hosts": list, "policy": str}
+                     "keys": str, "cors_allow": list, "allow_hosts": list, "policy": str,
+                     "also_models": list}
 NODE_KEYS: _Kinds = {"model": str, "runtime": str, "lanes": int, "max_context": int,
                      "paused": bool, "identity": str, "upstream": str}
 FLEET_KEYS: _Kinds = {"name": str, "member": bool, "head": str, "listen": str}
@@ -275,7 +277,7 @@ def save_machine_settings(settings: Settings, app: dict[str, Any]) -> None:
     if head is not None:
         head_t.update(http=head.http, queue_timeout_s=head.queue_timeout_s, keys=head.keys,
                       policy=head.policy, cors_allow=list(head.cors_allow),
-                      allow_hosts=list(head.allow_hosts))
+                      allow_hosts=list(head.allow_hosts), also_models=list(head.also_models))
     doc["head"] = head_t
     node = settings.node
     node_t: dict[str, Any] = {"enabled": node is not None}

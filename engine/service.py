@@ -65,6 +65,7 @@ from engine.head.prompt.model import HeadModel
 from engine.model_commands import ModelCommands
 from engine.node.join import HeadAddress
 from engine.node.machine import DiskFree, MachineFacts
+from engine.roles.head_models import READS_HEADERS, learn_model
 from engine.roles.head_role import HeadRole
 from engine.roles.loading import Pulls, Resolved, load_head_model, resolve
 from engine.roles.local_node import LocalNode
@@ -322,7 +323,9 @@ class Shoal:
         model = resolved if resolved is not None else await self._resolve(spec, runtime)
         models: list[HeadModel] = [await load_head_model(model, chat_template=hs.chat_template)]
         for other in hs.also_models:
-            models.append(await load_head_model(await self._resolve(other, runtime)))
+            learnt = await self._also_model(other, model.runtime)
+            if learnt is not None:
+                models.append(learnt)
         if sock is None:
             sock = HeadRole.bind_http(hs)
         self._head = await HeadRole.start(hs, models, home=s.home, psk=self._psk,
@@ -667,7 +670,8 @@ class Shoal:
         or ``this machine``) as `set_model` does, once it serves it; a node of the fleet
         (its key in the snapshot) is asked over its link and answers at once, then pulls
         and swaps the model by itself (its pull shows in its NodeSnapshot, and its model
-        changes there once it serves it). Returns the line of what happens. CommandError
+        changes there once it serves it); this machine's head then learns the model from
+        its GGUF header, if it lacks it. Returns the line of what happens. CommandError
         (one line) when the node is unknown, not linked, too old or refuses, or ``spec``
         is not a hub id (org/repo:QUANT) a node can pull."""
         if node_key in LOCAL_KEYS:
@@ -696,7 +700,52 @@ class Shoal:
             who = (pool.info.identity if pool is not None else "") or node_key
             raise CommandError(f"{who} refused to serve {spec}: {answer.message}",
                                code="node_refused")
-        return answer.message
+        learnt = await self._head_learns(spec)
+        return f"{answer.message}; {learnt}" if learnt else answer.message
+
+    async def _head_learns(self, spec: str) -> str:
+        """This machine's head learns ``spec``, which a fleet node now serves: its tokenizer
+        and template from the model's GGUF header alone (fetched off the loop), kept in the
+        head's ``also_models`` across restarts. Returns the line of what happened ("" when
+        the head had it, or had it from a file here); a failure is that line too (the node
+        serves the model all the same), and a Notice."""
+        head = self._head
+        if head is None or spec in head.head.models:
+            return ""
+        try:
+            model, line = await learn_model(spec, head.head.model.runtime,
+                                            home=self.settings.home,
+                                            offline=self.settings.offline)
+        except StartError as exc:
+            line = f"this machine's API cannot serve {spec}: {exc}"
+            log.warning("%s", line)
+            self.notice("warning", line)
+            return line
+        if self._head is not None and spec not in self._head.head.models:
+            self._head.head.add_model(model)
+        hs = self.settings.head
+        if hs is not None and spec not in hs.also_models:
+            self.settings = replace(self.settings, head=replace(
+                hs, also_models=(*hs.also_models, spec)))
+            if self._config is not None:  # a restart's head learns it again, from disk
+                self._config.write_soon(lambda text: self.notice("error", text))
+        log.info("this machine's API serves %s too%s", spec, f" ({line})" if line else "")
+        return f"this machine's API {line}" if line else ""
+
+    async def _also_model(self, spec: str, runtime: str) -> HeadModel | None:
+        """Another model the head serves (``also_models``): through its header where the
+        runtime reads one, else its file. One that cannot be had is said in one line and
+        left out: the head serves the others."""
+        try:
+            if runtime in READS_HEADERS:
+                return (await learn_model(spec, runtime, home=self.settings.home,
+                                          offline=self.settings.offline))[0]
+            return await load_head_model(await self._resolve(spec, runtime))
+        except StartError as exc:
+            line = f"this machine's API does not serve {spec}: {exc}"
+            log.warning("%s", line)
+            self.notice("warning", line)
+            return None
 
     def _fleet_chooses(self, spec: str) -> tuple[bool, str]:
         """A head of the fleet asks this machine's node to serve ``spec`` (a hub id, checked

@@ -15,6 +15,7 @@ What a test can make it do, and what it counts:
 - ``corrupt``: the bytes served differ from the sha256 the model info gives (one byte in
   the middle is flipped);
 - ``rate_bps``: the bytes a second it sends at most (a download slow enough to measure);
+- ``no_range``: it answers every GET with the whole file (a server that ignores Range);
 - ``gets`` (GETs of a file), ``starts`` (the byte each began at), ``sent`` (file bytes
   written), ``infos`` (model-info requests).
 
@@ -49,6 +50,7 @@ class FakeHub:
     cuts: int | None = None  # how many GETs are cut (None: all, while cut_after is set)
     corrupt: bool = False  # serve bytes that do not match the advertised sha256
     rate_bps: int | None = None  # at most this many bytes a second
+    no_range: bool = False  # ignore Range: every GET sends the whole file
     gets: int = 0
     starts: list[int] = field(default_factory=list)  # the first byte of each GET
     sent: int = 0  # bytes of files written to clients
@@ -117,19 +119,22 @@ class FakeHub:
         path = self._file(request)
         self.gets += 1
         size = path.stat().st_size
-        start = request.http_range.start or 0
+        start = 0 if self.no_range else request.http_range.start or 0
+        # bytes=A-B: stop is B + 1
+        stop = size if self.no_range else min(size, request.http_range.stop or size)
         self.starts.append(start)
         cut = self._cut_this_one()
         headers = self._headers(path)
-        headers["Content-Length"] = str(size - start)
-        response = web.StreamResponse(status=206 if start else 200, headers=headers)
-        if start:
-            response.headers["Content-Range"] = f"bytes {start}-{size - 1}/{size}"
+        headers["Content-Length"] = str(stop - start)
+        ranged = bool(start) or stop < size
+        response = web.StreamResponse(status=206 if ranged else 200, headers=headers)
+        if ranged:
+            response.headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
         await response.prepare(request)
         sent = start
         with path.open("rb") as f:
             f.seek(start)
-            while chunk := f.read(CHUNK):
+            while chunk := f.read(min(CHUNK, stop - sent)):
                 if self.hold_after is not None and sent >= self.hold_after:
                     self.held.set()
                     await self.release.wait()

@@ -58,6 +58,14 @@ class Head:
         # frees its lane and its key's slot); tests shorten it
         self.write_timeout_s: float = 30.0
 
+    def add_model(self, model: HeadModel) -> None:
+        """A model learnt while the head runs (a fleet node was asked to serve it): its
+        requests are placed on the nodes that serve it from now on, and /v1/models lists
+        it while one does."""
+        self.models[model.name] = model
+        if model.name not in self.fleet.models:
+            self.fleet.models = (*self.fleet.models, model.name)
+
     def served(self) -> dict[str, bool]:
         """Models some connected node serves, each with whether a lane is free now."""
         out: dict[str, bool] = {}
