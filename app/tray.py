@@ -24,10 +24,11 @@ from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
 from app.icons import TrayLook, tray_icon
 from app.prefs import Prefs
-from engine.snapshot import FleetSnapshot
+from engine.pulls.text import progress
+from engine.snapshot import FleetSnapshot, PullSnapshot
 
 Phase = Literal["starting", "running", "failed", "stopping"]
-Key = Literal["status", "problem", "retry", "open", "copy_api_url", "join", "pair", "leave",
+Key = Literal["status", "problem", "pull", "retry", "open", "copy_api_url", "join", "pair", "leave",
               "api", "pause", "login", "quit"]
 MAX_LINE = 90  # characters of a menu line; a longer one is cut with an ellipsis
 
@@ -118,6 +119,13 @@ def tooltip(view: TrayView) -> str:
     return "\n".join(lines)
 
 
+def pull_line(pull: PullSnapshot) -> str:
+    """A download under way: ``Downloading org/repo:Q4_K_M: 40% of 1.2 GB, 12 MB/s,
+    1 min 20 s left`` (what is known of it)."""
+    return _cut(f"Downloading {pull.model}: "
+                + progress(pull.done_bytes, pull.total_bytes, pull.rate_bps, pull.eta_s))
+
+
 def menu_entries(view: TrayView) -> list[Entry]:
     snap = view.snapshot
     roles = snap.roles
@@ -127,6 +135,8 @@ def menu_entries(view: TrayView) -> list[Entry]:
     entries = [Entry("status", _cut(status_line(view)), enabled=False)]
     if view.problem:
         entries.append(Entry("problem", _cut(view.problem), enabled=False))
+    entries += [Entry("pull", pull_line(p), enabled=False)
+                for p in snap.pulls if p.state == "running"]
     if view.phase == "failed":  # the cause fixed (another port in Settings), start again
         entries.append(Entry("retry", "Start again"))
     entries += [

@@ -3,9 +3,15 @@ end on connecting an editor. Finishing sets ``prefs.welcomed`` and saves it.
 
 Steps: choose → (start: name the fleet, show its code | join: a head found, or the code)
 → model → editor.
+
+The model step offers the catalog's models that fit this machine, the one suggested for it
+chosen already (app/pages/model_options.py): the step's button pulls and serves the choice,
+with its progress and a Cancel, then goes on; the embedded default starts with no download.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QPainter, QPaintEvent, QPalette
@@ -26,11 +32,16 @@ from PySide6.QtWidgets import (
 from app.bridge import ShoalBridge
 from app.editors import EditorsPanel
 from app.join import JoinPanel, in_the_app, joined_line
+from app.pages.model_options import ModelOption, ModelOptions, not_offered, welcome_options
 from app.pages.pairing import PairingView
-from app.pages.serve_model import ServeModel
+from app.pages.serve_model import ServeModel, size
 from app.widgets import Card, PageHeader, heading, inline_error, note, run, say
 from engine.service import JoinResult, Pairing
 from engine.snapshot import FleetSnapshot
+
+if TYPE_CHECKING:
+    from engine.model_commands import FleetFits
+    from engine.model_store import StoredModel
 
 STEPS = ("choose", "start", "join", "model", "editor")
 SIZE = (860, 680)
@@ -73,6 +84,10 @@ class Welcome(QDialog):
         super().__init__()
         self._bridge = bridge
         self._path: list[str] = ["choose"]
+        self._fits: FleetFits | None = None
+        self._kept: list[StoredModel] = []
+        self._picked: str | None = None  # the option the user chose (None: the suggestion)
+        self._serving = ""  # what this machine's node serves, as the options last saw it
         self.setObjectName("welcome")
         self.setWindowTitle("Welcome to Shoal")
         self.resize(*SIZE)
@@ -107,6 +122,8 @@ class Welcome(QDialog):
         layout.addWidget(bar)
         bridge.snapshot.connect(self._snapshot)
         self._snapshot(bridge.last)
+        self._show_options()
+        self._load_models()  # ready by the model step: the user reads the first steps
         self._show("choose")
 
     # -- pages -----------------------------------------------------------------------
@@ -177,16 +194,35 @@ class Welcome(QDialog):
 
     def _model_page(self) -> QWidget:
         page, layout = self._page("Which model does this machine serve?",
-                                  "Every machine serves a model to the fleet. Start small; "
-                                  "you can change it any time on the Models page.")
+                                  "Every machine serves a model to the fleet. These fit this "
+                                  "machine; you can change it any time on the Models page.")
         card = Card()
         self.current = note("")
         self.current.setObjectName("welcomeCurrent")
         card.add(self.current)
+        self.model_facts = note("Looking at this machine and the catalog…")
+        self.model_facts.setObjectName("welcomeFacts")
+        card.add(self.model_facts)
+        self.options = ModelOptions()
+        self.options.changed.connect(self._option_changed)
+        card.add(self.options, 1)
+        self.left_out = note("")
+        self.left_out.setObjectName("welcomeLeftOut")
+        card.add(self.left_out)
         self.serve = ServeModel(self._bridge)
+        # the options name the model; "Other model…" shows the file and id fields, and
+        # the step's own button serves the choice
+        self.serve.choices.hide()
+        self.serve.embedded.hide()
+        self.serve.serve.hide()
+        self.serve.file.setChecked(True)
+        self.serve.started.connect(self._update_next)
+        self.serve.failed.connect(lambda _line: self._update_next())
+        self.serve.served.connect(self._model_served)
         card.add(self.serve)
-        layout.addWidget(card)
-        layout.addStretch(1)
+        self.model_error = inline_error()
+        card.add(self.model_error)
+        layout.addWidget(card, 1)
         return page
 
     def _editor_page(self) -> QWidget:
@@ -206,6 +242,8 @@ class Welcome(QDialog):
 
     def _show(self, name: str) -> None:
         self.stack.setCurrentWidget(self.pages[name])
+        if name == "model":
+            self._load_models()  # the fleet may have changed since (a join)
         self.back.setVisible(len(self._path) > 1)
         self.next.setVisible(name != "choose")
         self.next.setText("Finish" if name == "editor" else "Next")
@@ -228,7 +266,7 @@ class Welcome(QDialog):
         if step in ("start", "join"):
             self._forward("model")
         elif step == "model":
-            self._forward("editor")
+            self.serve_choice()
         elif step == "editor":
             self.finish()
 
@@ -239,6 +277,11 @@ class Welcome(QDialog):
         elif self.step == "join":
             self.next.setEnabled(snap.roles.member)
             self.next.setText("Next" if snap.roles.member else "Next (join first)")
+        elif self.step == "model":
+            busy = self.serve.busy
+            self.next.setText("Getting it ready…" if busy
+                              else self._serve_label(self.options.chosen()))
+            self.next.setEnabled(not busy)
         else:
             self.next.setEnabled(True)
 
@@ -246,6 +289,79 @@ class Welcome(QDialog):
         run(self, self._bridge, self._bridge.shoal.update_settings(app={"welcomed": True}),
             anytime=True)
         self.accept()
+
+    # -- the model ------------------------------------------------------------------
+
+    def _load_models(self) -> None:
+        """Ask the engine for the catalog's fits here and the models kept here."""
+        models = self._bridge.shoal.models
+
+        async def load() -> tuple[FleetFits, list[StoredModel]]:
+            return await models.fits(), await models.kept()
+
+        def loaded(got: tuple[FleetFits, list[StoredModel]]) -> None:
+            self._fits, self._kept = got
+            self.model_facts.setText(f"This machine: {self._fits.facts}.")
+            say(self.model_error, "")
+            self._show_options()
+
+        def failed(line: str) -> None:
+            self.model_facts.setText("")
+            say(self.model_error, line)
+            self._show_options()
+
+        run(self, self._bridge, load(), done=loaded, failed=failed)
+
+    def _show_options(self) -> None:
+        node = self._bridge.last.roles.node
+        self._serving = node.model if node is not None else ""
+        options = welcome_options(self._fits, self._kept, self._serving)
+        self.options.set_options(options, self._picked)
+        more = not_offered(self._fits, options)
+        say(self.left_out, f"{more} more in the catalog need more memory than this machine "
+                           "gives a model; the Models page lists them all." if more else "")
+        self._option_shown()
+
+    def _option_changed(self) -> None:
+        """The user chose an option: it stays chosen when the options are shown again."""
+        chosen = self.options.chosen()
+        self._picked = chosen.key if chosen is not None else None
+        self._option_shown()
+
+    def _option_shown(self) -> None:
+        chosen = self.options.chosen()
+        self.serve.choices.setVisible(chosen is not None and chosen.kind == "other")
+        self._update_next()
+
+    @staticmethod
+    def _serve_label(option: ModelOption | None) -> str:
+        if option is None or option.serving:
+            return "Next"
+        if option.kind == "other":
+            return "Serve this model"
+        if option.download:
+            return f"Download and serve ({size(option.download)})"
+        return "Serve it"
+
+    def serve_choice(self) -> None:
+        """The step's button: serve the model chosen (pulling it), then go on."""
+        option = self.options.chosen()
+        if self.serve.busy:
+            return
+        if option is None or option.serving:
+            self._forward("editor")
+        elif option.kind == "other":
+            self.serve.start()
+        else:
+            self.serve.serve_spec(option.spec)
+        self._update_next()
+
+    def _model_served(self, _name: str) -> None:
+        self._picked = None
+        self._bridge.refresh()
+        self._show_options()
+        if self.step == "model":
+            self._forward("editor")
 
     # -- actions ---------------------------------------------------------------------
 
@@ -302,5 +418,7 @@ class Welcome(QDialog):
         node = snap.roles.node
         self.current.setText(f"Now serving {node.model} ({node.state})." if node else
                              "This machine serves no model yet.")
+        if (node.model if node is not None else "") != self._serving and not self.serve.busy:
+            self._show_options()  # what is "serving now" changed
         if self.stack.currentWidget() is self.pages.get(self.step):
             self._update_next()

@@ -255,6 +255,8 @@ async def _window_shots(fleet: DemoFleet, bridge: ShoalBridge, window: Any,
             await until(lambda: window.pairing.view.pairing is not None, "the QR code")
         if page == "models":
             window.models.alias_view.selectRow(0)
+            await until(lambda: window.models.catalog.catalog.rowCount() > 0,
+                        "the catalog with each machine's fit")
         shots.append(await grab(window, out / f"window-{page}.png"))
     if real:
         await _ask(window, "coder", QUESTION)
@@ -321,7 +323,10 @@ async def _welcome_shots(welcome: Any, out: Path) -> list[Path]:
     await until(lambda: welcome.pairing_view.pairing is not None, "the welcome's QR code")
     shots.append(await grab(welcome, out / "welcome-2-start.png"))
     welcome.go_next()
+    await until(lambda: any(r.option.kind == "catalog" for r in welcome.options.rows),
+                "the catalog's models that fit this machine")
     shots.append(await grab(welcome, out / "welcome-3-model.png"))
+    welcome.options.choose("current")  # keep the demo's model: the suggestion pulls
     welcome.go_next()
     shots.append(await grab(welcome, out / "welcome-4-editor.png"))
     return shots

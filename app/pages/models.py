@@ -1,10 +1,18 @@
-"""Models and aliases: what the fleet serves, the fleet-wide alias table (set, remove,
-revert, history, with fallbacks), and the model this machine serves."""
+"""Models and aliases: the model this machine serves, chosen from the catalog with its fit on
+each machine of the fleet (app/pages/catalog.py), the split suggested for the fleet
+(app/pages/fleet_split.py), the models kept on this machine (app/pages/kept_models.py),
+what the fleet serves, and the fleet-wide alias table (set, remove, revert, history, with
+fallbacks).
+
+The catalog's fits and the kept models are asked of the engine when the page opens, when
+the fleet's machines or their models change, and after a pull or a removal; never on the
+once-a-second snapshot alone."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from PySide6.QtCore import QItemSelection, Qt
 from PySide6.QtWidgets import (
@@ -19,6 +27,9 @@ from PySide6.QtWidgets import (
 )
 
 from app.bridge import ShoalBridge
+from app.pages.catalog import CatalogCard
+from app.pages.fleet_split import SplitCard
+from app.pages.kept_models import KeptCard
 from app.pages.serve_model import ServeModel
 from app.widgets import (
     Card,
@@ -35,8 +46,14 @@ from app.widgets import (
     table,
     tokens,
 )
+from engine.events import PullProgress, ShoalEvent
 from engine.snapshot import AliasSnapshot, FleetSnapshot, ModelSnapshot
 
+if TYPE_CHECKING:
+    from engine.model_commands import FleetFits
+    from engine.model_store import StoredModel
+
+T = TypeVar("T")
 MODEL_COLUMNS = ("Model", "Serving", "Context", "Tools", "Fill-in-the-middle")
 ALIAS_COLUMNS = ("Alias", "Target", "Fallbacks", "Answers with", "State", "Version")
 HISTORY_COLUMNS = ("Version", "Target", "Fallbacks", "When", "Made at head")
@@ -92,13 +109,59 @@ class HistoryDialog(QDialog):
         self.resize(620, 320)
 
 
+class Reload:
+    """One engine query at a time for a page: asked again while one runs, it runs once more
+    when that one ends (the latest answer wins)."""
+
+    def __init__(self, owner: QWidget, bridge: ShoalBridge, ask: Callable[[], Awaitable[T]],
+                 done: Callable[[T], None], failed: Callable[[str], None]) -> None:
+        self._owner, self._bridge, self._ask = owner, bridge, ask
+        self._done, self._failed = done, failed
+        self._running = self._pending = False
+
+    def again(self) -> None:
+        if self._running:
+            self._pending = True
+            return
+        self._running, self._pending = True, False
+        run(self._owner, self._bridge, self._ask(), done=self._ended(self._done),
+            failed=self._ended(self._failed))
+
+    def _ended(self, then: Callable[[Any], None]) -> Callable[[Any], None]:
+        def ended(value: Any) -> None:
+            self._running = False
+            then(value)
+            if self._pending:
+                self.again()
+        return ended
+
+
 class ModelsPage(QWidget):
     def __init__(self, bridge: ShoalBridge, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._bridge = bridge
         layout = page_layout(self)
         layout.addWidget(PageHeader("Models and aliases",
-                                    "What the fleet serves, and the names your editors use."))
+                                    "The model each machine serves, the models kept here, "
+                                    "and the names your editors use."))
+
+        self.serve = ServeModel(bridge)
+        self.catalog = CatalogCard(self.serve)
+        self.current = QLabel()
+        self.current.setObjectName("currentModel")
+        self.catalog.body.insertWidget(1, self.current)
+        layout.addWidget(self.catalog)
+        self.split = SplitCard(bridge)
+        layout.addWidget(self.split)
+        self.kept = KeptCard(bridge, changed=self.reload)
+        layout.addWidget(self.kept)
+        self._fits = Reload(self, bridge, lambda: bridge.shoal.models.fits(), self._fitted,
+                            self.catalog.show_failure)
+        self._kept = Reload(self, bridge, lambda: bridge.shoal.models.kept(), self._listed,
+                            lambda line: say(self.kept.error, line))
+        self._seen: tuple[object, ...] | None = None
+        self.serve.served.connect(lambda _name: self.reload())
+        bridge.event.connect(self._event)
 
         served = Card("Served models")
         self.models = RowsModel(MODEL_COLUMNS, self)
@@ -151,19 +214,36 @@ class ModelsPage(QWidget):
         self.alias_card = aliases
         layout.addWidget(aliases)
 
-        mine = Card("This machine's model")
-        self.current = QLabel()
-        self.current.setObjectName("currentModel")
-        mine.add(self.current)
-        self.serve = ServeModel(bridge)
-        mine.add(self.serve)
-        layout.addWidget(mine)
         layout.addStretch(1)
         self.history: HistoryDialog | None = None
         bridge.snapshot.connect(self.render)
         self.render(bridge.last)
 
+    def reload(self) -> None:
+        """Ask the engine again for the catalog's fits and the models kept here."""
+        self._fits.again()
+        self._kept.again()
+
+    def _fitted(self, fits: FleetFits) -> None:
+        self.catalog.show_fits(fits)
+        self.split.show_split(fits)
+
+    def _listed(self, kept: list[StoredModel]) -> None:
+        self.kept.show_kept(kept)
+
+    def _event(self, event: ShoalEvent) -> None:
+        if isinstance(event, PullProgress) and event.state != "running":
+            self._kept.again()  # a download ended: a model kept, or its part gone
+
     def render(self, snap: FleetSnapshot) -> None:
+        # the machines of the fleet and what they serve: a change asks for the fits again
+        node = snap.roles.node
+        seen = (node.model if node else None, node.state if node else None,
+                tuple((n.key, n.model, n.state, n.ram_total) for n in snap.nodes))
+        if seen != self._seen:
+            self._seen = seen
+            self.reload()
+        self.split.render(snap)
         self.models.set_rows([(m.name, model_row(m)) for m in snap.models])
         fit_rows(self.model_view, len(snap.models), least=1, most=6)
         head = snap.roles.head

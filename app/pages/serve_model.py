@@ -34,6 +34,8 @@ def size(n: int) -> str:
 
 class ServeModel(QWidget):
     served = Signal(str)  # the name of the model now served here
+    started = Signal()  # a model is being got ready
+    failed = Signal(str)  # it could not be: the line shown
 
     def __init__(self, bridge: ShoalBridge, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -44,6 +46,12 @@ class ServeModel(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(8)
+        # the ways to name a model, and their button; a page that names the model itself
+        # (the catalog) may hide them and call serve_spec
+        self.choices = QWidget()
+        choices = QVBoxLayout(self.choices)
+        choices.setContentsMargins(0, 0, 0, 0)
+        choices.setSpacing(8)
         grid = QGridLayout()
         grid.setHorizontalSpacing(8)
         grid.setVerticalSpacing(6)
@@ -72,7 +80,7 @@ class ServeModel(QWidget):
         grid.addWidget(self.hub, 2, 0)
         grid.addWidget(self.model_id, 2, 1, 1, 2)
         grid.setColumnStretch(1, 1)
-        layout.addLayout(grid)
+        choices.addLayout(grid)
 
         actions = QHBoxLayout()
         self.serve = QPushButton("Serve this model")
@@ -80,7 +88,8 @@ class ServeModel(QWidget):
         self.serve.clicked.connect(self.start)
         actions.addWidget(self.serve)
         actions.addStretch(1)
-        layout.addLayout(actions)
+        choices.addLayout(actions)
+        layout.addWidget(self.choices)
 
         self.progress_row = QWidget()
         row = QHBoxLayout(self.progress_row)
@@ -132,6 +141,7 @@ class ServeModel(QWidget):
         return None, ""
 
     def start(self) -> None:
+        """Serve the model the choices name."""
         if self._busy:
             return
         spec, problem = self.spec()
@@ -139,7 +149,16 @@ class ServeModel(QWidget):
         say(self.error, problem)
         if problem:
             return
+        self.serve_spec(spec)
+
+    def serve_spec(self, spec: str | None) -> None:
+        """Serve ``spec`` here (None: the embedded default), pulling it with progress."""
+        if self._busy:
+            return
+        say(self.ok, "")
+        say(self.error, "")
         self._busy, self._spec, self._pull = True, spec, None
+        self.started.emit()
         self.serve.setEnabled(False)
         self.progress.setRange(0, 0)  # busy until the size is known
         self.progress_row.show()
@@ -185,3 +204,4 @@ class ServeModel(QWidget):
     def _failed(self, line: str) -> None:
         self._finish()
         say(self.error, line)
+        self.failed.emit(line)

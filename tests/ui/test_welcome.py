@@ -1,30 +1,59 @@
 """The first-run welcome, clicked through as a new user does: start a fleet here (its QR
 code, then the model, then the editor settings), or join a fleet by pasting its code; the
-way back, and finishing, which remembers that the welcome was done."""
+way back, and finishing, which remembers that the welcome was done. The model step lists
+the catalog's models that fit this machine with the one suggested for it chosen, and its
+button pulls the model chosen (from a local hub) and serves it, then goes on."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from PySide6.QtCore import Qt
 
+from app.pages.serve_model import size
 from app.welcome import Welcome
 from engine import service
+from engine.settings import Settings
+from tests.fakehub import FakeHub, pointed_at, serving
 from tests.ui.running import both, bridged, node_only, ready, running, visible
 from tests.waiting import until
 
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(90)]
 
 
+BUDGET = 4 << 30  # this machine's node budget in these tests: what fits does not vary
+SMOLLM2 = "smollm2-135m-instruct"  # the catalog's tiny model the local hub serves
+
+
 def click(qtbot, widget) -> None:  # type: ignore[no-untyped-def]
     qtbot.mouseClick(widget, Qt.MouseButton.LeftButton)
+
+
+def budgeted(settings: Settings) -> Settings:
+    assert settings.node is not None
+    return settings.with_node(replace(settings.node, memory_budget=BUDGET))
+
+
+async def listed(welcome: Welcome) -> list:  # type: ignore[type-arg]
+    """The model step's options once the catalog's fits are in."""
+    await until(lambda: any(r.option.kind == "catalog" for r in welcome.options.rows),
+                "the catalog's models listed")
+    return [r.option for r in welcome.options.rows]
+
+
+def choose(qtbot, welcome: Welcome, key: str) -> None:  # type: ignore[no-untyped-def]
+    """Click the row of the option ``key``, as a user picks it."""
+    [row] = [r for r in welcome.options.rows if r.option.key == key]
+    click(qtbot, row)
+    assert welcome.options.chosen() == row.option
 
 
 async def test_start_a_fleet_here_then_the_model_then_the_editor(
         tmp_path: Path, qtbot, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
-    async with running(both(tmp_path)) as shoal, bridged(shoal) as ui:
+    async with running(budgeted(both(tmp_path))) as shoal, bridged(shoal) as ui:
         await ready(shoal)
         welcome = Welcome(ui.bridge)
         welcome.show()
@@ -43,11 +72,43 @@ async def test_start_a_fleet_here_then_the_model_then_the_editor(
         click(qtbot, welcome.next)
         assert welcome.step == "model" and welcome.where.text() == "Step 3 of 4"
         assert welcome.current.text() == "Now serving mock-m (serving)."
+
+        # the catalog's models that fit here, the one suggested for this machine first
+        # and chosen: one click on the step's button takes it
+        options = await listed(welcome)
+        fits = await shoal.models.fits()
+        here = fits.machines[0]
+        [mine] = [s for s in fits.split if s.machine == here.key]
+        first = options[0]
+        assert first.suggested and first.spec == mine.candidate.spec
+        assert welcome.options.chosen() == first
+        assert welcome.next.text() == f"Download and serve ({size(first.download)})"
+        assert welcome.model_facts.text() == f"This machine: {fits.facts}."
+        fitting = {f.entry.id for f in here.fits if f.best.fit.fits and not f.best.fit.disk_short}
+        offered = [o for o in options if o.kind == "catalog"]
+        by_spec = {q.spec: (f.entry.id, q) for f in here.fits for q in f.quants}
+        assert {by_spec[o.spec][0] for o in offered} == fitting
+        assert len(offered) == len(fitting)  # each model once, at one quantisation
+        assert all(by_spec[o.spec][1].fit.fits for o in offered)
+        assert first.line.startswith(f"{size(first.download)} download · {mine.fit.line}")
+        assert [o.kind for o in options[-3:]] == ["embedded", "current", "other"]
+        left_out = len(fits.catalog.entries) - len(fitting)
+        assert welcome.left_out.text() == (
+            f"{left_out} more in the catalog need more memory than this machine gives a "
+            "model; the Models page lists them all.")
+
+        # "Other model…" shows the file and id fields; keeping what it serves goes on
+        choose(qtbot, welcome, "other")
+        assert visible(welcome.serve.choices) and welcome.next.text() == "Serve this model"
+        choose(qtbot, welcome, "current")
+        assert not visible(welcome.serve.choices) and welcome.next.text() == "Next"
         click(qtbot, welcome.back)  # back to the code, and on again
         assert welcome.step == "start"
         click(qtbot, welcome.next)
+        assert welcome.options.chosen().key == "current"  # the user's choice stays
         click(qtbot, welcome.next)
         assert welcome.step == "editor" and welcome.next.text() == "Finish"
+        assert shoal.snapshot().roles.node.model == "mock-m"  # type: ignore[union-attr]
         await until(lambda: welcome.editors.base.text() == shoal.api_url, "the base URL")
 
         assert "welcomed" not in shoal.app_settings
@@ -87,8 +148,52 @@ async def test_join_a_fleet_by_pasting_its_code(tmp_path: Path, qtbot):
         click(qtbot, welcome.next)
         assert welcome.step == "model"
         assert welcome.current.text() == "Now serving mock-m (serving)."
+        await listed(welcome)
+        choose(qtbot, welcome, "current")
         click(qtbot, welcome.next)
         click(qtbot, welcome.next)  # Finish
         assert not welcome.isVisible()
         await until(lambda: joiner.app_settings.get("welcomed") is True, "the welcome kept")
         await until(lambda: head.snapshot().ready_nodes == 2, "the head to see the laptop")
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_the_model_step_pulls_the_chosen_model_and_goes_on(
+        tmp_path: Path, qtbot, smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
+    async with running(budgeted(both(tmp_path))) as shoal, bridged(shoal) as ui:
+        await ready(shoal)
+        welcome = Welcome(ui.bridge)
+        welcome.show()
+        click(qtbot, welcome.start_choice)
+        click(qtbot, welcome.start_button)
+        await until(lambda: welcome.pairing_view.pairing is not None, "the fleet's code")
+        click(qtbot, welcome.next)
+        options = await listed(welcome)
+        [tiny] = [o for o in options if o.kind == "catalog" and SMOLLM2 in o.spec.lower()]
+        catalog, _ = await shoal.models.catalog()
+        found = catalog.by_spec(tiny.spec)
+        assert found is not None
+        entry, quant = found
+        # the local hub serves the embedded GGUF under the file this quantisation names
+        hub = FakeHub(repos={entry.gguf_repo: {quant.files[0]: smollm2_gguf}},
+                      hold_after=smollm2_gguf.stat().st_size // 2)
+        async with serving(hub):
+            with pointed_at(monkeypatch, hub.url):
+                choose(qtbot, welcome, tiny.key)
+                assert welcome.next.text() == f"Download and serve ({size(quant.size)})"
+                click(qtbot, welcome.next)
+                serve = welcome.serve
+                await until(lambda: hub.held.is_set() and 0 < serve.progress.value() < 1000,
+                            "the download half-way")
+                assert visible(serve.progress_row) and visible(serve.cancel)
+                assert not welcome.next.isEnabled() and welcome.step == "model"
+                hub.release.set()
+                await until(lambda: welcome.step == "editor" or serve.error.isVisible(),
+                            "the model served", timeout=120)
+                assert welcome.step == "editor", serve.error.text()
+        node = shoal.snapshot().roles.node
+        assert node is not None and node.model == tiny.spec and node.runtime == "llamacpp"
+        assert shoal.pending.node is not None and shoal.pending.node.model == tiny.spec

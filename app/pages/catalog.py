@@ -1,0 +1,242 @@
+"""The Models page's "Choose a model" card: the catalog as a table, with one column per
+machine of the fleet saying whether the quantisation shown fits there, a chooser of that
+quantisation, "Serve on this machine", and "Other model…" for a file or a hub id.
+
+The fits come from the engine (``shoal.models.fits()``); this card only renders them and
+starts the pull through `ServeModel`, whose progress row it shares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from PySide6.QtCore import QItemSelection, Qt
+from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QToolButton, QWidget
+
+from app.pages.serve_model import ServeModel, size
+from app.widgets import Card, Cell, RowsModel, fit_rows, inline_error, note, say, table
+from engine.fit import Fit, tokens_text
+
+if TYPE_CHECKING:  # the catalog and its fits are read when the page asks for them
+    from engine.model_choice import EntryFit, QuantFit
+    from engine.model_commands import FleetFits, MachineFits
+
+BASE_COLUMNS = ("Model", "Good for", "Size", "Window")
+USES = {"small": "small machines"}  # the catalog's uses, as a line reads them
+FIT_TONE = {"full": "good", "reduced": "warn", "none": "bad"}
+
+
+def fit_cell(fit: Fit) -> Cell:
+    """A machine's column: "fits", "8K window" (a smaller one than the model's) or "no"."""
+    if fit.verdict == "none":
+        return Cell("no", tip=fit.line, tone="bad")
+    if fit.disk_short:
+        return Cell("no disk room", tip=fit.line, tone="bad")
+    text = "fits" if fit.verdict == "full" else f"{tokens_text(fit.window)} window"
+    return Cell(text, tip=fit.line, tone=FIT_TONE[fit.verdict])
+
+
+def good_for(fitted: EntryFit) -> str:
+    """What an entry is for, and what it can do: ``code, chat · tools, fill-in-the-middle``."""
+    e = fitted.entry
+    uses = ", ".join(USES.get(u, u) for u in e.uses)
+    caps = ", ".join(name for name, on in (("tools", e.tools), ("fill-in-the-middle", e.fim),
+                                           ("thinking", e.thinking)) if on)
+    return " · ".join(part for part in (uses, caps) if part)
+
+
+def same_model(a: str, b: str) -> bool:
+    """Two model names or ids naming the same model (the hub's ids ignore case)."""
+    return a.strip().lower() == b.strip().lower()
+
+
+def quant_fit(fitted: EntryFit, quant: str) -> QuantFit:
+    return next((q for q in fitted.quants if q.quant.name == quant), fitted.best)
+
+
+def size_text(q: QuantFit) -> str:
+    return f"{size(q.quant.size)}, downloaded" if q.kept else size(q.quant.size)
+
+
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """One row: the entry with its fit on every machine, at the quantisation shown."""
+
+    fitted: EntryFit  # on this machine
+    quant: QuantFit
+    elsewhere: tuple[QuantFit | None, ...]  # the same quant on each other machine
+
+
+class CatalogCard(Card):
+    """Renders a `FleetFits`; "Serve on this machine" calls ``serve.serve_spec``."""
+
+    def __init__(self, serve: ServeModel, parent: QWidget | None = None) -> None:
+        super().__init__("Choose a model", parent)
+        self.serve = serve
+        self._fits: FleetFits | None = None
+        self._quant: dict[str, str] = {}  # entry id -> the quantisation the user picked
+        self._rows: list[Shown] = []
+        self.facts = note("Looking at this machine and the catalog…")
+        self.facts.setObjectName("machineFacts")
+        self.add(self.facts)
+        self.catalog = RowsModel(BASE_COLUMNS, self)
+        self.view = table(self.catalog, stretch=1)
+        self.view.setObjectName("catalog")
+        self.view.selectionModel().selectionChanged.connect(self._picked)
+        self.add(self.view)
+
+        self.quant = QComboBox()
+        self.quant.setObjectName("quant")
+        self.quant.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.quant.setToolTip("The quantisation: smaller files answer faster and fit more "
+                              "machines; larger ones answer better")
+        self.quant.activated.connect(self._quant_chosen)
+        self.fit_line = note("")
+        self.fit_line.setObjectName("fitLine")
+        self.serve_here = QPushButton("Serve on this machine")
+        self.serve_here.setObjectName("serveHere")
+        self.serve_here.clicked.connect(self.serve_selected)
+        line = self.row(QLabel("Quantisation"), self.quant)
+        line.addWidget(self.fit_line, 1)
+        line.addWidget(self.serve_here)
+        self.catalog_note = note("")
+        self.catalog_note.hide()
+        self.add(self.catalog_note)
+        self.error = inline_error()
+        self.add(self.error)
+
+        self.other = QToolButton()
+        self.other.setObjectName("otherModel")
+        self.other.setText("Other model… (a GGUF file, or a Hugging Face id)")
+        self.other.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.other.setCheckable(True)
+        self.other.setAutoRaise(True)
+        self.other.setArrowType(Qt.ArrowType.RightArrow)
+        self.other.toggled.connect(self._other_toggled)
+        self.add(self.other)
+        self.add(serve)
+        serve.choices.hide()
+        serve.started.connect(lambda: self.serve_here.setEnabled(False))
+        serve.served.connect(lambda _name: self._update_buttons())
+        serve.failed.connect(lambda _line: self._update_buttons())
+        self._update_buttons()
+
+    # -- rendering -------------------------------------------------------------------
+
+    def show_failure(self, line: str) -> None:
+        """The catalog or the fits could not be read: the engine's line."""
+        say(self.error, line)
+        self.facts.setText("The catalog could not be read.")
+
+    def show_fits(self, fits: FleetFits) -> None:
+        say(self.error, "")
+        self._fits = fits
+        others = fits.machines[1:]
+        self.facts.setText(f"This machine: {fits.facts}.")
+        say(self.catalog_note, fits.note)
+        headers = [*BASE_COLUMNS, *(m.label for m in fits.machines)]
+        if self.catalog.headers != headers:  # the fleet changed: a model with its columns
+            selected = self.selected_id()
+            self.catalog = RowsModel(headers, self)
+            self.view.setModel(self.catalog)
+            self.view.selectionModel().selectionChanged.connect(self._picked)
+            self._render(fits.machines[0], others)
+            if selected is not None:
+                self.select(selected)
+        else:
+            self._render(fits.machines[0], others)
+        if self.selected_id() is None and self._rows:
+            self.select(self._first_choice(fits))
+        self._update_selection()
+
+    def _first_choice(self, fits: FleetFits) -> str:
+        """The row chosen when none is: the model suggested for this machine, else the
+        first that fits it."""
+        here = fits.machines[0].key
+        mine = next((s for s in fits.split if s.machine == here), None)
+        if mine is not None:
+            self._quant.setdefault(mine.candidate.entry_id, mine.candidate.quant)
+            self._render(fits.machines[0], fits.machines[1:])
+            return mine.candidate.entry_id
+        return next((r.fitted.entry.id for r in self._rows if r.quant.fit.fits),
+                    self._rows[0].fitted.entry.id)
+
+    def _render(self, here: MachineFits, others: tuple[MachineFits, ...]) -> None:
+        by_id = [{f.entry.id: f for f in m.fits} for m in others]
+        rows: list[Shown] = []
+        for fitted in here.fits:
+            chosen = quant_fit(fitted, self._quant.get(fitted.entry.id, fitted.best.quant.name))
+            elsewhere = tuple(
+                quant_fit(ids[fitted.entry.id], chosen.quant.name) if fitted.entry.id in ids
+                else None for ids in by_id)
+            rows.append(Shown(fitted, chosen, elsewhere))
+        self._rows = rows
+        self.catalog.set_rows([(r.fitted.entry.id, self._row(r)) for r in rows])
+        fit_rows(self.view, len(rows), least=3, most=10)
+
+    @staticmethod
+    def _row(r: Shown) -> tuple[Cell, ...]:
+        e = r.fitted.entry
+        name = f"{e.name} {r.quant.quant.name}"
+        tip = f"{r.quant.spec} · {e.license}" + (f" · {e.note}" if e.note else "")
+        return (Cell(name, tip=tip), Cell(good_for(r.fitted)),
+                Cell(size_text(r.quant), right=True,
+                     tip="an estimate" if "size" in e.estimated else ""),
+                Cell(tokens_text(e.context), right=True), fit_cell(r.quant.fit),
+                *(fit_cell(q.fit) if q is not None else Cell("—", tone="muted")
+                  for q in r.elsewhere))
+
+    # -- choosing --------------------------------------------------------------------
+
+    def selected_id(self) -> str | None:
+        rows = self.view.selectionModel().selectedRows()
+        return self.catalog.key_at(rows[0].row()) if rows else None
+
+    def select(self, entry_id: str) -> None:
+        if entry_id in self.catalog.keys:
+            self.view.selectRow(self.catalog.keys.index(entry_id))
+
+    def selected(self) -> Shown | None:
+        key = self.selected_id()
+        return next((r for r in self._rows if r.fitted.entry.id == key), None)
+
+    def _picked(self, _selected: QItemSelection, _deselected: QItemSelection) -> None:
+        self._update_selection()
+
+    def _update_selection(self) -> None:
+        shown = self.selected()
+        self.quant.clear()
+        if shown is not None:
+            for q in shown.fitted.quants:
+                verdict = fit_cell(q.fit).text
+                self.quant.addItem(f"{q.quant.name} · {size_text(q)} · {verdict}", q.quant.name)
+            self.quant.setCurrentIndex(self.quant.findData(shown.quant.quant.name))
+            self.fit_line.setText(shown.quant.fit.line[:1].upper() + shown.quant.fit.line[1:])
+        else:
+            self.fit_line.setText("")
+        self._update_buttons()
+
+    def _quant_chosen(self, index: int) -> None:
+        shown = self.selected()
+        if shown is None or self._fits is None:
+            return
+        self._quant[shown.fitted.entry.id] = str(self.quant.itemData(index))
+        self._render(self._fits.machines[0], self._fits.machines[1:])
+        self._update_selection()
+
+    def _update_buttons(self) -> None:
+        shown = self.selected()
+        usable = shown is not None and shown.quant.fit.fits and not shown.quant.fit.disk_short
+        self.serve_here.setEnabled(usable and not self.serve.busy)
+        self.quant.setEnabled(shown is not None)
+
+    def serve_selected(self) -> None:
+        shown = self.selected()
+        if shown is None:
+            return
+        self.serve.serve_spec(shown.quant.spec)
+
+    def _other_toggled(self, on: bool) -> None:
+        self.other.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
+        self.serve.choices.setVisible(on)

@@ -1,0 +1,154 @@
+"""The Models page's "Suggested for your fleet" card: which model each machine of the fleet
+should serve (the engine's split, ``FleetFits.split``), and "Use this split", which asks
+each machine to serve its model (``shoal.serve_on``), each pulling its own. Then each
+machine's line says how its pull goes (this machine from its pulls, the others from
+their nodes' stats) until it serves its model.
+
+Hidden when the fleet is this machine alone and it already serves what it is offered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from PySide6.QtWidgets import QPushButton, QWidget
+
+from app.bridge import ShoalBridge
+from app.pages.catalog import same_model as same
+from app.widgets import Card, Cell, RowsModel, fit_rows, inline_error, note, run, say, table
+from engine.pulls.text import progress
+from engine.snapshot import FleetSnapshot
+
+if TYPE_CHECKING:
+    from engine.fit import Suggestion
+    from engine.model_commands import FleetFits
+
+SPLIT_COLUMNS = ("Machine", "Model", "For", "Fit", "Now")
+ROLE = {"agents": "agents and chat", "autocomplete": "editor autocomplete", "chat": "chat"}
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What a machine answered when asked to serve its model."""
+
+    spec: str
+    line: str
+    refused: bool
+
+
+def now_cell(s: Suggestion, snap: FleetSnapshot, asked: Asked | None, here: str) -> Cell:
+    """What the machine of ``s`` does now: pulling (how far), serving its model, or not
+    (``here``: the key of this machine)."""
+    spec = s.candidate.spec
+    if s.machine == here:
+        pull = next((p for p in snap.pulls if same(p.model, spec) and p.state == "running"),
+                    None)
+        node = snap.roles.node
+        if pull is not None:
+            return Cell("downloading: " + progress(pull.done_bytes, pull.total_bytes,
+                                                   pull.rate_bps, pull.eta_s), tone="warn")
+        model, state = (node.model, node.state) if node is not None else ("", "off")
+        serving = state == "serving"
+    else:
+        n = next((n for n in snap.nodes if n.key == s.machine), None)
+        if n is None:  # gone, or linking again with its new model
+            switching = asked is not None and not asked.refused and same(asked.spec, spec)
+            return Cell("switching to it…", tone="warn") if switching else \
+                Cell("not in the fleet now", tone="bad")
+        if n.pull_model:
+            return Cell(f"downloading {n.pull_model}: " + progress(n.pull_done, n.pull_total),
+                        tone="warn")
+        model, serving = n.model, n.state == "ready"
+    if same(model, spec):
+        return Cell("serves it" if serving else "loading it", tone="good" if serving else "warn")
+    if asked is not None and same(asked.spec, spec):
+        return Cell(asked.line, tone="bad" if asked.refused else "warn")
+    return Cell(f"serves {model}" if model else "serves nothing", tone="muted")
+
+
+class SplitCard(Card):
+    def __init__(self, bridge: ShoalBridge, parent: QWidget | None = None) -> None:
+        super().__init__("Suggested for your fleet", parent)
+        self._bridge = bridge
+        self.split: tuple[Suggestion, ...] = ()
+        self._here = ""  # this machine's key among the fits' machines
+        self._labels: dict[str, str] = {}
+        self._names: dict[str, str] = {}  # catalog entry id -> its name
+        self._asked: dict[str, Asked] = {}  # machine key -> its answer
+        # the split the user accepted: shown until every machine serves its model, while
+        # the fleet's machines come and go as they switch (each a new split meanwhile)
+        self._accepted: tuple[Suggestion, ...] | None = None
+        self.add(note("Which model each machine should serve: the largest with tool calling "
+                      "for agents where it fits, and a small code model for autocomplete on "
+                      "the smallest machine. Each machine pulls its own."))
+        self.rows = RowsModel(SPLIT_COLUMNS, self)
+        self.view = table(self.rows, stretch=4)
+        self.view.setObjectName("split")
+        self.add(self.view)
+        self.use = QPushButton("Use this split")
+        self.use.setObjectName("useSplit")
+        self.use.clicked.connect(self.use_split)
+        self.done_line = note("")
+        self.row(self.use, self.done_line, None)
+        self.error = inline_error()
+        self.add(self.error)
+        self.hide()
+
+    def show_split(self, fits: FleetFits) -> None:
+        self._here = next(m.key for m in fits.machines if m.local)
+        self._labels.update({m.key: m.label for m in fits.machines})
+        self.split = fits.split if self._accepted is None else self._accepted
+        self._names = {e.id: e.name for e in fits.catalog.entries}
+        self.render(self._bridge.last)
+
+    def _machine_label(self, key: str) -> str:
+        return self._labels.get(key, key)
+
+    def render(self, snap: FleetSnapshot) -> None:
+        split = self.split
+        alone = all(s.machine == self._here for s in split) and not any(
+            n.key != "local" for n in snap.nodes)
+        node = snap.roles.node
+        served_here = node.model if node is not None else ""
+        offered_served = all(same(s.candidate.spec, served_here) for s in split)
+        self.setVisible(bool(split) and not (alone and offered_served))
+        if not split:
+            return
+        rows = []
+        all_serving = True
+        for s in split:
+            c = s.candidate
+            now = now_cell(s, snap, self._asked.get(s.machine), self._here)
+            all_serving &= now.text == "serves it"
+            rows.append((s.machine, (
+                Cell(self._machine_label(s.machine)),
+                Cell(f"{self._names.get(c.entry_id, c.entry_id)} {c.quant}", tip=c.spec),
+                Cell(ROLE.get(s.role, s.role)), Cell(s.fit.line, tip=s.line), now)))
+        self.rows.set_rows(rows)
+        fit_rows(self.view, len(rows), least=1, most=6)
+        if all_serving:
+            self._accepted = None
+        self.use.setEnabled(bool(split) and not all_serving and self._accepted is None)
+        self.done_line.setText("Every machine serves its suggested model." if split
+                               and all_serving else "")
+
+    def use_split(self) -> None:
+        """Ask every machine to serve its model, at once; each answers on its line."""
+        say(self.error, "")
+        shoal = self._bridge.shoal
+        self._accepted = self.split
+        for s in self.split:
+            key, spec = s.machine, s.candidate.spec
+            self._asked[key] = Asked(spec, "asked to serve it…", refused=False)
+
+            def answered(line: str, key: str = key, spec: str = spec) -> None:
+                self._asked[key] = Asked(spec, line or "asked to serve it", refused=False)
+                self.render(self._bridge.last)
+
+            def refused(line: str, key: str = key, spec: str = spec) -> None:
+                self._asked[key] = Asked(spec, line, refused=True)
+                self.render(self._bridge.last)
+
+            run(self, self._bridge, shoal.serve_on(key, spec), done=answered, failed=refused)
+        self.render(self._bridge.last)
