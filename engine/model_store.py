@@ -28,6 +28,7 @@ from typing import Literal
 
 from engine import models
 from engine.process_stamp import process_stamp, same_process
+from engine.pulls.pull import downloads_dir
 
 IN_USE = "in-use"
 LAST_USED = "last-used.json"
@@ -250,10 +251,6 @@ def _single_models(home: Path) -> Iterator[StoredModel]:
             sha = gguf.with_name(gguf.name + ".sha256")
             spec = str(gguf) if source == "test" else ""  # "": the embedded default
             yield StoredModel(name, spec, gguf, (gguf, sha), gguf.stat().st_size, source, None)
-
-
-def downloads_dir(home: Path) -> Path:
-    return home / "downloads"
 
 
 def _partials(home: Path) -> Iterator[StoredModel]:
