@@ -60,7 +60,9 @@ def pull_files(wanted: list[Wanted], *, home: Path, cache: Path, what: str,
                 if progress is not None:
                     progress(line, base + done, total)
             work = functools.partial(_download, w, cache, downloads)
-            source = downloading.run(w.sha256, work, report, flag)
+            # one transfer per destination: the same file pulled into another home (another
+            # SHOAL_HOME in this process) is its own download
+            source = downloading.run(str(blob), work, report, flag)
         try:
             paths.append(link(cache, w.repo, w.commit, w.name, w.sha256, source))
         except OSError as exc:

@@ -16,6 +16,7 @@ import pytest
 from engine import models
 from engine.events import PullProgress, ShoalEvent
 from engine.pulls import disk, shared, transfer
+from engine.pulls.cache import blob_path
 from engine.pulls.plan import MARGIN
 from engine.pulls.text import amount
 from engine.roles import loading
@@ -67,6 +68,11 @@ async def pull(home: Path, *, cancel: models.Cancel | None = None,
                                        progress=progress, cancel=cancel)
 
 
+def key_of(home: Path, sha: str) -> str:
+    """What the shared registry keys a download by: the blob it fills in that home."""
+    return str(blob_path(models.models_dir(home) / "hub", REPO, sha))
+
+
 async def two_pulls(home: Path, hub: FakeHub, sha: str, *,
                     cancel: models.Cancel | None = None,
                     seen: tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]] = ([], []),
@@ -76,7 +82,8 @@ async def two_pulls(home: Path, hub: FakeHub, sha: str, *,
     a = asyncio.create_task(pull(home, cancel=cancel, seen=seen[0]))
     await asyncio.wait_for(hub.held.wait(), TIMEOUT_S)
     b = asyncio.create_task(pull(home, seen=seen[1]))
-    await until(lambda: shared.REGISTRY.callers(sha) == 2, "the second pull waiting")
+    await until(lambda: shared.REGISTRY.callers(key_of(home, sha)) == 2,
+                "the second pull waiting")
     return a, b
 
 
@@ -218,7 +225,7 @@ async def test_cancel_leaves_neither_a_part_nor_anything_in_the_model_folder(
     assert not part_of(tmp_path, sha).exists()
     assert files_under(tmp_path / "models") == []
     assert [p for p in files_under(tmp_path / "downloads") if p.suffix == ".part"] == []
-    assert hub.gets == 1 and shared.REGISTRY.callers(sha) == 0
+    assert hub.gets == 1 and shared.REGISTRY.callers(key_of(tmp_path, sha)) == 0
 
 
 async def test_two_pulls_of_one_file_share_one_download(
@@ -248,7 +255,7 @@ async def test_one_of_two_pulls_cancelled_leaves_the_other_its_download(
             cancel.set()
             with pytest.raises(models.PullCancelled):
                 await a  # at once, while the download is still held
-            assert not b.done() and shared.REGISTRY.callers(sha) == 1
+            assert not b.done() and shared.REGISTRY.callers(key_of(tmp_path, sha)) == 1
             hub.release.set()
             path = await b
     await assert_installed(tmp_path, path, sha)

@@ -220,8 +220,10 @@ async def test_a_catalog_model_is_pulled_and_served_and_the_one_before_removed(
                 pick_quant(card, quant.name)
                 click(qtbot, card.serve_here)
                 serve = page.serve
+                # a loaded machine takes a while from the click to the hub (the catalog's
+                # metadata, the disk check, Qt's events): the download is held there
                 await until(lambda: hub.held.is_set() and 0 < serve.progress.value() < 1000,
-                            "the download half-way")
+                            "the download half-way", timeout=60)
                 assert visible(serve.progress_row) and not card.serve_here.isEnabled()
                 assert spec in serve.progress_text.text()
                 hub.release.set()

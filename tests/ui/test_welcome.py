@@ -186,8 +186,10 @@ async def test_the_model_step_pulls_the_chosen_model_and_goes_on(
                 assert welcome.next.text() == f"Download and serve ({size(quant.size)})"
                 click(qtbot, welcome.next)
                 serve = welcome.serve
+                # a loaded machine takes a while from the click to the hub (the catalog's
+                # metadata, the disk check, Qt's events): the download is held there
                 await until(lambda: hub.held.is_set() and 0 < serve.progress.value() < 1000,
-                            "the download half-way")
+                            "the download half-way", timeout=60)
                 assert visible(serve.progress_row) and visible(serve.cancel)
                 assert not welcome.next.isEnabled() and welcome.step == "model"
                 hub.release.set()
