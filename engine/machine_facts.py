@@ -6,23 +6,20 @@ IO (it may load llama.cpp's GPU backend to list devices): call it off the event 
 
 from __future__ import annotations
 
-import shutil
 import socket
 from pathlib import Path
 
 from engine import models
 from engine.fit import Machine
+from engine.pulls import disk
 from engine.runtimes.budget import total_memory_bytes
 from engine.sizes import Budget, budget_bytes
 
 
 def disk_free(home: Path) -> int | None:
     """Bytes free on the filesystem that holds ``home``'s models (None: cannot tell)."""
-    folder = models.models_dir(home)
-    while not folder.exists() and folder.parent != folder:
-        folder = folder.parent
     try:
-        return shutil.disk_usage(folder).free
+        return disk.free_bytes(models.models_dir(home))
     except OSError:
         return None
 

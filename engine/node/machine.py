@@ -7,11 +7,12 @@ in a worker thread, at most every ``DISK_EVERY_S``, never per stats record.
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine.pulls import disk
 
 DISK_EVERY_S = 5.0
 
@@ -29,11 +30,10 @@ class MachineFacts:
 
 def free_bytes(folder: Path) -> int:
     """Bytes free on the filesystem of ``folder`` (its nearest existing parent: the models
-    folder is made on the first pull); 0 when it cannot be told. Blocking IO."""
-    while not folder.exists() and folder.parent != folder:
-        folder = folder.parent
+    folder is made on the first pull), as the pulls' disk check reads it; 0 when it cannot
+    be told. Blocking IO."""
     try:
-        return int(shutil.disk_usage(folder).free)
+        return int(disk.free_bytes(folder))
     except OSError:
         return 0
 
