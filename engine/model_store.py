@@ -37,7 +37,6 @@ Source = Literal["hub", "embedded", "test", "partial"]
 
 _QUANT_RE = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Za-z0-9]+)*|BF16|F16|F32|MXFP4)(?=[.-])",
                        re.IGNORECASE)
-_SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 
 
 class ModelInUse(Exception):
@@ -216,8 +215,7 @@ def _hub_models(home: Path) -> Iterator[StoredModel]:
             files = sorted(p.relative_to(snap).as_posix() for p in snap.rglob("*.gguf")
                            if p.is_file())
             for name in files:
-                shard = _SHARD_RE.search(name)
-                if shard is not None and int(shard[1]) != 1:
+                if not models.is_first_or_whole(name):
                     continue  # a later shard: listed with its first
                 yield _hub_model(repo, snap, files, name)
 

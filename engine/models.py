@@ -134,7 +134,8 @@ def _is_candidate(name: str) -> bool:
     return base.endswith(".gguf") and not base.startswith("mmproj")
 
 
-def _is_first_or_whole(name: str) -> bool:
+def is_first_or_whole(name: str) -> bool:
+    """A whole GGUF, or the first shard of a split one (what names the model)."""
     m = _SHARD_RE.search(name)
     return m is None or int(m[1]) == 1
 
@@ -152,7 +153,7 @@ def pick_gguf(files: list[str], quant: str | None) -> str:
     A split model is named by its first shard (llama.cpp opens the rest);
     :func:`shards_of` lists them all for the download.
     """
-    cands = sorted(f for f in files if _is_candidate(f) and _is_first_or_whole(f))
+    cands = sorted(f for f in files if _is_candidate(f) and is_first_or_whole(f))
     if not cands:
         raise ModelChoiceError(
             "the repository holds no .gguf model file; pick a GGUF repository "
