@@ -28,7 +28,14 @@ from aiohttp import web
 
 from engine import nesting
 from engine.api.answer import SSEWire, Wire, answer
-from engine.api.context import HEAD, routing_of, runnable
+from engine.api.context import (
+    HEAD,
+    Conversation,
+    conversation_of,
+    key_name_of,
+    routing_of,
+    runnable,
+)
 from engine.api.errors import anthropic_body, error_for, refusal, status_for
 from engine.api.schemas import (
     AnthropicBlock,
@@ -407,17 +414,19 @@ def _sampling(req: AnthropicRequest) -> Any:
                                        top_k=req.top_k))
 
 
-def _decoded(kind: type[Any], body: bytes) -> tuple[Any, Chat]:
+def _decoded(kind: type[Any], body: bytes, key_name: str) -> tuple[Any, Chat, Conversation]:
     req = decode_as(kind, body)
-    return req, to_chat(req)
+    chat = to_chat(req)
+    return req, chat, conversation_of(chat.messages, key_name)
 
 
 async def _decode(request: web.Request, kind: type[Any]) -> Any:
     """The request and its chat, decoded off the loop when the body is large (a body of
     many small messages or tools takes long to decode and convert)."""
     body = await request.read()
+    key_name = key_name_of(request)
     try:
-        return await off_loop(len(body), lambda: _decoded(kind, body))
+        return await off_loop(len(body), lambda: _decoded(kind, body, key_name))
     except BadRequest as exc:
         return error_for(request, 400, str(exc), code="invalid_request")
     except Refused as exc:
@@ -429,14 +438,14 @@ async def messages(request: web.Request) -> web.StreamResponse:
     decoded = await _decode(request, AnthropicRequest)
     if isinstance(decoded, web.Response):
         return decoded
-    req, chat = decoded
+    req, chat, conversation = decoded
     resolved = runnable(request, head, req.model)
     if isinstance(resolved, web.Response):
         return resolved
     model_name, names = resolved
     try:
         turn = await chat_turn(head.models[model_name], head.runner, chat.messages,
-                               routing=routing_of(request, chat.messages), tools=chat.tools,
+                               routing=routing_of(request, conversation), tools=chat.tools,
                                template_kwargs=_THINKING_OFF, sampling=_sampling(req),
                                stops=req.stop_sequences or (), max_tokens=req.max_tokens,
                                tool_parser=head.tool_parser, requested=req.model,
@@ -456,7 +465,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     decoded = await _decode(request, AnthropicCountRequest)
     if isinstance(decoded, web.Response):
         return decoded
-    req, chat = decoded
+    req, chat, _conversation = decoded
     resolved = runnable(request, head, req.model)
     if isinstance(resolved, web.Response):
         return resolved

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -43,26 +44,44 @@ def conversation_key(messages: Sequence[Mapping[str, Any]], key_name: str = "") 
     return "conv-" + h.hexdigest()[:32]
 
 
-def routing_of(request: web.Request, messages: Sequence[Mapping[str, Any]] | None = None, *,
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    """What routing reads of a chat's turns, worked out where the turns are decoded (off
+    the loop for a large request: a walk over 100,000 messages holds it for 100 ms)."""
+
+    key: str | None  # conversation_key: None when there is no user turn
+    first_turn: bool  # no assistant or tool turn yet
+
+
+def conversation_of(messages: Sequence[Mapping[str, Any]], key_name: str = "") -> Conversation:
+    return Conversation(
+        key=conversation_key(messages, key_name),
+        first_turn=not any(m.get("role") in ("assistant", "tool") for m in messages))
+
+
+def key_name_of(request: web.Request) -> str:
+    """The name of the issued key the request came with ("" without keys)."""
+    return str(request.get(KEY_NAME) or "")
+
+
+def routing_of(request: web.Request, conversation: Conversation | None = None, *,
                cache_key: str | None = None) -> Routing:
     """The request's placement hints: affinity, ?host= and ?prefer=.
 
     Affinity: ``X-Session-Id`` (or ``X-Session-Affinity``) when sent; else a key the
     body names (``cache_key``: the Responses API's ``prompt_cache_key``); else, for a
-    chat, the conversation's own key (:func:`conversation_key`), so an agent's turns
-    reach the node holding their prompt cache without a header. A derived key steers
-    only the later turns: a first turn (no assistant turn yet), which any number of
-    conversations may open with the same words, is placed by the policy, and where it
-    went is remembered for the turn that follows it."""
+    chat, the conversation's own key (:func:`conversation_of`, worked out with the
+    decoded turns), so an agent's turns reach the node holding their prompt cache without
+    a header. A derived key steers only the later turns: a first turn (no assistant turn
+    yet), which any number of conversations may open with the same words, is placed by the
+    policy, and where it went is remembered for the turn that follows it."""
     affinity = (request.headers.get("X-Session-Id")
                 or request.headers.get("X-Session-Affinity") or None)
-    key_name = str(request.get(KEY_NAME) or "")
     first_turn = False
     if affinity is None and cache_key:
-        affinity = f"key-{key_name}-{cache_key}"
-    if affinity is None and messages:
-        affinity = conversation_key(messages, key_name)
-        first_turn = not any(m.get("role") in ("assistant", "tool") for m in messages)
+        affinity = f"key-{key_name_of(request)}-{cache_key}"
+    if affinity is None and conversation is not None:
+        affinity, first_turn = conversation.key, conversation.first_turn
     pin = request.query.get("host") or None
     prefer_raw = request.query.get("prefer") or request.headers.get("X-Shoal-Prefer") or ""
     prefer = tuple(p.strip() for p in prefer_raw.split(",") if p.strip())[:16]

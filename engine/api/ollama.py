@@ -20,7 +20,14 @@ from aiohttp import web
 
 from engine import __version__, nesting
 from engine.api.answer import Wire, answer
-from engine.api.context import HEAD, routing_of, runnable
+from engine.api.context import (
+    HEAD,
+    Conversation,
+    conversation_of,
+    key_name_of,
+    routing_of,
+    runnable,
+)
 from engine.api.errors import ollama_error, refusal
 from engine.api.schemas import (
     BadRequest,
@@ -219,6 +226,15 @@ async def _accept(request: web.Request,
     return req, model_name, names
 
 
+def _chat_parts(req: OllamaChatRequest,
+                key_name: str) -> tuple[ChatRequest, list[dict[str, Any]], Conversation]:
+    """The chat as OpenAI's request, its turns as templates read them, and what routing
+    reads of them."""
+    chat_req = _to_chat(req, req.stream)
+    messages = to_template_messages(chat_req)
+    return chat_req, messages, conversation_of(messages, key_name)
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
     head = request.app[HEAD]
     accepted = await _accept(request, OllamaChatRequest)
@@ -227,11 +243,13 @@ async def chat(request: web.Request) -> web.StreamResponse:
     req, model_name, names = accepted
     if not req.messages:
         return _loaded(req.model, "message", names)
-    chat_req = _to_chat(req, req.stream)
-    messages = to_template_messages(chat_req)
+    key_name = key_name_of(request)
     try:
+        # off the loop when large, like the decoding: 100,000 small messages take long
+        chat_req, messages, conversation = await off_loop(
+            len(await request.read()), lambda: _chat_parts(req, key_name))
         turn = await chat_request_turn(head.models[model_name], head.runner, chat_req,
-                                       routing_of(request, messages), messages=messages,
+                                       routing_of(request, conversation), messages=messages,
                                        tool_parser=head.tool_parser)
     except RequestError as exc:
         return refusal(request, exc, names)

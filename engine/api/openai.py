@@ -5,12 +5,21 @@ from __future__ import annotations
 import json
 import time
 from json.encoder import encode_basestring_ascii
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
 from engine.api.answer import CollectedJSON, SSEWire, Wire, answer, sse, usage
-from engine.api.context import HEAD, model_headers, resolve_model, routing_of, runnable
+from engine.api.context import (
+    HEAD,
+    Conversation,
+    conversation_of,
+    key_name_of,
+    model_headers,
+    resolve_model,
+    routing_of,
+    runnable,
+)
 from engine.api.errors import error_for, refusal
 from engine.api.schemas import BadRequest, ChatRequest, decode_chat, unsupported
 from engine.api.turns import Refused, chat_request_turn, openai_tool_choice, to_template_messages
@@ -92,38 +101,49 @@ class ChatJSON(CollectedJSON):
         return json.dumps(body).encode()
 
 
-def _parsed(body: bytes) -> tuple[ChatRequest, str | None, ToolChoice, list[dict[str, Any]]]:
-    """The request, what it asks that Shoal does not do (None when nothing), its tool
-    choice and its messages as templates read them; BadRequest or Refused when it cannot
-    be taken."""
+class _Parsed(NamedTuple):
+    req: ChatRequest
+    problem: str | None  # what it asks that Shoal does not do
+    choice: ToolChoice
+    messages: list[dict[str, Any]]  # as templates read them
+    conversation: Conversation
+
+
+def _parsed(body: bytes, key_name: str) -> _Parsed:
+    """The request taken apart for its turn; BadRequest or Refused when it cannot be
+    taken."""
     req = decode_chat(body)
     problem = unsupported(req)
     if problem:
-        return req, problem, ToolChoice(), []
-    return req, None, openai_tool_choice(req.tool_choice, req.tools), \
-        to_template_messages(req)
+        return _Parsed(req, problem, ToolChoice(), [], conversation_of([]))
+    messages = to_template_messages(req)
+    return _Parsed(req, None, openai_tool_choice(req.tool_choice, req.tools), messages,
+                   conversation_of(messages, key_name))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     head = request.app[HEAD]
     body = await request.read()
+    key_name = key_name_of(request)
     try:
         # off the loop when large: a body of many small messages takes long to decode
-        req, problem, choice, messages = await off_loop(len(body), lambda: _parsed(body))
+        parsed = await off_loop(len(body), lambda: _parsed(body, key_name))
     except BadRequest as exc:
         return error_for(request, 400, str(exc), code="invalid_request")
     except Refused as exc:
         return error_for(request, 400, str(exc), code="invalid_request", param=exc.param)
-    if problem:
-        return error_for(request, 400, problem, code="unsupported_parameter")
+    req = parsed.req
+    if parsed.problem:
+        return error_for(request, 400, parsed.problem, code="unsupported_parameter")
     resolved = runnable(request, head, req.model)
     if isinstance(resolved, web.Response):
         return resolved
     model_name, names = resolved
     try:
         turn = await chat_request_turn(head.models[model_name], head.runner, req,
-                                       routing_of(request, messages), messages=messages,
-                                       tool_choice=choice, tool_parser=head.tool_parser)
+                                       routing_of(request, parsed.conversation),
+                                       messages=parsed.messages, tool_choice=parsed.choice,
+                                       tool_parser=head.tool_parser)
     except RequestError as exc:
         return refusal(request, exc, names)
     cid = "chatcmpl-" + turn.session[2:]

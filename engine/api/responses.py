@@ -34,7 +34,14 @@ from aiohttp import web
 
 from engine import nesting
 from engine.api.answer import SSEWire, Wire, answer
-from engine.api.context import HEAD, routing_of, runnable
+from engine.api.context import (
+    HEAD,
+    Conversation,
+    conversation_of,
+    key_name_of,
+    routing_of,
+    runnable,
+)
 from engine.api.errors import error_for, refusal
 from engine.api.schemas import (
     BadRequest,
@@ -521,17 +528,21 @@ class ResponsesJSON(Wire):
 # -- the route -----------------------------------------------------------------------
 
 
-def _decoded(body: bytes) -> tuple[ResponsesRequest, Chat, Offered]:
+def _decoded(body: bytes, key_name: str) -> tuple[ResponsesRequest, Chat, Offered,
+                                                   Conversation]:
     req: ResponsesRequest = decode_as(ResponsesRequest, body)
-    return req, *convert(req)
+    chat, tools = convert(req)
+    return req, chat, tools, conversation_of(chat.messages, key_name)
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
     head = request.app[HEAD]
     body = await request.read()
+    key_name = key_name_of(request)
     try:
         # off the loop when large: a body of many small items takes long to decode
-        req, chat, tools = await off_loop(len(body), lambda: _decoded(body))
+        req, chat, tools, conversation = await off_loop(len(body),
+                                                        lambda: _decoded(body, key_name))
     except BadRequest as exc:
         return error_for(request, 400, str(exc), code="invalid_request")
     except Refused as exc:
@@ -543,7 +554,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     sampling = sampling_of(SamplingRequest(temperature=req.temperature, top_p=req.top_p))
     try:
         turn = await chat_turn(head.models[model_name], head.runner, chat.messages,
-                               routing=routing_of(request, chat.messages,
+                               routing=routing_of(request, conversation,
                                                   cache_key=req.prompt_cache_key),
                                tools=chat.tools, template_kwargs=_template_kwargs(req),
                                sampling=sampling, max_tokens=req.max_output_tokens,

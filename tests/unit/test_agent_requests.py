@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.api import anthropic, responses
-from engine.api.context import conversation_key, routing_of
+from engine.api.context import conversation_key, conversation_of, routing_of
 from engine.api.schemas import (
     AnthropicRequest,
     ResponsesRequest,
@@ -260,7 +260,8 @@ def test_a_conversation_keeps_its_key_as_it_grows():
 def routing(messages: list[dict[str, Any]], headers: dict[str, str] | None = None,
             cache_key: str | None = None) -> Routing:
     request = make_mocked_request("POST", "/v1/messages", headers=headers or {})
-    return routing_of(request, messages, cache_key=cache_key)
+    return routing_of(request, conversation_of(messages) if messages else None,
+                      cache_key=cache_key)
 
 
 def test_a_derived_key_steers_the_later_turns_only():
@@ -405,6 +406,6 @@ def test_a_recorded_conversation_keeps_one_affinity(paths: list[Path]):
         fx = load(path)
         request = make_mocked_request("POST", fx["path"], headers=fx["headers"])
         chat = decode_fixture(fx["path"], fx["body"])
-        keys.append(routing_of(request, chat.messages,
+        keys.append(routing_of(request, conversation_of(chat.messages),
                                cache_key=fx["body"].get("prompt_cache_key")).affinity)
     assert keys[0] is not None and keys == [keys[0]] * len(keys)
