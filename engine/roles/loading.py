@@ -2,13 +2,14 @@
 cancel), check its runtime, load an engine for a node or a vocabulary for a head.
 
 Every slow step runs in a worker thread; progress comes back to the loop as
-`PullProgress` events, at most a few a second, with the rate and the time left measured
-where the bytes arrive (engine.pulls.meter).
+`PullProgress` events, a few a second while bytes come or stall, with the rate and the
+time left measured where the bytes arrive (engine.pulls.meter).
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from engine.runtimes import registry
 from engine.runtimes.base import Engine, RuntimeUnavailable
 from engine.runtimes.budget import total_memory_bytes
 from engine.sizes import Budget, Share, budget_bytes
+from engine.tasks import cancel_and_wait
 
 REPORT_EVERY_S = 0.25
 
@@ -76,22 +78,26 @@ async def resolve(spec: str | None, runtime: str | None, *, home: Path, offline:
     label = spec or models.EMBEDDED_NAME
     cancel = models.Cancel()
     loop = asyncio.get_running_loop()
-    last = [0.0]
-    meter = Meter()
+    latest = _Latest()
 
     def progress(line: str, done: int, total: int) -> None:
-        # from the worker thread: every block feeds the meter; the loop hears of it a few
-        # times a second
+        # from the worker thread: every block feeds the meter; a new step (a file, a resumed
+        # part) is told at once, the bytes a few times a second (by the ticker when they come
+        # faster than that)
         now = time.monotonic()
-        if line:  # a new step (a file, a resumed part): its bytes so far are no rate
-            meter.reset()
-        if done:
-            meter.add(now, done)
-        if line or now - last[0] >= REPORT_EVERY_S or (total and done >= total):
-            last[0] = now
+        if latest.heard(now, line, done, total):
             loop.call_soon_threadsafe(_report, label, done, total, line,
-                                      meter.reading(now, total), emit, pulls)
+                                      latest.reading(now), emit, pulls)
 
+    async def ticking() -> None:
+        # the bytes that came since the last report, and the rate falling in a stall
+        while True:
+            await asyncio.sleep(REPORT_EVERY_S)
+            due = latest.due(time.monotonic())
+            if due is not None:
+                _report(label, *due, "", latest.reading(time.monotonic()), emit, pulls)
+
+    ticker = asyncio.create_task(ticking(), name=f"shoal-pull-progress-{label}")
     pulls.add(label, cancel)
     last_one = True
     try:
@@ -108,9 +114,48 @@ async def resolve(spec: str | None, runtime: str | None, *, home: Path, offline:
         raise StartError(str(exc), code="model_missing") from None
     else:
         last_one = pulls.remove(label, cancel)
+    finally:
+        await cancel_and_wait([ticker], "pull progress")
     if last_one and label in pulls.running:
         _finish(label, "done", "", emit, pulls)
     return Resolved(path=path, name=name, runtime=rt)
+
+
+class _Latest:
+    """What the worker thread last heard of a pull, and when the loop was last told: shared
+    by the thread's reports and the loop's ticker, under a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._meter = Meter()
+        self._done = 0
+        self._total = 0
+        self._heard = False  # a pull began: there is something to show
+        self._told_at = 0.0
+
+    def heard(self, now: float, line: str, done: int, total: int) -> bool:
+        """Take a report; True when the loop is to be told now."""
+        with self._lock:
+            if line:  # a new step starts at ``done``: what came before is no rate
+                self._meter.reset()
+            self._meter.add(now, done)
+            self._done, self._total, self._heard = done, total, True
+            if line or now - self._told_at >= REPORT_EVERY_S or (total and done >= total):
+                self._told_at = now
+                return True
+            return False
+
+    def due(self, now: float) -> tuple[int, int] | None:
+        """The bytes done and in all when the loop has not been told for a while."""
+        with self._lock:
+            if not self._heard or now - self._told_at < REPORT_EVERY_S:
+                return None
+            self._told_at = now
+            return self._done, self._total
+
+    def reading(self, now: float) -> Reading:
+        with self._lock:
+            return self._meter.reading(now, self._total)
 
 
 def _report(label: str, done: int, total: int, line: str, reading: Reading, emit: Emit,

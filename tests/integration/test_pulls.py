@@ -21,7 +21,7 @@ from engine.pulls.plan import MARGIN
 from engine.pulls.text import amount
 from engine.roles import loading
 from tests.e2e.conftest import smollm2_gguf  # noqa: F401  # the real GGUF, cached per machine
-from tests.fakehub import COMMIT, FakeHub, pointed_at, serving
+from tests.fakehub import CHUNK, COMMIT, FakeHub, pointed_at, serving
 from tests.waiting import until
 
 REPO = "bartowski/SmolLM2-135M-Instruct-GGUF"
@@ -132,6 +132,41 @@ async def test_a_pull_reports_bytes_rate_and_time_left(
     assert all(0 < e.rate_bps < size for e in measured)  # the hub sends size / 2 a second
     assert reports[-1].state == "done" and not pulls.running
     assert hub.gets == 1 and hub.sent == size
+
+
+async def test_a_stalled_download_shows_every_byte_that_came_and_its_rate_falling(
+        tmp_path: Path, gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bytes that came just before a stall are shown while it lasts: reports are sent a
+    few a second, and the last block before the stall is not dropped for having come too
+    soon after the one before it (the app once showed 0 B of a download held after its
+    first quarter of a megabyte). While nothing comes, the rate shown falls."""
+    hub = hub_for(gguf, hold_after=CHUNK)  # the first block, then nothing until released
+    events: list[ShoalEvent] = []
+    pulls = loading.Pulls()
+    async with serving(hub):
+        with pointed_at(monkeypatch, hub.url):
+            task = asyncio.create_task(loading.resolve(
+                SPEC, "llamacpp", home=tmp_path, offline=False, emit=events.append,
+                pulls=pulls))
+            try:
+                await until(hub.held.is_set, "the hub holding the download")
+                assert hub.sent == CHUNK
+                await until(lambda: SPEC in pulls.running
+                            and pulls.running[SPEC].done_bytes == CHUNK,
+                            "the bytes before the stall shown")
+                await until(lambda: pulls.running[SPEC].rate_bps > 0, "a rate measured")
+                rate = pulls.running[SPEC].rate_bps
+                await until(lambda: 0 < pulls.running[SPEC].rate_bps < rate,
+                            "the rate falling while nothing comes")
+                assert pulls.running[SPEC].done_bytes == CHUNK  # nothing more came
+            finally:
+                hub.release.set()
+                await asyncio.wait([task], timeout=TIMEOUT_S)
+                task.cancel()  # only where it is still running: the test failed then
+            await task
+    running = [e.done_bytes for e in events
+               if isinstance(e, PullProgress) and e.state == "running"]
+    assert running == sorted(running) and running[-1] == gguf.stat().st_size
 
 
 async def test_a_download_cut_half_way_goes_on_from_there_in_the_same_pull(

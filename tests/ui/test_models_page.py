@@ -32,12 +32,6 @@ from tests.ui.running import both, bridged, node_only, ready, running, visible
 from tests.ui.test_start_again import free_port
 from tests.waiting import until
 
-# the two UI pulls from the fake hub: intermittent in the whole tests/ui run (the held
-# download sometimes never receives its first byte: 0 B, one GET made). Not understood yet;
-# the engine's pull path is covered by tests/integration/test_pulls.py and tests/e2e/test_pull.py
-HELD_PULL_HANGS = ("intermittent in the whole tests/ui run: the held download sometimes never "
-                   "receives its first byte; see the issue 25 note")
-
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(90)]
 SMALL = 1 << 30  # this machine's node budget: the larger models do not fit here
 EMBEDDED = "smollm2-135m-instruct"  # the embedded default, as the models kept here name it
@@ -187,7 +181,6 @@ async def test_the_split_is_hidden_for_one_machine_serving_its_suggestion(tmp_pa
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.skip(reason=HELD_PULL_HANGS)
 async def test_a_catalog_model_is_pulled_and_served_and_the_one_before_removed(
         tmp_path: Path, qtbot, smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch):
     from tests.e2e.test_models_kept import put_embedded

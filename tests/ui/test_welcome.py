@@ -20,12 +20,6 @@ from tests.fakehub import FakeHub, pointed_at, serving
 from tests.ui.running import both, bridged, node_only, ready, running, visible
 from tests.waiting import until
 
-# the two UI pulls from the fake hub: intermittent in the whole tests/ui run (the held
-# download sometimes never receives its first byte: 0 B, one GET made). Not understood yet;
-# the engine's pull path is covered by tests/integration/test_pulls.py and tests/e2e/test_pull.py
-HELD_PULL_HANGS = ("intermittent in the whole tests/ui run: the held download sometimes never "
-                   "receives its first byte; see the issue 25 note")
-
 pytestmark = [pytest.mark.ui, pytest.mark.timeout(90)]
 
 
@@ -166,7 +160,6 @@ async def test_join_a_fleet_by_pasting_its_code(tmp_path: Path, qtbot):
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.skip(reason=HELD_PULL_HANGS)
 async def test_the_model_step_pulls_the_chosen_model_and_goes_on(
         tmp_path: Path, qtbot, smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
