@@ -18,6 +18,7 @@ test moves a session while both backends still agree (its prompt's first 20 toke
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -81,6 +82,14 @@ async def chat(head: Proc, model: str, content: str, max_tokens: int) -> dict:
         text = await r.text()
         assert r.status == 200, text
         return await r.json()
+
+
+def has_text(line: str) -> bool:
+    """An SSE line of a chat stream that carries answer text (not the role, not usage)."""
+    if not line.startswith("data: {"):
+        return False
+    chunk = json.loads(line[len("data: "):])
+    return any((c.get("delta") or {}).get("content") for c in chunk.get("choices") or [])
 
 
 async def local_node(head: Proc) -> dict:
@@ -204,21 +213,28 @@ async def test_a_vulkan_node_in_the_fleet_measured_placed_and_failed_over(
         assert r.status == 200, await r.text()
         async for line in r.content:
             raw.append(line.decode())
-            if len(raw) == 3 and not back:  # the answer has begun on the Vulkan node
+            if not back and has_text(raw[-1]):  # the answer has begun on the Vulkan node
                 # frozen at once, while both backends still agree (it would otherwise go
                 # on decoding while the CPU node starts); a CPU node joins (it dials the
-                # head), then the Vulkan one dies
+                # head), then the Vulkan one dies. The head may find it hung first (no
+                # pong for 3 s while the CPU node starts): the session moves either way
                 vk.signal(signal.SIGSTOP)
                 back.append(cluster._start(
                     "cpu2", ["node", "join", join, "--runtime", "llamacpp", "--model",
                              str(smollm2_gguf), "--identity", "cpu2", "--max-batch", "1",
                              *extra, "--gpu", "off"],
                     re.compile(r"joining [\d.]+:(\d+)")))
-                await wait_ready(head, 2, timeout=60)
+                await until_result(lambda: fleet_state(head),
+                                   lambda st: any(n["identity"] == "cpu2"
+                                                  and n["state"] == "ready"
+                                                  for n in st["nodes"]),
+                                   what="the CPU node joined", timeout=60)
                 vk.signal(signal.SIGKILL)
     assert back, "the stream ended before the Vulkan node had begun"
     text, finish, usage = sse_text("".join(raw))
-    assert "moved from" in head.log_text()
+    # moved mid-answer: after at least the token the client had when the node froze
+    assert re.search(r"moved from 'vk' to 'cpu2' .* after [1-9]\d* tokens",
+                     head.log_text()), head.log_text()
     assert text == reference["choices"][0]["message"]["content"]
     assert finish == reference["choices"][0]["finish_reason"]
     assert usage["completion_tokens"] == reference["usage"]["completion_tokens"]
