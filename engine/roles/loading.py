@@ -84,10 +84,9 @@ async def resolve(spec: str | None, runtime: str | None, *, home: Path, offline:
         # from the worker thread: every block feeds the meter; a new step (a file, a resumed
         # part) is told at once, the bytes a few times a second (by the ticker when they come
         # faster than that)
-        now = time.monotonic()
-        if latest.heard(now, line, done, total):
-            loop.call_soon_threadsafe(_report, label, done, total, line,
-                                      latest.reading(now), emit, pulls)
+        reading = latest.heard(time.monotonic(), line, done, total)
+        if reading is not None:
+            loop.call_soon_threadsafe(_report, label, done, total, line, reading, emit, pulls)
 
     async def ticking() -> None:
         # the bytes that came since the last report, and the rate falling in a stall
@@ -95,7 +94,8 @@ async def resolve(spec: str | None, runtime: str | None, *, home: Path, offline:
             await asyncio.sleep(REPORT_EVERY_S)
             due = latest.due(time.monotonic())
             if due is not None:
-                _report(label, *due, "", latest.reading(time.monotonic()), emit, pulls)
+                done, total, reading = due
+                _report(label, done, total, "", reading, emit, pulls)
 
     ticker = asyncio.create_task(ticking(), name=f"shoal-pull-progress-{label}")
     pulls.add(label, cancel)
@@ -133,8 +133,8 @@ class _Latest:
         self._heard = False  # a pull began: there is something to show
         self._told_at = 0.0
 
-    def heard(self, now: float, line: str, done: int, total: int) -> bool:
-        """Take a report; True when the loop is to be told now."""
+    def heard(self, now: float, line: str, done: int, total: int) -> Reading | None:
+        """Take a report; the reading to tell the loop now, or None (the ticker will)."""
         with self._lock:
             if line:  # a new step starts at ``done``: what came before is no rate
                 self._meter.reset()
@@ -142,20 +142,17 @@ class _Latest:
             self._done, self._total, self._heard = done, total, True
             if line or now - self._told_at >= REPORT_EVERY_S or (total and done >= total):
                 self._told_at = now
-                return True
-            return False
+                return self._meter.reading(now, total)
+            return None
 
-    def due(self, now: float) -> tuple[int, int] | None:
-        """The bytes done and in all when the loop has not been told for a while."""
+    def due(self, now: float) -> tuple[int, int, Reading] | None:
+        """The bytes done, in all, and their reading, when the loop has not been told for a
+        while."""
         with self._lock:
             if not self._heard or now - self._told_at < REPORT_EVERY_S:
                 return None
             self._told_at = now
-            return self._done, self._total
-
-    def reading(self, now: float) -> Reading:
-        with self._lock:
-            return self._meter.reading(now, self._total)
+            return self._done, self._total, self._meter.reading(now, self._total)
 
 
 def _report(label: str, done: int, total: int, line: str, reading: Reading, emit: Emit,
