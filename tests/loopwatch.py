@@ -1,9 +1,20 @@
-"""A loop-lag probe: fails a test whose event loop was blocked for longer than a bound.
+"""A loop-block probe: fails a test whose event loop was blocked by one callback.
 
-The loop beats every ``BEAT_S``; a watchdog thread checks the last beat and, when the
-loop has not beaten for ``bound_s``, records where the loop's thread is stuck (its
-stack), once per stall. Blocking work in a coroutine (tokenizing a long prompt, a
-keychain call, reading a file) shows up as a stall with the culprit's frame on top.
+What it measures is the work of one callback of the loop (a task's step, a protocol's
+``data_received``, a timer), not the wall clock between two beats of the loop: wall clock
+also counts the time the OS gave to other processes, so a busy machine made "stalls" of
+code that blocked nothing. A callback blocks the loop when, in that one callback, the
+loop's thread either
+
+- spent more than ``bound_s`` of its own CPU time (real work: tokenizing a long prompt,
+  decoding a large body, hashing a file), or
+- slept in the kernel for more than ``SLEEP_BOUND_S`` (a blocking call: ``time.sleep``, a
+  keychain or subprocess call, a read that waits on a disk or a socket).
+
+Time the thread was runnable but not given a CPU counts as neither. Garbage collection
+that runs inside the callback is not counted either (it is no fault of the callback's code).
+A watchdog thread samples the running callback every ``BEAT_S`` and records where the
+loop's thread is (its stack), once per blocking callback.
 """
 
 from __future__ import annotations
@@ -14,106 +25,195 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 BEAT_S = 0.01
+# a blocking wait in the kernel; longer than the CPU bound, since a thread of this process
+# that waits for the GIL also sleeps in the kernel, and on a loaded machine the GIL's holder
+# may itself wait for a CPU
+SLEEP_BOUND_S = 0.25
 
 
 class _GcClock:
-    """Total seconds spent in garbage collection so far (gc.callbacks)."""
+    """CPU seconds the loop's thread spent in garbage collection so far (gc.callbacks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, thread: int, clock: int) -> None:
+        self.thread = thread
+        self.clock = clock  # the loop thread's CPU clock
         self.total = 0.0
         self._started = 0.0
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if threading.get_ident() != self.thread:
+            return
         if phase == "start":
-            self._started = time.monotonic()
+            self._started = time.clock_gettime(self.clock)
         elif self._started:
-            self.total += time.monotonic() - self._started
+            self.total += time.clock_gettime(self.clock) - self._started
             self._started = 0.0
 
-    def now(self) -> float:
-        running = time.monotonic() - self._started if self._started else 0.0
-        return self.total + running
+    def at(self, cpu: float) -> float:
+        """The total when the loop thread's CPU clock reads ``cpu`` (from any thread)."""
+        started = self._started
+        return self.total + (cpu - started if started else 0.0)
 
 
-def _waiting(frame: object) -> bool:
-    """The loop's thread is inside the selector's wait (idle), not running code."""
-    code = getattr(frame, "f_code", None)
-    return code is not None and code.co_name in ("select", "poll") and \
-        code.co_filename.endswith("selectors.py")
+def _state(native_id: int) -> str:
+    """The kernel's state letter of a thread of this process (R, S, D...), "" if unknown."""
+    try:
+        with open(f"/proc/self/task/{native_id}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return ""
+    # pid (comm) STATE ...: comm may hold spaces and parentheses, so cut at the last ")"
+    rest = stat[stat.rfind(b")") + 2:]
+    return rest[:1].decode()
 
 
 @dataclass
 class Stall:
-    seconds: float
+    seconds: float  # wall clock of the blocking callback, as far as the watch saw it
+    cpu: float  # CPU time the loop's thread spent in it
+    slept: float  # time the loop's thread slept in the kernel in it
     stack: str
+
+
+@dataclass
+class _Callback:
+    """The callback the loop's thread is running now."""
+
+    handle: asyncio.Handle
+    wall0: float
+    cpu0: float
+    gc0: float
+    slept: float = 0.0
+    sampled: float = 0.0  # when the watchdog last looked at it
+    stall: Stall | None = None
+
+
+# the loop's thread -> its watch; Handle._run is patched once while any watch runs
+_watches: dict[int, LoopWatch] = {}
+_original_run: Callable[[asyncio.Handle], None] | None = None
+_patch_lock = threading.Lock()
+
+
+def _run_watched(handle: asyncio.Handle) -> None:
+    assert _original_run is not None
+    watch = _watches.get(threading.get_ident())
+    if watch is None:
+        _original_run(handle)
+        return
+    watch._enter(handle)
+    try:
+        _original_run(handle)
+    finally:
+        watch._leave()
 
 
 @dataclass
 class LoopWatch:
     loop: asyncio.AbstractEventLoop
     bound_s: float = 0.1
+    sleep_bound_s: float = SLEEP_BOUND_S
     stalls: list[Stall] = field(default_factory=list)
-    _last: float = 0.0
     _loop_thread: int = 0
-    _gc: _GcClock = field(default_factory=_GcClock)
-    _gc_at_beat: float = 0.0
+    _native_id: int = 0
+    _cpu_clock: int = 0
+    _gc: _GcClock | None = None
+    _current: _Callback | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
-    _handle: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
+        """Start watching; call it from the loop's own thread."""
+        global _original_run
         self._loop_thread = threading.get_ident()
-        self._last = time.monotonic()
+        self._native_id = threading.get_native_id()
+        self._cpu_clock = time.pthread_getcpuclockid(self._loop_thread)
+        self._gc = _GcClock(self._loop_thread, self._cpu_clock)
         gc.callbacks.append(self._gc)
-        self._beat()
+        with _patch_lock:
+            if not _watches:
+                _original_run = asyncio.Handle._run  # type: ignore[attr-defined]
+                asyncio.Handle._run = _run_watched  # type: ignore[attr-defined,method-assign]
+            _watches[self._loop_thread] = self
         self._thread = threading.Thread(target=self._watch, name="loop-watch", daemon=True)
         self._thread.start()
 
-    def _beat(self) -> None:
-        self._last = time.monotonic()
-        self._gc_at_beat = self._gc.now()
-        self._handle = self.loop.call_later(BEAT_S, self._beat)
+    # -- in the loop's thread, around each callback --
+
+    def _enter(self, handle: asyncio.Handle) -> None:
+        assert self._gc is not None
+        cpu = time.thread_time()
+        cb = _Callback(handle, time.monotonic(), cpu, self._gc.at(cpu))
+        cb.sampled = cb.wall0
+        with self._lock:
+            self._current = cb
+
+    def _leave(self) -> None:
+        assert self._gc is not None
+        with self._lock:
+            cb, self._current = self._current, None
+        if cb is None:
+            return
+        now_cpu = time.thread_time()
+        cpu = now_cpu - cb.cpu0 - (self._gc.at(now_cpu) - cb.gc0)
+        wall = time.monotonic() - cb.wall0
+        if cb.stall is not None:
+            cb.stall.seconds, cb.stall.cpu = wall, max(cb.stall.cpu, cpu)
+        elif cpu > self.bound_s:
+            # over before the watchdog looked (it samples every BEAT_S): no stack to show
+            self.stalls.append(Stall(wall, cpu, cb.slept, f"{cb.handle!r} (it ended before the "
+                                     "watch could take its stack)"))
+
+    # -- the watchdog thread --
 
     def _watch(self) -> None:
-        current: Stall | None = None
-        current_for = -1.0  # the beat the current stall started after
+        assert self._gc is not None
         while not self._stop.wait(BEAT_S):
-            if not self.loop.is_running():
-                # between a test's coroutines (sync fixtures run then): nothing to watch
-                self._last = time.monotonic()
-                self._gc_at_beat = self._gc.now()
-                continue
-            last = self._last
-            lag = time.monotonic() - last - (self._gc.now() - self._gc_at_beat)
-            if lag <= self.bound_s:
-                continue
-            if current is not None and last == current_for:
-                current.seconds = max(current.seconds, lag)
-                continue
-            frame = sys._current_frames().get(self._loop_thread)
-            if frame is not None and _waiting(frame):
-                # the loop sits in select, due to wake: this process is short of CPU (a
-                # loaded machine), no code of the test is blocking it
-                continue
-            stack = "".join(traceback.format_stack(frame)) if frame else "(no stack)"
-            current, current_for = Stall(lag, stack), last
-            self.stalls.append(current)
+            with self._lock:
+                cb = self._current
+                if cb is None:
+                    continue
+                now = time.monotonic()
+                since, cb.sampled = now - cb.sampled, now
+                if now - cb.wall0 <= min(self.bound_s, self.sleep_bound_s):
+                    continue
+                if _state(self._native_id) in ("S", "D"):
+                    cb.slept += since
+                now_cpu = time.clock_gettime(self._cpu_clock)
+                cpu = now_cpu - cb.cpu0 - (self._gc.at(now_cpu) - cb.gc0)
+                if cb.stall is not None:
+                    cb.stall.seconds, cb.stall.cpu, cb.stall.slept = now - cb.wall0, cpu, cb.slept
+                    continue
+                if cpu <= self.bound_s and cb.slept <= self.sleep_bound_s:
+                    continue
+                frame = sys._current_frames().get(self._loop_thread)
+                stack = "".join(traceback.format_stack(frame)) if frame else "(no stack)"
+                cb.stall = Stall(now - cb.wall0, cpu, cb.slept, stack)
+                self.stalls.append(cb.stall)
 
     def stop(self) -> None:
+        global _original_run
         self._stop.set()
-        if self._gc in gc.callbacks:
-            gc.callbacks.remove(self._gc)
-        if self._handle is not None:
-            self._handle.cancel()
         if self._thread is not None:
             self._thread.join(1)
+        if self._gc in gc.callbacks:
+            gc.callbacks.remove(self._gc)
+        with _patch_lock:
+            if _watches.get(self._loop_thread) is self:
+                del _watches[self._loop_thread]
+            if not _watches and _original_run is not None:
+                asyncio.Handle._run = _original_run  # type: ignore[attr-defined,method-assign]
+                _original_run = None
 
     def report(self) -> str:
-        parts = [f"the event loop was blocked {len(self.stalls)} time(s) for more than "
-                 f"{self.bound_s * 1000:.0f} ms:"]
+        parts = [f"the event loop was blocked by {len(self.stalls)} callback(s): more than "
+                 f"{self.bound_s * 1000:.0f} ms of the loop thread's CPU, or "
+                 f"{self.sleep_bound_s * 1000:.0f} ms asleep in a blocking call:"]
         for stall in self.stalls[:3]:
-            parts.append(f"--- blocked {stall.seconds * 1000:.0f} ms in:\n{stall.stack}")
+            parts.append(f"--- blocked {stall.seconds * 1000:.0f} ms ({stall.cpu * 1000:.0f} ms "
+                         f"of CPU, {stall.slept * 1000:.0f} ms asleep) in:\n{stall.stack}")
         return "\n".join(parts)

@@ -5,11 +5,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import os
+import subprocess
+import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.loopwatch import LoopWatch
+
+
+def _busy(seconds: float) -> None:
+    """Real work: this thread's own CPU time, whatever else the machine runs."""
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < seconds:
+        pass
 
 
 @pytest.mark.blocking_ok  # it blocks its loop on purpose, to see the probe catch it
@@ -17,13 +29,86 @@ async def test_the_probe_catches_a_blocking_call_and_names_it() -> None:
     watch = LoopWatch(asyncio.get_running_loop(), bound_s=0.1)
     watch.start()
     await asyncio.sleep(0.05)
-    time.sleep(0.3)  # the blocking call the probe must catch
+    time.sleep(0.5)  # the blocking call the probe must catch
     await asyncio.sleep(0.05)
     watch.stop()
     assert len(watch.stalls) == 1
-    assert watch.stalls[0].seconds > 0.2
-    assert "time.sleep(0.3)" in watch.stalls[0].stack
+    assert watch.stalls[0].slept > 0.25 and watch.stalls[0].cpu < 0.1
+    assert "time.sleep(0.5)" in watch.stalls[0].stack
     assert "blocked" in watch.report()
+
+
+@pytest.mark.blocking_ok  # it blocks its loop on purpose, to see the probe catch it
+async def test_the_probe_catches_150_ms_of_real_work_in_one_callback() -> None:
+    watch = LoopWatch(asyncio.get_running_loop(), bound_s=0.1)
+    watch.start()
+    await asyncio.sleep(0.05)
+    _busy(0.15)  # the work the probe must catch
+    await asyncio.sleep(0.05)
+    watch.stop()
+    assert len(watch.stalls) == 1, watch.report()
+    assert watch.stalls[0].cpu > 0.1
+    assert "_busy(0.15)" in watch.stalls[0].stack
+
+
+@pytest.mark.blocking_ok  # its callbacks are slow on purpose
+async def test_many_short_callbacks_are_not_one_stall() -> None:
+    """A burst of the test's own work, each piece short, keeps the loop turning."""
+    watch = LoopWatch(asyncio.get_running_loop(), bound_s=0.1)
+    watch.start()
+
+    async def piece() -> None:
+        _busy(0.01)
+
+    await asyncio.gather(*(piece() for _ in range(30)))  # 300 ms of work in one turn
+    watch.stop()
+    assert watch.stalls == [], watch.report()
+
+
+def _starved_loop(cpu: int) -> tuple[list[float], float]:
+    """On a thread of its own, pinned to ``cpu`` at the lowest priority (the spinners beside
+    it take nearly all of that CPU): a loop whose callbacks do 5 ms of work each. Returns
+    the stalls' seconds and the longest wall time one callback took."""
+    os.sched_setaffinity(0, {cpu})  # this thread only
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    longest = 0.0
+
+    async def main() -> list[float]:
+        nonlocal longest
+        watch = LoopWatch(asyncio.get_running_loop(), bound_s=0.1)
+        watch.start()
+        try:
+            for _ in range(4):
+                t0 = time.monotonic()
+                _busy(0.005)
+                longest = max(longest, time.monotonic() - t0)
+                await asyncio.sleep(0)
+        finally:
+            watch.stop()
+        return [s.seconds for s in watch.stalls]
+
+    return asyncio.run(main()), longest
+
+
+@pytest.mark.blocking_ok  # it runs its own loop on a thread of its own
+async def test_a_loop_starved_of_cpu_by_other_processes_is_not_blocked() -> None:
+    """What a busy machine does to a test: other processes hold the CPU, and the loop's
+    callbacks take long in wall-clock time while their own work is short."""
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    spin = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            stalls, longest = await asyncio.get_running_loop().run_in_executor(
+                pool, _starved_loop, cpu)
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    # the wall clock alone would have called it blocked...
+    assert longest > 0.1, f"the spinners did not starve the loop ({longest * 1000:.0f} ms)"
+    # ...its own work was 5 ms a callback
+    assert stalls == []
 
 
 @pytest.mark.blocking_ok
