@@ -134,7 +134,8 @@ class FakeHub:
         sent = start
         with path.open("rb") as f:
             f.seek(start)
-            while chunk := f.read(min(CHUNK, stop - sent)):
+            # the file is read off the loop, as a real server's sendfile would be
+            while chunk := await asyncio.to_thread(f.read, min(CHUNK, stop - sent)):
                 if self.hold_after is not None and sent >= self.hold_after:
                     self.held.set()
                     await self.release.wait()

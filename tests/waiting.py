@@ -10,10 +10,13 @@ from typing import TypeVar
 
 T = TypeVar("T")
 POLL_S = 0.01
+# how long a wait gives its condition by default: generous, since a busy machine (a build or
+# another job on the other core) slows what the test waits for; only a failure waits it out
+DEFAULT_TIMEOUT_S = 30.0
 
 
 async def until(check: Callable[[], T | Awaitable[T]], what: str, *,
-                timeout: float = 10.0) -> T:
+                timeout: float = DEFAULT_TIMEOUT_S) -> T:
     """Return ``check()``'s first truthy value; fail naming ``what`` after ``timeout``."""
     last: object = None
     try:
@@ -31,7 +34,7 @@ async def until(check: Callable[[], T | Awaitable[T]], what: str, *,
 
 
 async def until_result(probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], *,
-                       what: str = "the expected result", timeout: float = 10.0) -> T:
+                       what: str = "the expected result", timeout: float = DEFAULT_TIMEOUT_S) -> T:
     """Probe until ``done(result)`` holds and return that result; fail after ``timeout``."""
     last: list[T] = []
 
@@ -47,7 +50,7 @@ async def until_result(probe: Callable[[], Awaitable[T]], done: Callable[[T], bo
     return last[0]
 
 
-def until_sync(check: Callable[[], T], what: str, *, timeout: float = 10.0,
+def until_sync(check: Callable[[], T], what: str, *, timeout: float = DEFAULT_TIMEOUT_S,
                poll: float = 0.05) -> T:
     """The same for tests outside a loop that watch other processes: return ``check()``'s
     first truthy value, polled every ``poll`` seconds; fail naming ``what`` after

@@ -57,7 +57,7 @@ async def engine(tiny_model: str) -> AsyncIterator[MlxEngine]:
         await eng.close()
 
 
-async def until_idle(eng: MlxEngine, timeout: float = 5.0) -> None:
+async def until_idle(eng: MlxEngine, timeout: float = 30.0) -> None:
     async def idle() -> bool:
         gc.collect()  # a generation dropped unread frees its lane from its finalizer
         st = eng.stats()

@@ -21,7 +21,7 @@ from engine.runtimes.mock import MockEngine
 from tests.integration.test_api_surface import MODEL, live_head
 from tests.waiting import until, until_result
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 SECRET = bytes(range(7, 39))
 WINDOW = 1 << 21  # room for an answer far longer than every buffer on the way
 STALL_S = 0.5
@@ -72,8 +72,10 @@ async def test_a_client_that_reads_nothing_frees_its_lane_and_its_slot(
             assert live.head.runner.live == 1
             assert await models() == 429  # the stream holds the key's one slot
             # its buffers fill, its writes wait, and after STALL_S the head lets it go
+            # (how many tokens fill them is the kernel's to say: a generous bound, for a
+            # busy machine that produces them slowly)
             assert await until_result(models, lambda status: status == 200,
-                                      what="the key's slot freed", timeout=60) == 200
+                                      what="the key's slot freed", timeout=200) == 200
             await until(lambda: agent.stats_record().lanes_busy == 0,
                         "the node's lane freed")
             assert live.head.runner.live == 0
