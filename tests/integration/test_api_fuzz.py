@@ -23,7 +23,8 @@ import schemathesis  # noqa: F401  # the `st` command below comes with it
 
 from tests.integration.test_api_surface import MODEL, live_head
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# a busy machine slows schemathesis's own process most: a generous bound, seldom reached
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 ST = shutil.which("st", path=str(Path(sys.executable).parent)) or "st"
 GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",
               "/v1/messages/count_tokens", "/api/chat", "/api/generate", "/api/show",
@@ -60,7 +61,7 @@ async def run_schemathesis(location: str, base: str, tmp: Path, examples: int) -
     proc = await asyncio.create_subprocess_exec(
         *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         cwd=tmp, env={**os.environ, "NO_COLOR": "1"})
-    out, _ = await asyncio.wait_for(proc.communicate(), 240)
+    out, _ = await asyncio.wait_for(proc.communicate(), 540)
     text = out.decode(errors="replace")
     assert proc.returncode == 0, text[-6000:]
     return text
@@ -71,10 +72,12 @@ async def test_no_route_answers_500(tmp_path: Path, caplog):
         async with aiohttp.ClientSession() as http, http.get(live.url("/openapi.json")) as r:
             spec = await r.json()
         base = live.url("")
-        first = await run_schemathesis(live.url("/openapi.json"), base, tmp_path, 25)
+        # the coverage phase walks every schema's edges whatever the count; the random
+        # examples on top are kept few enough for a run of the suite (seconds per route)
+        first = await run_schemathesis(live.url("/openapi.json"), base, tmp_path, 12)
         pinned = tmp_path / "pinned.json"
         pinned.write_text(json.dumps(pin_models(spec)))
-        second = await run_schemathesis(str(pinned), base, tmp_path, 60)
+        second = await run_schemathesis(str(pinned), base, tmp_path, 30)
         async with aiohttp.ClientSession() as http, http.get(live.url("/metrics")) as r:
             metrics = await r.text()
     for text in (first, second):
