@@ -63,8 +63,8 @@ def cpu_variants(folder: Path) -> list[str]:
     return sorted(found)
 
 
-def expected_variants(machine: str | None = None) -> tuple[str, ...]:
-    """The variants a portable Linux build of this machine kind must carry."""
+def all_variants(machine: str | None = None) -> tuple[str, ...]:
+    """Every variant llama.cpp builds for this machine kind (a release build carries them)."""
     import platform
 
     kind = (machine or platform.machine()).lower()
@@ -73,6 +73,97 @@ def expected_variants(machine: str | None = None) -> tuple[str, ...]:
     if kind in ("aarch64", "arm64"):
         return ARM_LINUX_VARIANTS
     return ()
+
+
+# what an x86-64 variant needs of the CPU (ggml/src/CMakeLists.txt), by /proc/cpuinfo's names;
+# best first, each of them built by every compiler llama.cpp supports
+_X86_NEEDS: tuple[tuple[str, frozenset[str]], ...] = (
+    ("icelake", frozenset({"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512vbmi",
+                           "avx512_vnni"})),
+    ("skylakex", frozenset({"avx2", "fma", "f16c", "bmi2", "avx512f"})),
+    ("alderlake", frozenset({"avx2", "fma", "f16c", "bmi2", "avx_vnni"})),
+    ("haswell", frozenset({"avx2", "fma", "f16c", "bmi2"})),
+    ("sandybridge", frozenset({"avx", "sse4_2"})),
+    ("sse42", frozenset({"sse4_2"})),
+)
+
+
+def _cpu_flags() -> frozenset[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def dev_variants(machine: str | None = None, flags: frozenset[str] | None = None,
+                 ) -> tuple[str, ...]:
+    """The variants a development build carries: the baseline, which runs anywhere, and
+    the best one this CPU runs, so that ggml still scores and picks among two and the node
+    runs at native speed. x86-64 only; elsewhere the whole set (it is small)."""
+    every = all_variants(machine)
+    if every != X86_VARIANTS:
+        return every
+    have = _cpu_flags() if flags is None else flags
+    best = next((name for name, needs in _X86_NEEDS if needs <= have), "sse42")
+    return ("x64", best)
+
+
+def expected_variants(machine: str | None = None, spec: str | None = None,
+                      ) -> tuple[str, ...]:
+    """The variants a portable Linux build must carry: ``spec`` (default
+    ``$SHOAL_LLAMA_VARIANTS``) is ``all`` (a release: every variant; the default), ``dev``
+    (:func:`dev_variants`) or the names, space-separated."""
+    import os
+
+    spec = (spec if spec is not None else os.environ.get("SHOAL_LLAMA_VARIANTS", "")).strip()
+    if spec in ("", "all"):
+        return all_variants(machine)
+    if spec == "dev":
+        return dev_variants(machine)
+    names = tuple(spec.split())
+    unknown = set(names) - set(all_variants(machine))
+    if unknown:
+        raise BuildError(f"SHOAL_LLAMA_VARIANTS names variants llama.cpp does not build here: "
+                         f"{sorted(unknown)}; use all, dev or names from {all_variants(machine)}")
+    return names
+
+
+_VARIANT_CALL_RE = re.compile(r"^(\s*)(ggml_add_cpu_backend_variant\(\s*([A-Za-z0-9._]+))",
+                              re.MULTILINE)
+
+
+def keep_variants(cmakelists: Path, keep: tuple[str, ...]) -> None:
+    """Leave only ``keep`` of the CPU variants in ggml's ``ggml/src/CMakeLists.txt`` (a
+    development build compiles two instead of fourteen)."""
+    text = cmakelists.read_text()
+    found = {m[3] for m in _VARIANT_CALL_RE.finditer(text)}
+    missing = set(keep) - found
+    if missing:
+        raise BuildError(f"{cmakelists} builds no CPU variant {sorted(missing)}; this "
+                         "llama.cpp is not the one the build expects")
+    cmakelists.write_text(_VARIANT_CALL_RE.sub(
+        lambda m: m[0] if m[3] in keep else f"{m[1]}# (left out) {m[2]}", text))
+
+
+def main(argv: list[str]) -> int:
+    """``python -m installers.bundle variants [SPEC]``: the variants, space-separated;
+    ``python -m installers.bundle keep-variants CMAKELISTS NAME...``: the edit above."""
+    try:
+        if argv[:1] == ["variants"] and len(argv) <= 2:
+            print(" ".join(expected_variants(spec=argv[1] if len(argv) == 2 else None)))
+            return 0
+        if argv[:1] == ["keep-variants"] and len(argv) >= 3:
+            keep_variants(Path(argv[1]), tuple(argv[2:]))
+            return 0
+    except BuildError as exc:
+        print(f"shoal: {exc}", file=sys.stderr)
+        return 1
+    print("usage: python -m installers.bundle variants [all|dev|NAMES] | "
+          "keep-variants CMAKELISTS NAME...", file=sys.stderr)
+    return 2
 
 
 @dataclass(frozen=True)
@@ -170,3 +261,7 @@ def catalog_file() -> Path:
 
 def has_app_main() -> bool:
     return (ROOT / "app" / "main.py").is_file()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

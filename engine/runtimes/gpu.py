@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.runtimes.cpu_backend import ggml_in_use, lib_dir
 from engine.runtimes.offload import Device, DeviceKind
 
 VULKAN_LIBRARY = "libggml-vulkan.so"
@@ -43,7 +44,8 @@ def _ggml(lib: Any) -> Any:
     """libggml, typed for the calls below (llama-cpp-python loads it beside libllama)."""
     from llama_cpp import _ggml
 
-    g = _ggml.libggml
+    # the copy of libggml whose registry llama.cpp reads (cpu_backend.ggml_in_use)
+    g = ggml_in_use(lib_dir(lib), _ggml.libggml)
     vp, sz = ctypes.c_void_p, ctypes.c_size_t
     for name, args, res in (
         ("ggml_backend_load", [ctypes.c_char_p], vp),

@@ -45,6 +45,7 @@ from engine.runtimes.budget import (
     total_memory_bytes,
     wanted_cells,
 )
+from engine.runtimes.cpu_backend import ggml_in_use, lib_dir, load_cpu_variant
 from engine.runtimes.cpu_quirks import repack_here
 from engine.runtimes.decode_thread import DecodeThreadEngine, Job, PoolLane
 from engine.runtimes.gpu import device_handle, gpu_backends
@@ -102,6 +103,11 @@ def _lib() -> Any:
 
         _log_cb = lib.llama_log_callback(_log)
         lib.llama_log_set(_log_cb, None)
+        from llama_cpp import _ggml
+
+        # a portable build's CPU variants sit in llama_cpp/lib, where ggml does not look
+        folder = lib_dir(lib)
+        load_cpu_variant(folder, ggml_in_use(folder, _ggml.libggml))
         lib.llama_backend_init()
         _lib_mod = lib
         return lib

@@ -1,9 +1,14 @@
-# Sourced by scripts/build-installer (and by scripts/lib/venv.sh when it wants the same
-# build): a PORTABLE llama-cpp-python wheel, built once per machine and reused.
+# Sourced by scripts/lib/venv.sh (.venv) and scripts/build-installer (the bundle): a PORTABLE
+# llama-cpp-python wheel, built once per machine and set of CPU variants, and reused: the one
+# llama.cpp build that .venv, the tests and the installer's tests all run.
 #
-# Portable means: no -march=native. On Linux every CPU variant of ggml's CPU backend is
+# Portable means: no -march=native. On Linux each CPU variant of ggml's CPU backend is
 # built as its own library (libggml-cpu-x64.so ... libggml-cpu-sapphirerapids.so) and
 # llama.cpp loads the best one for the machine it runs on; on macOS the Metal backend.
+# Which variants (SHOAL_LLAMA_VARIANTS): `dev`, the default, is the baseline x64 and the best
+# one this CPU runs (two libraries: the node runs at native speed, and ggml still scores and
+# picks); `all` is every variant, what a release carries (scripts/build-installer's default:
+# about 14 more minutes on 2 cores); or the names.
 # pip's wheel cache does not key on CMAKE_ARGS, so the wheel is built with --no-cache-dir
 # into a folder named after the version and the exact options: a native wheel built
 # elsewhere can never be taken for this one, and options that change make a new folder.
@@ -13,6 +18,7 @@
 #   "$python" -m pip install "$wheel"
 
 SHOAL_LLAMA_VERSION="0.3.36"
+shoal_root="${shoal_root:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
 
 # The CMake options of the portable build for this platform.
 llama_portable_cmake_args() {
@@ -32,11 +38,17 @@ llama_portable_cmake_args() {
     esac
 }
 
-# The folder the wheel lives in: one per version, machine kind and set of options.
+# llama_variants PYTHON: the CPU variants to build, space-separated ("" on macOS)
+llama_variants() {
+    [ "$(uname -s)" = Darwin ] && return 0
+    PYTHONPATH="$shoal_root" "$1" -m installers.bundle variants "${SHOAL_LLAMA_VARIANTS:-dev}"
+}
+
+# The folder the wheel lives in: one per version, machine kind, set of options and variants.
 llama_wheel_dir() {
     local key
-    key="$(printf '%s %s %s' "$SHOAL_LLAMA_VERSION" "$(uname -sm)" "$(llama_portable_cmake_args)" |
-        sha256sum | cut -c1-12)"
+    key="$(printf '%s %s %s %s' "$SHOAL_LLAMA_VERSION" "$(uname -sm)" \
+        "$(llama_portable_cmake_args)" "$1" | sha256sum | cut -c1-12)"
     # inside pip's own cache folder: a machine (or CI) that keeps pip's built wheels keeps
     # this one too, and `pip cache purge` leaves it alone
     echo "${SHOAL_WHEEL_CACHE:-${PIP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pip}/shoal-wheels}/portable-$key"
@@ -46,8 +58,9 @@ llama_wheel_dir() {
 # The build goes to a temporary folder that is renamed into place only when it is checked,
 # so an interrupted build is never reused.
 ensure_llama_wheel() {
-    local py="$1" dir tmp wheel args
-    dir="$(llama_wheel_dir)"
+    local py="$1" dir tmp wheel args variants source every
+    variants="$(llama_variants "$py")" || return 1
+    dir="$(llama_wheel_dir "$variants")"
     wheel="$(ls "$dir"/llama_cpp_python-"$SHOAL_LLAMA_VERSION"-*.whl 2>/dev/null | head -n1)"
     if [ -n "$wheel" ]; then
         echo "$wheel"
@@ -57,35 +70,57 @@ ensure_llama_wheel() {
     tmp="$dir.tmp.$$"
     rm -rf "$tmp"
     mkdir -p "$tmp"
-    echo "shoal: building the portable llama.cpp wheel once for this machine into $dir" \
-        "(about 30 minutes on 2 cores)" >&2
+    echo "shoal: building llama.cpp once for this machine into $dir" \
+        "(CPU variants: ${variants:-none}; about 7 minutes on 2 cores, 20 with every variant)" >&2
+    source="llama-cpp-python==$SHOAL_LLAMA_VERSION"
+    every="$(PYTHONPATH="$shoal_root" "$py" -m installers.bundle variants all)"
+    if [ -n "$variants" ] && [ "$variants" != "$every" ]; then
+        # fewer variants: ggml's list edited in the sdist's own source, built from that folder
+        source="$tmp/src"
+        mkdir -p "$source" "$tmp/sdist"
+        if ! "$py" -m pip download --quiet --no-deps --no-binary :all: --no-cache-dir \
+            -d "$tmp/sdist" "llama-cpp-python==$SHOAL_LLAMA_VERSION" >"$tmp/build.log" 2>&1 ||
+            ! tar -xzf "$tmp"/sdist/llama_cpp_python-*.tar.gz -C "$source" --strip-components=1 ||
+            ! PYTHONPATH="$shoal_root" "$py" -m installers.bundle keep-variants \
+                "$source/vendor/llama.cpp/ggml/src/CMakeLists.txt" $variants; then
+            tail -n 5 "$tmp/build.log" >&2
+            echo "shoal: could not get llama.cpp's source (see above); check the network" \
+                "and run again" >&2
+            return 1
+        fi
+    fi
     if ! CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(llama_jobs)}" \
         "$py" -m pip wheel --no-cache-dir --no-deps --no-binary llama-cpp-python \
-        --progress-bar off -w "$tmp" "llama-cpp-python==$SHOAL_LLAMA_VERSION" >"$tmp/build.log" 2>&1; then
+        --progress-bar off -w "$tmp" "$source" >>"$tmp/build.log" 2>&1; then
         tail -n 30 "$tmp/build.log" >&2
         echo "shoal: building llama.cpp failed (log above, whole log in $tmp/build.log);" \
             "install a C++ compiler and cmake (apt install build-essential cmake) and run again" >&2
         return 1
     fi
     wheel="$(ls "$tmp"/llama_cpp_python-*.whl | head -n1)"
-    llama_wheel_check "$py" "$wheel" || return 1
+    llama_wheel_check "$py" "$wheel" "$variants" || return 1
     printf '%s\n' "$args" >"$tmp/CMAKE_ARGS"
+    printf '%s\n' "$variants" >"$tmp/VARIANTS"
+    rm -rf "$tmp/src" "$tmp/sdist"
     rm -rf "$dir"
     mv "$tmp" "$dir"
     echo "$dir/$(basename "$wheel")"
 }
 
-# llama_wheel_check PYTHON WHEEL: refuse a wheel that is not the portable build.
+# llama_wheel_check PYTHON WHEEL [VARIANTS]: refuse a wheel that is not the portable build
+# with those variants.
 llama_wheel_check() {
-    "$1" - "$2" <<'PY'
+    "$1" - "$2" "${3:-}" <<'PY'
 import sys, zipfile
 names = [n.rsplit("/", 1)[-1] for n in zipfile.ZipFile(sys.argv[1]).namelist()]
 libs = [n for n in names if n.startswith("libggml-cpu")]
+wanted = {f"libggml-cpu-{v}.so" for v in sys.argv[2].split()}
 if sys.platform == "darwin":
     ok = any(n.startswith("libggml-metal") for n in names)
 else:
     # a native build has one libggml-cpu.so; the portable one a library per variant
-    ok = len([n for n in libs if n.startswith("libggml-cpu-")]) >= 2 and "libggml-cpu.so" not in libs
+    ok = len([n for n in libs if n.startswith("libggml-cpu-")]) >= 2 \
+        and "libggml-cpu.so" not in libs and wanted <= set(libs)
 if not ok:
     sys.exit(f"shoal: {sys.argv[1]} is not the portable llama.cpp build (CPU libraries: {libs}); "
              "delete it and run again")

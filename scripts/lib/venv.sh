@@ -1,7 +1,10 @@
 # Sourced by scripts/run and scripts/test: make .venv and install Shoal into it.
-# Idempotent: a stamp of pyproject.toml and the extras skips pip on later calls.
+# Idempotent: a stamp of pyproject.toml, the extras and the llama.cpp wheel skips pip on
+# later calls. llama.cpp is the portable wheel of scripts/lib/llama_wheel.sh, built once per
+# machine: the same build the installer's tests bundle, so it is compiled once, not twice.
 
 shoal_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+. "$shoal_root/scripts/lib/llama_wheel.sh"
 
 shoal_python() {
     for py in python3.13 python3.12 python3.11 python3; do
@@ -27,15 +30,22 @@ ensure_venv() {
         }
     fi
     stamp="$venv/.shoal-installed"
-    want="$extras $(sha256sum "$shoal_root/pyproject.toml" | cut -c1-16)"
+    local wheel=""
+    case ",$extras," in
+        *,llamacpp,*) wheel="$(ensure_llama_wheel "$venv/bin/python")" || return 1 ;;
+    esac
+    want="$extras $(sha256sum "$shoal_root/pyproject.toml" | cut -c1-16) $wheel"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
         return 0
     fi
-    echo "shoal: installing Shoal and its dependencies into .venv (the first time builds llama.cpp: about 15 minutes on 2 cores)"
+    echo "shoal: installing Shoal and its dependencies into .venv"
     "$venv/bin/python" -m pip install --quiet --upgrade pip
-    # the multimodal part of llama.cpp is not used; skipping it saves build time
-    CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}" \
-        "$venv/bin/python" -m pip install --progress-bar off -e "$shoal_root[$extras]" || {
+    if [ -n "$wheel" ]; then
+        # the wheel named as a file wins over any llama-cpp-python pip could find or build
+        "$venv/bin/python" -m pip install --quiet --progress-bar off --no-deps \
+            --force-reinstall "$wheel" || return 1
+    fi
+    "$venv/bin/python" -m pip install --progress-bar off -e "$shoal_root[$extras]" || {
         echo "shoal: installing the Python packages failed (see above); check the network and a C compiler (apt install build-essential cmake)" >&2
         return 1
     }

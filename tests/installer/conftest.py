@@ -31,6 +31,10 @@ ARTIFACTS = ROOT / "test-artifacts" / "installer"
 DIST = ROOT / "dist"
 BUNDLE_DIR = ROOT / "build" / "installer" / "dist" / "shoal"
 BUILD_VENV_PY = ROOT / "build" / "installer" / "venv" / "bin" / "python"
+# the CPU variants the tested bundle carries: the baseline and this CPU's best, the same
+# llama.cpp wheel .venv runs (a release's every variant is a build of its own, 14 more
+# minutes, for what this level checks: that ggml scores the bundle's variants and picks)
+VARIANTS = os.environ.get("SHOAL_LLAMA_VARIANTS", "dev")
 
 
 class Lines:
@@ -125,7 +129,8 @@ def built() -> Built:
     log = ARTIFACTS / "build-installer.log"
     with log.open("w") as out:
         proc = subprocess.run([str(ROOT / "scripts" / "build-installer")], cwd=ROOT,
-                              stdout=out, stderr=subprocess.STDOUT, check=False)
+                              stdout=out, stderr=subprocess.STDOUT, check=False,
+                              env={**os.environ, "SHOAL_LLAMA_VARIANTS": VARIANTS})
     lines = log.read_text().splitlines()
     assert proc.returncode == 0, f"scripts/build-installer failed: {lines[-10:]}"
     version = bundle.version()

@@ -127,21 +127,62 @@ def test_the_wheel_check_refuses_a_native_wheel(tmp_path: Path) -> None:
     bad = _sh(f"llama_wheel_check {sys.executable} {native}")
     assert bad.returncode != 0 and "not the portable llama.cpp build" in bad.stderr
     assert _sh(f"llama_wheel_check {sys.executable} {portable}").returncode == 0
+    assert _sh(f"llama_wheel_check {sys.executable} {portable} 'x64 haswell'").returncode == 0
+    # a wheel without a variant it was built to carry
+    lacking = _sh(f"llama_wheel_check {sys.executable} {portable} 'x64 skylakex'")
+    assert lacking.returncode != 0 and "not the portable llama.cpp build" in lacking.stderr
+
+
+def test_a_development_build_carries_the_baseline_and_the_best_for_this_cpu() -> None:
+    avx2 = frozenset({"sse4_2", "avx", "f16c", "fma", "avx2", "bmi2"})
+    assert bundle.dev_variants("x86_64", avx2) == ("x64", "haswell")
+    assert bundle.dev_variants("x86_64", avx2 | {"avx512f"}) == ("x64", "skylakex")
+    assert bundle.dev_variants("x86_64", avx2 | {"avx512f", "avx512vbmi", "avx512_vnni"}) \
+        == ("x64", "icelake")
+    assert bundle.dev_variants("x86_64", frozenset({"sse4_2", "avx"})) == ("x64", "sandybridge")
+    assert bundle.dev_variants("x86_64", frozenset()) == ("x64", "sse42")
+    assert bundle.expected_variants("x86_64", spec="all") == bundle.X86_VARIANTS
+    assert bundle.expected_variants("x86_64", spec="x64 zen4") == ("x64", "zen4")
+    with pytest.raises(bundle.BuildError, match="does not build here"):
+        bundle.expected_variants("x86_64", spec="x64 pentium")
+
+
+def test_a_development_build_leaves_the_other_variants_out_of_ggml(tmp_path: Path) -> None:
+    cmake = tmp_path / "CMakeLists.txt"
+    cmake.write_text("if (X)\n    ggml_add_cpu_backend_variant(x64)\n"
+                     "    ggml_add_cpu_backend_variant(sse42   SSE42)\n"
+                     "    ggml_add_cpu_backend_variant(haswell SSE42 AVX F16C FMA AVX2 BMI2)\n"
+                     "endif()\n")
+    bundle.keep_variants(cmake, ("x64", "haswell"))
+    lines = cmake.read_text().splitlines()
+    assert lines[1] == "    ggml_add_cpu_backend_variant(x64)"
+    assert lines[2] == "    # (left out) ggml_add_cpu_backend_variant(sse42   SSE42)"
+    assert lines[3].startswith("    ggml_add_cpu_backend_variant(haswell")
+    with pytest.raises(bundle.BuildError, match=r"builds no CPU variant \['zen4'\]"):
+        bundle.keep_variants(cmake, ("x64", "zen4"))
 
 
 def test_a_built_wheel_is_reused_and_keyed_on_the_options(tmp_path: Path) -> None:
-    where = _sh("llama_wheel_dir", SHOAL_WHEEL_CACHE=str(tmp_path)).stdout.strip()
+    py = sys.executable
+    where = _sh(f'llama_wheel_dir "$(llama_variants {py})"',
+                SHOAL_WHEEL_CACHE=str(tmp_path)).stdout.strip()
     assert where.startswith(f"{tmp_path}/portable-")
     wheel = Path(where) / "llama_cpp_python-0.3.36-py3-none-linux_x86_64.whl"
     wheel.parent.mkdir(parents=True)
     wheel.write_bytes(b"")
-    # present: printed as it is, nothing built (a build would take half an hour)
-    got = _sh("ensure_llama_wheel /bin/false", SHOAL_WHEEL_CACHE=str(tmp_path))
-    assert got.returncode == 0 and got.stdout.strip() == str(wheel)
+    # present: printed as it is, nothing built (a build would take minutes)
+    got = _sh(f"ensure_llama_wheel {py}", SHOAL_WHEEL_CACHE=str(tmp_path))
+    assert got.returncode == 0 and got.stdout.strip() == str(wheel), got.stderr
     # other options, another folder: a wheel of other options is never taken for this one
-    other = _sh("llama_portable_cmake_args() { echo -DGGML_NATIVE=ON; }; llama_wheel_dir",
+    other = _sh("llama_portable_cmake_args() { echo -DGGML_NATIVE=ON; }; "
+                f'llama_wheel_dir "$(llama_variants {py})"',
                 SHOAL_WHEEL_CACHE=str(tmp_path)).stdout.strip()
     assert other != where
+    # other variants (a release's every one), another folder too
+    release = _sh(f'llama_wheel_dir "$(llama_variants {py})"', SHOAL_LLAMA_VARIANTS="all",
+                  SHOAL_WHEEL_CACHE=str(tmp_path)).stdout.strip()
+    if sys.platform == "linux":
+        assert release not in (where, other) and release.startswith(f"{tmp_path}/portable-")
     args = _sh("llama_portable_cmake_args").stdout
     if sys.platform == "linux":
         for option in ("-DGGML_NATIVE=OFF", "-DGGML_BACKEND_DL=ON", "-DGGML_CPU_ALL_VARIANTS=ON"):
