@@ -153,7 +153,8 @@ def _deb_compression(deb: Path) -> str:
 def test_the_build_fails_early_and_clearly_without_its_model(tmp_path: Path) -> None:
     if not BUILD_VENV_PY.exists():
         pytest.skip("the build venv is made by scripts/build-installer (the `built` fixture)")
-    env = {**os.environ, "SHOAL_STAGE_MODELS": str(tmp_path)}
+    # the variants the build venv's wheel carries, as scripts/build-installer says them
+    env = {**os.environ, "SHOAL_STAGE_MODELS": str(tmp_path), "SHOAL_LLAMA_VARIANTS": VARIANTS}
     out = run([str(BUILD_VENV_PY), "-m", "PyInstaller", "--noconfirm",
                "--distpath", str(tmp_path / "dist"), "--workpath", str(tmp_path / "work"),
                str(bundle.ROOT / "installers" / "shoal.spec")], env=env, cwd=tmp_path)
