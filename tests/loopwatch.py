@@ -15,6 +15,10 @@ Time the thread was runnable but not given a CPU counts as neither. Garbage coll
 that runs inside the callback is not counted either (it is no fault of the callback's code).
 A watchdog thread samples the running callback every ``BEAT_S`` and records where the
 loop's thread is (its stack), once per blocking callback.
+
+A Qt loop (qasync) also runs Python outside asyncio's callbacks: Qt's slots, its layout and
+painting. There the watch beats every ``BEAT_S`` too and counts as blocked the loop thread's
+CPU time spent outside asyncio's callbacks while a beat is late, over the same bound.
 """
 
 from __future__ import annotations
@@ -122,6 +126,13 @@ class LoopWatch:
     _cpu_clock: int = 0
     _gc: _GcClock | None = None
     _current: _Callback | None = None
+    _in_callbacks: float = 0.0  # CPU seconds the loop thread spent inside callbacks so far
+    # the beats on a Qt loop: when the last one ran, and the thread's CPU then
+    _beats: bool = False
+    _handle: asyncio.TimerHandle | None = None
+    _beat_cpu: float = 0.0
+    _beat_inside: float = 0.0
+    _beat_stall: Stall | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -139,8 +150,17 @@ class LoopWatch:
                 _original_run = asyncio.Handle._run  # type: ignore[attr-defined]
                 asyncio.Handle._run = _run_watched  # type: ignore[attr-defined,method-assign]
             _watches[self._loop_thread] = self
+        self._beats = any(c.__module__.split(".")[0] == "qasync" for c in type(self.loop).__mro__)
+        if self._beats:
+            self._beat()
         self._thread = threading.Thread(target=self._watch, name="loop-watch", daemon=True)
         self._thread.start()
+
+    def _beat(self) -> None:
+        with self._lock:
+            self._beat_cpu, self._beat_inside = time.thread_time(), self._in_callbacks
+            self._beat_stall = None
+        self._handle = self.loop.call_later(BEAT_S, self._beat)
 
     # -- in the loop's thread, around each callback --
 
@@ -159,6 +179,8 @@ class LoopWatch:
         if cb is None:
             return
         now_cpu = time.thread_time()
+        with self._lock:
+            self._in_callbacks += now_cpu - cb.cpu0
         cpu = now_cpu - cb.cpu0 - (self._gc.at(now_cpu) - cb.gc0)
         wall = time.monotonic() - cb.wall0
         if cb.stall is not None:
@@ -174,6 +196,8 @@ class LoopWatch:
         assert self._gc is not None
         while not self._stop.wait(BEAT_S):
             with self._lock:
+                if self._beats:
+                    self._outside_callbacks()
                 cb = self._current
                 if cb is None:
                     continue
@@ -195,9 +219,32 @@ class LoopWatch:
                 cb.stall = Stall(now - cb.wall0, cpu, cb.slept, stack)
                 self.stalls.append(cb.stall)
 
+    def _outside_callbacks(self) -> None:
+        """On a Qt loop, with the lock held: the loop thread's CPU outside asyncio's
+        callbacks since the last beat."""
+        if not self.loop.is_running():
+            return
+        now_cpu = time.clock_gettime(self._cpu_clock)
+        inside = self._in_callbacks - self._beat_inside
+        if self._current is not None:
+            inside += now_cpu - self._current.cpu0
+        outside = now_cpu - self._beat_cpu - inside
+        if outside <= self.bound_s:
+            return
+        if self._beat_stall is not None:
+            self._beat_stall.cpu = outside
+            return
+        frame = sys._current_frames().get(self._loop_thread)
+        stack = "".join(traceback.format_stack(frame)) if frame else "(no stack)"
+        self._beat_stall = Stall(outside, outside, 0.0, "outside asyncio's callbacks (Qt):\n"
+                                 + stack)
+        self.stalls.append(self._beat_stall)
+
     def stop(self) -> None:
         global _original_run
         self._stop.set()
+        if self._handle is not None:
+            self._handle.cancel()
         if self._thread is not None:
             self._thread.join(1)
         if self._gc in gc.callbacks:

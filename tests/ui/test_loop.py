@@ -4,8 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
+
+import pytest
+from PySide6.QtCore import QTimer
 
 from app.loop import make_loop
+from tests.loopwatch import LoopWatch
 from tests.ui.conftest import qapp_instance
 
 
@@ -55,3 +60,30 @@ def test_run_until_complete_on_a_running_loop_still_refuses() -> None:
         assert refused == ["Event loop already running"]
     finally:
         loop.close()
+
+
+def _busy(seconds: float) -> None:
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < seconds:
+        pass
+
+
+@pytest.mark.blocking_ok  # it blocks the loop on purpose, to see the probe catch it
+async def test_the_loop_watch_catches_a_qt_slot_that_blocks_the_loop() -> None:
+    """Qt runs its slots outside asyncio's callbacks: the watch sees them too."""
+    watch = LoopWatch(asyncio.get_running_loop(), bound_s=0.1)
+    watch.start()
+    ran = asyncio.Event()
+
+    def slot() -> None:  # a Qt timer's slot, called by Qt, not by asyncio
+        _busy(0.4)
+        ran.set()
+
+    QTimer.singleShot(0, slot)
+    await asyncio.wait_for(ran.wait(), 30)
+    await asyncio.sleep(0.05)
+    watch.stop()
+    assert len(watch.stalls) == 1, watch.report()
+    assert watch.stalls[0].cpu > 0.1
+    assert "outside asyncio's callbacks" in watch.stalls[0].stack
+    assert "_busy(0.4)" in watch.stalls[0].stack
