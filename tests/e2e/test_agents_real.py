@@ -7,17 +7,18 @@ no API error.
 Claude Code and Codex take an answer cut at its token limit for an error (Claude Code:
 "response exceeded the N output token maximum"; Codex: "Incomplete response returned,
 reason: max_output_tokens"), so a model that never ends its answer never lets them exit 0.
-Gemma 3 270M (its 32,768-token window holds Claude Code's ~22,000-token prompt with its
-tools) is such a base model: Claude Code runs on it with a small output cap, and what is
-held is that every request was answered whole, the only complaint being Claude Code's own
-about that cap (the full session, tool round trip included, runs on a scripted model in
-tests/integration/test_real_agents.py; the prompt cache across sessions on this model in
-scripts/bench/agents.py). SmolLM2-135M-Instruct ends its answers, in a window of 16,384
-tokens (twice what it was trained on) that holds Codex's prompt: Codex runs on it, through a
-pass-through of this test's own that pins temperature 0 where Codex leaves it out (Codex
-sets no output cap, and a sampled answer of a 135M model now and then runs on for the whole
-window, at minutes of decode here; greedy, it ends). opencode runs on Gemma with its own
-output cap (it takes a cut answer)"""
+Gemma 3 270M is such a base model: Claude Code runs on it with a small output cap, and what
+is held is that every request was answered whole, the only complaint being Claude Code's own
+about that cap. Claude Code runs here with one tool (Bash) and a one-line system prompt, a
+prompt of about two thousand tokens: its default prompt of about 22,000 tokens takes minutes
+of prefill on two cores, and is measured with the prompt cache across sessions on this model
+in scripts/bench/agents.py (the full session, tool round trip included, runs on a scripted
+model in tests/integration/test_real_agents.py). SmolLM2-135M-Instruct ends its answers, in
+a window of 16,384 tokens (twice what it was trained on) that holds Codex's prompt: Codex
+runs on it, through a pass-through of this test's own that pins temperature 0 where Codex
+leaves it out (Codex sets no output cap, and a sampled answer of a 135M model now and then
+runs on for the whole window, at minutes of decode here; greedy, it ends). opencode runs on
+Gemma with its own output cap (it takes a cut answer)"""
 
 from __future__ import annotations
 
@@ -141,7 +142,8 @@ async def test_claude_code_over_messages(served: tuple[Proc, Path, int], tmp_pat
                                          agent_binaries: dict[str, Path]):
     head = served[0]
     await run_real("claude", served, agent_binaries, tmp_path,
-                   ["-p", "Say hello.", "--allowedTools", "Bash"],
+                   ["-p", "Say hello.", "--tools", "Bash", "--allowedTools", "Bash",
+                    "--system-prompt", "You are a terse assistant."],
                    {"CLAUDE_CODE_MAX_OUTPUT_TOKENS": str(ANSWER_TOKENS)},
                    capped=f"response exceeded the {ANSWER_TOKENS} output token maximum")
     assert "placed on 'n0'" in head.log_text()  # it reached the real node
