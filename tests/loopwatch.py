@@ -94,6 +94,7 @@ class _Callback:
     slept: float = 0.0
     sampled: float = 0.0  # when the watchdog last looked at it
     stall: Stall | None = None
+    ended: bool = False
 
 
 # the loop's thread -> its watch; Handle._run is patched once while any watch runs
@@ -133,7 +134,9 @@ class LoopWatch:
     _beat_cpu: float = 0.0
     _beat_inside: float = 0.0
     _beat_stall: Stall | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    # held only to decide who records a callback's stall (never while reading /proc or a
+    # stack, which would make the loop's thread wait on this one)
+    _claim: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -157,9 +160,8 @@ class LoopWatch:
         self._thread.start()
 
     def _beat(self) -> None:
-        with self._lock:
-            self._beat_cpu, self._beat_inside = time.thread_time(), self._in_callbacks
-            self._beat_stall = None
+        self._beat_cpu, self._beat_inside = time.thread_time(), self._in_callbacks
+        self._beat_stall = None
         self._handle = self.loop.call_later(BEAT_S, self._beat)
 
     # -- in the loop's thread, around each callback --
@@ -169,22 +171,22 @@ class LoopWatch:
         cpu = time.thread_time()
         cb = _Callback(handle, time.monotonic(), cpu, self._gc.at(cpu))
         cb.sampled = cb.wall0
-        with self._lock:
-            self._current = cb
+        self._current = cb
 
     def _leave(self) -> None:
         assert self._gc is not None
-        with self._lock:
-            cb, self._current = self._current, None
+        cb, self._current = self._current, None
         if cb is None:
             return
         now_cpu = time.thread_time()
-        with self._lock:
-            self._in_callbacks += now_cpu - cb.cpu0
+        self._in_callbacks += now_cpu - cb.cpu0
         cpu = now_cpu - cb.cpu0 - (self._gc.at(now_cpu) - cb.gc0)
         wall = time.monotonic() - cb.wall0
-        if cb.stall is not None:
-            cb.stall.seconds, cb.stall.cpu = wall, max(cb.stall.cpu, cpu)
+        with self._claim:
+            cb.ended = True
+            stall = cb.stall
+        if stall is not None:
+            stall.seconds, stall.cpu = wall, max(stall.cpu, cpu)
         elif cpu > self.bound_s:
             # over before the watchdog looked (it samples every BEAT_S): no stack to show
             self.stalls.append(Stall(wall, cpu, cb.slept, f"{cb.handle!r} (it ended before the "
@@ -193,41 +195,55 @@ class LoopWatch:
     # -- the watchdog thread --
 
     def _watch(self) -> None:
+        # no lock is shared with the loop's thread: it would wait on this thread, which waits
+        # on the GIL, and the watch would see its own wait as a blocked loop. Each field is
+        # written by one thread and read whole by the other (the GIL makes that atomic)
         assert self._gc is not None
         while not self._stop.wait(BEAT_S):
-            with self._lock:
-                if self._beats:
-                    self._outside_callbacks()
-                cb = self._current
-                if cb is None:
-                    continue
-                now = time.monotonic()
-                since, cb.sampled = now - cb.sampled, now
-                if now - cb.wall0 <= min(self.bound_s, self.sleep_bound_s):
-                    continue
-                if _state(self._native_id) in ("S", "D"):
+            if self._beats:
+                self._outside_callbacks()
+            cb = self._current
+            if cb is None:
+                continue
+            now = time.monotonic()
+            since, cb.sampled = now - cb.sampled, now
+            if now - cb.wall0 <= min(self.bound_s, self.sleep_bound_s):
+                continue
+            now_cpu = time.clock_gettime(self._cpu_clock)
+            cpu = now_cpu - cb.cpu0 - (self._gc.at(now_cpu) - cb.gc0)
+            if cb.stall is not None:
+                cb.stall.seconds, cb.stall.cpu, cb.stall.slept = now - cb.wall0, cpu, cb.slept
+                continue
+            if cpu <= self.bound_s:
+                # reading /proc lets the GIL go: only where the CPU has not decided already
+                if _state(self._native_id) in ("S", "D") and self._current is cb:
                     cb.slept += since
-                now_cpu = time.clock_gettime(self._cpu_clock)
-                cpu = now_cpu - cb.cpu0 - (self._gc.at(now_cpu) - cb.gc0)
-                if cb.stall is not None:
-                    cb.stall.seconds, cb.stall.cpu, cb.stall.slept = now - cb.wall0, cpu, cb.slept
+                if cb.slept <= self.sleep_bound_s:
                     continue
-                if cpu <= self.bound_s and cb.slept <= self.sleep_bound_s:
-                    continue
-                frame = sys._current_frames().get(self._loop_thread)
-                stack = "".join(traceback.format_stack(frame)) if frame else "(no stack)"
-                cb.stall = Stall(now - cb.wall0, cpu, cb.slept, stack)
-                self.stalls.append(cb.stall)
+            # where the thread is now, quickly (no source lines read yet): the callback may
+            # end while this thread waits for the GIL
+            frame = sys._current_frames().get(self._loop_thread)
+            where = (traceback.StackSummary.extract(traceback.walk_stack(frame),
+                                                    lookup_lines=False) if frame else None)
+            with self._claim:
+                if cb.ended:
+                    continue  # it ended meanwhile: its own end judged it by its CPU
+                cb.stall = stall = Stall(now - cb.wall0, cpu, cb.slept, "(no stack)")
+            self.stalls.append(stall)
+            if where is not None:
+                where.reverse()  # walk_stack goes from the innermost frame out
+                stall.stack = "".join(where.format())
 
     def _outside_callbacks(self) -> None:
-        """On a Qt loop, with the lock held: the loop thread's CPU outside asyncio's
-        callbacks since the last beat."""
+        """On a Qt loop: the loop thread's CPU outside asyncio's callbacks since the last
+        beat."""
         if not self.loop.is_running():
             return
         now_cpu = time.clock_gettime(self._cpu_clock)
         inside = self._in_callbacks - self._beat_inside
-        if self._current is not None:
-            inside += now_cpu - self._current.cpu0
+        current = self._current
+        if current is not None:
+            inside += now_cpu - current.cpu0
         outside = now_cpu - self._beat_cpu - inside
         if outside <= self.bound_s:
             return
