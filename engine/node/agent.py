@@ -28,6 +28,10 @@ Idle unload (``idle_unload_s``, an engine that is a
 engine frees its model and pool, the links stay up and the stats say "asleep";
 the next session wakes it (the stats say "waking", and that session's head gets
 ``Progress(loading=True)`` while the model loads).
+
+A :class:`NodeObserver` given at construction (benchmarks, tests) is told of each
+generation the node admits and of each ``Tokens`` record it hands to the link; without
+one the node does nothing more per token.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from engine import models
 from engine.link import messages as m
@@ -76,6 +80,20 @@ NO_FLEET_MODELS = ("this node does not take models chosen by heads; choose its m
                    "that machine")
 
 
+class NodeObserver(Protocol):
+    """Told of the node's work as it happens, on the node's loop: it must return at once
+    and never raise (what it raises fails the generation it was told of)."""
+
+    def admitted(self, gen: m.Generate) -> None:
+        """``gen`` took a lane: the head has been told it was accepted."""
+        ...
+
+    def tokens(self, gen: m.Generate, record: m.Tokens) -> None:
+        """``record``, the next tokens of ``gen``, is being handed to the link (just
+        before it is, in the same step of the loop that the engine produced them in)."""
+        ...
+
+
 @dataclass
 class _HeadLinks:
     links: set[Carrier] = field(default_factory=set)
@@ -90,8 +108,10 @@ class NodeAgent:
                  probe: Sequence[Sequence[int]] = (), probe_source: str = "",
                  idle_unload_s: float | None = None,
                  machine: Callable[[], MachineFacts] | None = None,
-                 serve_model: ServeModelAsked | None = None) -> None:
+                 serve_model: ServeModelAsked | None = None,
+                 observer: NodeObserver | None = None) -> None:
         self.engine = engine
+        self.observer = observer  # told of admissions and Tokens records (None: nobody)
         self.machine = machine  # what the stats say of the machine (None: nothing)
         self.serve_model = serve_model  # None: heads cannot choose this node's model
         self.probe = probe  # the engine's ids for PROBE_TEXTS; () when not checked
@@ -416,6 +436,8 @@ class NodeAgent:
         except LinkClosed:
             self._release(run)
             return None
+        if self.observer is not None:
+            self.observer.admitted(gen)
         self._broadcast_stats()
         run.task = self._spawn(self._generate(link, run), f"gen-{gen.session}")
         return run
@@ -490,6 +512,7 @@ class NodeAgent:
                     if run.generation is None:
                         return
                 generation = run.generation
+                observer = self.observer
                 if run.progress:
                     reporter = self._spawn(self._reporting(link, run, loading=False),
                                            f"progress-{run.session}")
@@ -500,7 +523,10 @@ class NodeAgent:
                     if leases.expired(run.lease, self._clock()):
                         fenced = True
                         break
-                    link.send(m.Tokens(ids=ids, index=index))
+                    record = m.Tokens(ids=ids, index=index)
+                    if observer is not None:
+                        observer.tokens(run.gen, record)
+                    link.send(record)
                     index += len(ids)
                     await link.drain()
                 if run.fenced or fenced:

@@ -19,6 +19,9 @@ keeps what it held) lets it skip the prefill. Measured here with the real binari
 Target: the second session's first request at most 0.2x the first's time to first token.
 
 Run: .venv/bin/python scripts/bench/agents.py [--out docs/benchmarks.md] [--no-write]
+Smoke (seconds: the same two sessions against the mock runtime, whose prefill is instant,
+so what is checked is the plumbing and the figures' sense; the report to a temp folder):
+     .venv/bin/python scripts/bench/agents.py --smoke
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ CACHE = Path(os.environ.get("SHOAL_BENCH_CACHE", "~/.cache/shoal-bench")).expand
 TARGET = 0.2
 READY_S = 300.0
 RUN_S = 900.0
+SMOKE_WINDOW = 1 << 20  # the mock's tokens are bytes: room for Claude Code's prompt
 PROMPTS = ("What is two plus two? Answer with one word.",
            "Name one colour of the rainbow. Answer with one word.")
 
@@ -164,13 +168,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if claude is None:
         raise SystemExit("Claude Code is not installed: run .venv/bin/python scripts/lib/agents.py")
     work = Path(tempfile.mkdtemp(prefix="shoal-bench-agents-"))
-    gguf = await asyncio.to_thread(ensure_test_gemma, CACHE / "home")
+    if args.smoke:
+        served = ["mock", "--runtime", "mock", "--max-context", str(SMOKE_WINDOW)]
+    else:
+        served = [str(await asyncio.to_thread(ensure_test_gemma, CACHE / "home"))]
     port, proxy_port = _free_port(), _free_port()
     env = {**os.environ, "SHOAL_HOME": str(work / "home"),
            "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}
     head_log = (work / "head.log").open("wb")
     head = await asyncio.create_subprocess_exec(
-        str(ROOT / ".venv" / "bin" / "shoal"), "serve", str(gguf), "--http", f"127.0.0.1:{port}",
+        str(ROOT / ".venv" / "bin" / "shoal"), "serve", *served, "--http", f"127.0.0.1:{port}",
         "--discovery", "none", "--max-batch", str(args.lanes), stdout=head_log,
         stderr=subprocess.STDOUT, env=env, start_new_session=True)
     recorder = Recorder(f"http://127.0.0.1:{port}")
@@ -292,7 +299,16 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the mock runtime instead of Gemma, the report to a temp folder; "
+                    "exit 1 if the figures make no sense")
     args = ap.parse_args()
+    if args.smoke:
+        from scripts.bench.smoke import scratch
+
+        args.out = scratch("agents") / "benchmarks.md"
+        args.plot = args.out.with_name("agents_cache.png")
+        args.no_write = False
     result = asyncio.run(run(args))
     print(json.dumps({k: v for k, v in result.items() if k != "sessions"}))
     if args.json:
@@ -303,6 +319,22 @@ def main() -> None:
         print(f"wrote {args.out}")
     med = statistics.median([s["ttft_s"] for s in result["sessions"]])
     print(f"median TTFT {med:.2f} s; ratio {result['ratio']:.3f}")
+    if args.smoke:
+        smoke_verdict(result)
+
+
+def smoke_verdict(result: dict[str, Any]) -> None:
+    from scripts.bench.smoke import verdict
+
+    sessions = result["sessions"]
+    verdict({"ratio": result["ratio"], "sessions": [
+        {k: s[k] for k in ("exit", "ttft_s", "prompt_tokens", "cached_tokens", "status")}
+        for s in sessions]},
+        {"two sessions ran": len(sessions) == 2,
+         "each first request was answered": all(s["status"] == 200 for s in sessions),
+         "each carried Claude Code's prompt": all(s["prompt_tokens"] > 1000 for s in sessions),
+         "each was timed": all(s["ttft_s"] and s["ttft_s"] > 0 for s in sessions),
+         "the ratio was computed": 0 < result["ratio"] < 100})
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ through its API from this process; a 16 ms Qt timer in the app records how late 
 tick fires (the time Qt could not draw), and every stall over 50 ms is counted.
 
 Run: .venv/bin/python scripts/bench/app.py [--idle-s 20] [--out docs/benchmarks.md]
+Smoke (seconds: 1 s idle, 2 short streams, figures checked, the report to a temp folder):
+     .venv/bin/python scripts/bench/app.py --smoke
 Only the processes started here are ended, by their ids; traffic stays on loopback.
 """
 
@@ -320,7 +322,8 @@ class Lines:
             return self.marks[name]
 
 
-def run_app(home: Path, display: Display | None, idle_s: float) -> dict[str, Any]:
+def run_app(home: Path, display: Display | None, idle_s: float, streams: int = STREAMS,
+            stream_tokens: int = STREAM_TOKENS) -> dict[str, Any]:
     env = {**os.environ, "SHOAL_HOME": str(home), "PYTHONPATH": str(ROOT),
            "XDG_CONFIG_HOME": str(home / "xdg"), "PYTHON_KEYRING_BACKEND":
            "keyring.backends.null.Keyring",
@@ -332,7 +335,7 @@ def run_app(home: Path, display: Display | None, idle_s: float) -> dict[str, Any
     proc = subprocess.Popen([sys.executable, __file__, "--child", str(home)], cwd=ROOT,
                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=log, text=True)
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"streams": streams, "stream_tokens": stream_tokens}
     try:
         lines = Lines(proc)
         if display is not None:
@@ -365,7 +368,7 @@ def run_app(home: Path, display: Display | None, idle_s: float) -> dict[str, Any
 
         def one(i: int) -> None:
             try:
-                body = json.dumps({"model": name, "max_tokens": STREAM_TOKENS,
+                body = json.dumps({"model": name, "max_tokens": stream_tokens,
                                    "stream": True, "seed": i, "messages": [
                                        {"role": "user", "content": f"Tell story {i} "
                                                                    "about the sea."}]})
@@ -379,7 +382,7 @@ def run_app(home: Path, display: Display | None, idle_s: float) -> dict[str, Any
                 errors.append(exc)
 
         started = time.monotonic()
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(STREAMS)]
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
         for t in threads:
             t.start()
         for t in threads:
@@ -415,8 +418,11 @@ def run_headless(home: Path, port: int, idle_s: float) -> dict[str, Any]:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
                 conn.request("GET", "/v1/models")
                 r = conn.getresponse()
-                if r.status == 200 and json.loads(r.read())["data"]:
-                    break  # the node is ready: its model is listed
+                # the node is ready once its model is listed as ready (a model still
+                # loading is listed too, and a request then would wait in the queue)
+                if r.status == 200 and any(m.get("status") == "ready"
+                                           for m in json.loads(r.read())["data"]):
+                    break
             except OSError:
                 pass
             if time.monotonic() > deadline or proc.poll() is not None:
@@ -449,6 +455,7 @@ def pct(values: list[float], q: float) -> float:
 def section(app: dict[str, Any], headless: dict[str, Any], idle_s: float,
             load: tuple[float, float]) -> str:
     late = app["late"]
+    streams, stream_tokens = app["streams"], app["stream_tokens"]
     stalls = [x for x in late if x > STALL_MS]
     tray_line = ("Xvfb with Debian's `trayer` as the tray host (XEmbed)"
                  if app["system_tray"] else "offscreen, no tray host (the app's window)")
@@ -461,8 +468,8 @@ def section(app: dict[str, Any], headless: dict[str, Any], idle_s: float,
         f"is \"{QUESTION}\" ({ANSWER_TOKENS} tokens at most), asked through the page's own "
         f"code. Idle: the window closed, {idle_s:.0f} s of CPU from /proc after the answer, "
         f"against `shoal serve` on the same model, asked the same question once. Frame time: "
-        f"the window on the Fleet page while {STREAMS} streams of {STREAM_TOKENS} tokens run "
-        f"through the app's API on its {STREAMS} lanes, a {TICK_MS} ms Qt timer in the app "
+        f"the window on the Fleet page while {streams} streams of {stream_tokens} tokens run "
+        f"through the app's API on its {streams} lanes, a {TICK_MS} ms Qt timer in the app "
         f"recording how late each tick fires. One run; {platform.machine()}, "
         f"{os.cpu_count()} cores shared with other work (load average {load[0]:.2f} at the "
         f"start, {load[1]:.2f} at the end), Python {platform.python_version()}.", "",
@@ -485,7 +492,7 @@ def section(app: dict[str, Any], headless: dict[str, Any], idle_s: float,
         f"| resident memory, headless | {headless['rss']:.0f} MB | | |",
         f"| app minus headless | {app['rss'] - headless['rss']:.0f} MB | within 150 MB | "
         f"{verdict(app['rss'] - headless['rss'] <= 150)} |",
-        f"| UI tick lateness while {STREAMS} lanes stream: median / p99 / max | "
+        f"| UI tick lateness while {streams} lanes stream: median / p99 / max | "
         f"{statistics.median(late):.1f} / {pct(late, 0.99):.1f} / {max(late):.1f} ms | "
         f"no stall over {STALL_MS:.0f} ms | {verdict(not stalls)} |",
         f"| stalls over {STALL_MS:.0f} ms (of {len(late)} ticks, {app['stream_s']:.1f} s "
@@ -523,6 +530,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--offscreen", action="store_true", help="no Xvfb and trayer")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     ap.add_argument("--keep-logs", type=Path, help="copy the app's and serve's logs here")
+    ap.add_argument("--smoke", action="store_true",
+                    help="1 s idle, 2 short streams, the report to a temp folder; exit 1 if "
+                    "the figures make no sense")
     args = ap.parse_args(argv)
     global KEEP_LOGS
     KEEP_LOGS = args.keep_logs
@@ -530,10 +540,17 @@ def main(argv: list[str] | None = None) -> int:
         KEEP_LOGS.mkdir(parents=True, exist_ok=True)
     if args.child is not None:
         return child(args.child)
+    streams, stream_tokens = STREAMS, STREAM_TOKENS
+    if args.smoke:
+        from scripts.bench.smoke import scratch
+
+        args.idle_s, streams, stream_tokens = 1.0, 2, 16
+        args.out = scratch("app") / "benchmarks.md"
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="shoal-bench-app-") as tmp, \
             maybe_display(not args.offscreen) as display:
-        app = run_app(prepared_home(Path(tmp), "app", free_port()), display, args.idle_s)
+        app = run_app(prepared_home(Path(tmp), "app", free_port()), display, args.idle_s,
+                      streams, stream_tokens)
         print("app:", {k: v for k, v in app.items() if k != "late"}, flush=True)
         port = free_port()
         headless = run_headless(prepared_home(Path(tmp), "headless", port), port,
@@ -542,7 +559,26 @@ def main(argv: list[str] | None = None) -> int:
     text = section(app, headless, args.idle_s, (load0, os.getloadavg()[0]))
     write(args.out, text)
     print(text)
+    if args.smoke:
+        smoke_verdict(app, headless)
     return 0
+
+
+def smoke_verdict(app: dict[str, Any], headless: dict[str, Any]) -> None:
+    from scripts.bench.smoke import verdict
+
+    ratio = app["rss"] / headless["rss"] if headless["rss"] else float("nan")
+    verdict({"tray_s": app["tray_s"], "docked_s": app.get("docked_s"),
+             "answer_s": app["answer_s"], "answer": app["answer"], "ticks": len(app["late"]),
+             "idle_cpu": [app["cpu"], headless["cpu"]], "rss_mb": [app["rss"], headless["rss"]],
+             "rss_app_over_headless": ratio},
+            {"the milestones came in order": 0 < app["tray_s"] <= app["ready_s"]
+             <= app["asked_s"] <= app["first_token_s"] <= app["answer_s"],
+             "Try it showed an answer": bool(app["answer"].strip()),
+             "the UI ticked while the lanes streamed": len(app["late"]) > 0
+             and app["stream_s"] > 0,
+             "idle CPU was measured": app["cpu"] >= 0 and headless["cpu"] >= 0,
+             "the memory ratio was computed": 0.5 < ratio < 20})
 
 
 if __name__ == "__main__":

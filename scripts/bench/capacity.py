@@ -124,7 +124,7 @@ def main() -> None:
         verdict(r, {
             "the session ran to the window's end": bool(r["ran_to_window_end"]),
             "its prompt was the whole window less its answer":
-                r["prompt_tokens"] == args.window - 8,
+                r["prompt_tokens"] == args.window - 7,
             "a second session was refused while the pool was committed":
                 bool(r["second_session_refused"]),
             "the prefill rate was measured": r["prefill_tps"] > 0,

@@ -38,6 +38,8 @@ the poll). Interpreter start + the join path's imports are timed separately.
 
 Run: sudo .venv/bin/python scripts/bench/discovery.py [--runs 7] [--budget 20]
      [--scenarios mdns,tailnet] [--out docs/benchmarks.md] [--keep-logs]
+Smoke (seconds, no root: one tailnet run, figures checked, the report to a temp folder):
+     .venv/bin/python scripts/bench/discovery.py --smoke
 Traffic stays on loopback and inside the namespaces made here, which are
 deleted at the end; every loop is bounded in time; the only processes ended
 are the ones this script started, by their process ids.
@@ -632,10 +634,19 @@ def main() -> None:
                     help="the Shoal checkout the head and nodes run from (default: this one)")
     ap.add_argument("--keep-logs", action="store_true")
     ap.add_argument("--probe", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--smoke", action="store_true",
+                    help="one tailnet run, the report to a temp folder; exit 1 if the "
+                    "figures make no sense")
     args = ap.parse_args()
     if args.probe is not None:
         probe_main(args.probe)
         return
+    if args.smoke:
+        sys.path.insert(0, str(ROOT))
+        from scripts.bench.smoke import scratch
+
+        args.runs, args.scenarios, args.no_write = 1, "tailnet", False
+        args.out = scratch("discovery") / "benchmarks.md"
     if not 1 <= args.runs <= 100 or not 1 <= args.budget <= 120:
         ap.error("--runs must be 1..100 and --budget 1..120")
     args.code = args.code.resolve()
@@ -668,6 +679,25 @@ def main() -> None:
     if not args.no_write:
         replace_section(args.out, HEADING, section)
         print(f"wrote the section {HEADING!r} of {args.out}")
+    if args.smoke:
+        smoke_verdict(scenarios, startup, args.budget)
+
+
+def smoke_verdict(scenarios: list[Scenario], startup: dict[str, list[float]],
+                  budget: float) -> None:
+    from scripts.bench.smoke import verdict
+
+    runs = [r for sc in scenarios for r in sc.runs]
+    totals = [r.total for r in runs if r.ok and r.total is not None]
+    parts = [(r.to_joining, r.joining_to_head, r.head_to_200) for r in runs if r.ok]
+    verdict({"runs": len(runs), "ok": len(totals), "total_s": totals, "parts_s": parts,
+             "imports_s": startup.get("imports"), "pin_broken": [
+                 b for sc in scenarios for b in sc.pin_broken]},
+            {"every run placed a session on its node": bool(runs) and len(totals) == len(runs),
+             "each run took a sane time": all(0 < t < budget for t in totals),
+             "each run's parts were timed": all(None not in p for p in parts),
+             "?host= pinning held": not any(sc.pin_broken for sc in scenarios),
+             "start-up was timed": bool(startup.get("imports"))})
 
 
 if __name__ == "__main__":

@@ -21,6 +21,9 @@ Second turn: ``CONVERSATIONS`` chats of ~``--turn-tokens`` tokens through the he
 
 Run: .venv/bin/python scripts/bench/engine_node.py [--rounds 6] [--tokens 128]
      [--engine vllm --upstream http://127.0.0.1:8000 --head-model SPEC] [--out FILE]
+     [--llama-server PATH]
+Smoke (seconds: 1 stream, a round, 8 tokens, one short conversation, figures checked,
+the report to a temp folder): .venv/bin/python scripts/bench/engine_node.py --smoke
 Traffic goes only to 127.0.0.1 (and to the --upstream given); every loop is bounded; the
 only processes ended are those this script started, by their pids.
 """
@@ -33,6 +36,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -343,7 +347,22 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md",
                     help="the report (the section is replaced); '-' prints only")
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "engine_node.png")
+    ap.add_argument("--llama-server", type=Path, default=None,
+                    help="this llama-server binary (default: the one built for this machine, "
+                    "built once if need be)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="1 stream, a round of 8 tokens, one short conversation, the report "
+                    "to a temp folder; exit 1 if the figures make no sense")
     args = ap.parse_args()
+    conversations = CONVERSATIONS
+    if args.smoke:
+        from scripts.bench.smoke import scratch
+
+        args.levels, args.rounds, args.tokens, args.turn_tokens = "1", 1, 8, 120
+        args.threads = 1  # no thread waits at a barrier for a core a busy machine lends late
+        conversations = 1
+        args.out = scratch("engine-node") / "benchmarks.md"
+        args.plot = args.out.with_name("engine_node.png")
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     if args.engine == "vllm" and not args.upstream:
         raise SystemExit("--engine vllm needs --upstream URL of a running vLLM "
@@ -365,7 +384,7 @@ def main() -> None:
         upstream = args.upstream
         if upstream is None:
             try:
-                binary = ensure_llama_server()
+                binary = args.llama_server or ensure_llama_server()
             except BuildFailed as exc:
                 raise SystemExit(f"llama-server: {exc}") from None
             version = server_version(binary)
@@ -415,7 +434,7 @@ def main() -> None:
                   + "; through: " + " ".join(f"{x:.0f}" for x in through.tps)
                   + f"; failed direct {len(direct.failed)}, through {len(through.failed)}"
                   + (f" ({through.failed[0]})" if through.failed else ""), flush=True)
-        convs = [conversation(model, seed, args.turn_tokens) for seed in range(CONVERSATIONS)]
+        convs = [conversation(model, seed, args.turn_tokens) for seed in range(conversations)]
         turn = asyncio.run(turns(sides, convs, args.tokens))
         print(f"second turn: first {statistics.median(turn.first or [0]) * 1000:,.0f} ms, "
               f"second {statistics.median(turn.second or [0]) * 1000:,.0f} ms, ratio "
@@ -426,7 +445,26 @@ def main() -> None:
             stop_process(proc)  # type: ignore[arg-type]
         if server is not None:
             server.stop_sync()
+        shutil.rmtree(home, ignore_errors=True)  # the fleet's token; the logs are in --cache
     report(rows, turn, args, engine=args.engine, version=version, load=load)
+    if args.smoke:
+        smoke_verdict(rows, turn)
+
+
+def smoke_verdict(rows: list[dict[str, Any]], turn: Turns) -> None:
+    from scripts.bench.smoke import verdict
+
+    verdict({"ratio": [r["ratio"] for r in rows],
+             "tok_s": [(r["direct"].tps_median, r["head"].tps_median) for r in rows],
+             "failed": [len(r["direct"].failed) + len(r["head"].failed) for r in rows],
+             "turn_ratio": turn.ratio, "turn_failed": len(turn.failed)},
+            {"both sides streamed at every level": all(
+                r["direct"].tokens > 0 and r["head"].tokens > 0 for r in rows),
+             "no request failed": not any(r["direct"].failed or r["head"].failed
+                                          for r in rows) and not turn.failed,
+             "the ratio through head and node was computed": all(
+                 0 < r["ratio"] < 10 for r in rows),
+             "the second turn was timed": bool(turn.first) and 0 < turn.ratio < 100})
 
 
 async def served_model(head_url: str) -> str:

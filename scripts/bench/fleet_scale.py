@@ -14,9 +14,10 @@ The fleet, all on this machine and on 127.0.0.1:
 
 Added latency per token: the time the token reached the client minus the time the
 node's engine produced it. Both are CLOCK_MONOTONIC (``time.monotonic``), which every
-process on one machine shares: the node processes wrap the mock so that every batch
-it yields is stamped (seed, index, count, time) in a side table, written out at the
-end; the client stamps every piece it reads. A token's latency is thus the link,
+process on one machine shares: each node process gives its agents an observer (the
+engine's public ``NodeObserver`` hook) that stamps every batch as the agent hands it to
+the link (seed, index, count, time) in a side table, written out at the end; the client
+stamps every piece it reads. A token's latency is thus the link,
 the head and the HTTP write, plus the time the client process took to read it (its
 own CPU is reported, since it shares the 2 cores).
 
@@ -28,6 +29,8 @@ Run: .venv/bin/python scripts/bench/fleet_scale.py [--heads 1] [--streams 800]
      [--duration 30] [--engine-root PATH] [--json runs.jsonl --label after-800-h1]
      [--profile out.txt]   (py-spy on the head: pip install py-spy, not a dependency)
 then: .venv/bin/python scripts/bench/fleet_scale.py summary runs.jsonl [--plot out.png]
+Smoke (seconds; checks that streams complete, none lost, latencies measured; writes
+nothing): .venv/bin/python scripts/bench/fleet_scale.py --smoke
 ``--engine-root`` runs the nodes and heads from another checkout (a worktree of
 main, for a before/after comparison); the client and the analysis are this file's.
 """
@@ -50,9 +53,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.link import messages as m
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT_TEXT = "<|im_start|>user\nbench<|im_end|>\n<|im_start|>assistant\n"
@@ -83,43 +88,39 @@ def rss_kib(pid: int) -> int:
 # -- node group (a child process) -----------------------------------------------------------
 
 
+class Stamps:
+    """A NodeObserver (engine/node/agent.py) that stamps every Tokens record as the agent
+    hands it to the link: (seed, index, count, time), kept in arrays, no object per
+    token (the nodes share the cores with the head they are measured through)."""
+
+    def __init__(self) -> None:
+        self.arrays = (array.array("q"), array.array("l"), array.array("l"),
+                       array.array("d"))
+
+    def admitted(self, gen: m.Generate) -> None:
+        return None
+
+    def tokens(self, gen: m.Generate, record: m.Tokens) -> None:
+        seeds, index, count, at = self.arrays
+        seeds.append(gen.sampling.seed or 0)
+        index.append(record.index)
+        count.append(len(record.ids))
+        at.append(time.monotonic())
+
+
 def node_group(args: argparse.Namespace) -> None:
-    from engine.link import messages as m
-    from engine.link.transport import Link
+    import inspect
+
     from engine.node.agent import NodeAgent
     from engine.runtimes.mock import MockEngine
     from engine.secrets import read_token
 
+    if "observer" not in inspect.signature(NodeAgent).parameters:
+        raise SystemExit("this engine's NodeAgent takes no observer (it is older than the "
+                         "hook that stamps its tokens); run --engine-root on a checkout that "
+                         "has it")
     psk = read_token(Path(args.token))
-    stamps = (array.array("q"), array.array("l"), array.array("l"), array.array("d"))
-    seed_of: dict[int, int] = {}  # id(link) -> the seed of the generation it carries
-    admit = NodeAgent._admit
-
-    def admitted(self: Any, link: Any, gen: Any) -> Any:
-        seed_of[id(link)] = gen.sampling.seed or 0
-        return admit(self, link, gen)
-
-    def stamped(send: Callable[[Any, Any], None]) -> Callable[[Any, Any], None]:
-        def stamped_send(self: Any, record: Any) -> None:
-            # stamped as the agent hands the engine's batch to the link, in the same step
-            # of the loop that produced it (a wrapper around the generation would cost
-            # the nodes, which share the cores, an async generator per token)
-            if type(record) is m.Tokens:
-                stamps[0].append(seed_of.get(id(self), 0))
-                stamps[1].append(record.index)
-                stamps[2].append(len(record.ids))
-                stamps[3].append(time.monotonic())
-            send(self, record)
-        return stamped_send
-
-    NodeAgent._admit = admitted  # type: ignore[method-assign]
-    Link.send = stamped(Link.send)  # type: ignore[method-assign]
-    try:  # a head that dials carries its sessions as channels of one link (since 2026-12)
-        from engine.link.mux import Channel
-    except ImportError:  # an engine from before channels (--engine-root)
-        pass
-    else:
-        Channel.send = stamped(Channel.send)  # type: ignore[method-assign]
+    stamps = Stamps()
 
     async def run() -> None:
         agents = []
@@ -127,7 +128,8 @@ def node_group(args: argparse.Namespace) -> None:
         for i in range(args.count):
             engine = MockEngine(model="bench", lanes=args.lanes,
                                 context_window=args.window, speed=args.speed)
-            agent = NodeAgent(engine, identity=f"n{args.first + i:03d}", psk=psk)
+            agent = NodeAgent(engine, identity=f"n{args.first + i:03d}", psk=psk,
+                              observer=stamps)
             _, port = await agent.listen("127.0.0.1", 0)
             agents.append(agent)
             ports.append(port)
@@ -144,7 +146,7 @@ def node_group(args: argparse.Namespace) -> None:
 
     asyncio.run(run())
     with open(args.stamps, "wb") as f:
-        marshal.dump([a.tobytes() for a in stamps], f)
+        marshal.dump([a.tobytes() for a in stamps.arrays], f)
 
 
 # -- client (a child process) ---------------------------------------------------------
@@ -695,6 +697,23 @@ def plot(summary: dict[str, dict[str, float]], configs: list[tuple[str, str]],
     fig.savefig(path, dpi=110)
 
 
+def smoke_verdict(figures: dict[str, Any]) -> None:
+    from scripts.bench.smoke import verdict
+
+    p50 = figures["added_ms_p50"]
+    verdict({k: figures[k] for k in ("streams_run", "failures", "lost", "duplicated", "moves",
+                                     "tokens_per_s", "latency_samples", "added_ms_p50",
+                                     "head_cpu_s_per_1k")},
+            {"streams ran": figures["streams_run"] > 0,
+             "no stream failed": figures["failures"] == 0,
+             "no token lost or duplicated": figures["lost"] == figures["duplicated"] == 0,
+             "no session moved": figures["moves"] == 0,
+             "tokens were relayed in the window": figures["tokens_per_s"] > 0,
+             "the nodes' stamps matched the tokens received": figures["latency_samples"] > 0,
+             "the added latency is a sane number of ms": 0 <= p50 < 1000,
+             "the head's CPU per token was measured": figures["head_cpu_s_per_1k"] > 0})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--engine-root", default="")
@@ -733,7 +752,14 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, help="py-spy the first head into this file")
     ap.add_argument("--profile-node", action="store_true",
                     help="profile the first node process instead")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny fleet for a few seconds (whatever the sizes given); check "
+                    "its figures, exit 1 if they make no sense")
     args = ap.parse_args()
+    if args.smoke and args.mode is None:
+        args.nodes, args.lanes, args.groups, args.heads = 2, 2, 1, 1
+        args.streams, args.clients, args.duration, args.ramp, args.settle = 4, 1, 5.0, 0.5, 0.5
+        args.nice_nodes, args.json, args.profile = 0, None, None
     root = Path(args.engine_root).resolve() if args.engine_root else ROOT
     sys.path.insert(0, str(root))
     if args.mode == "node-group":
@@ -752,6 +778,9 @@ def main() -> None:
     figures = run(args)
     figures["label"] = args.label
     print(json.dumps(figures, indent=1, default=str))
+    if args.smoke:
+        smoke_verdict(figures)
+        return
     if args.json:
         with args.json.open("a") as f:
             f.write(json.dumps(figures, default=str) + "\n")

@@ -36,6 +36,10 @@ Run: .venv/bin/python scripts/bench/gpu.py [--model smollm2|gemma|PATH] [--strea
      [--tokens 64] [--rounds 4] [--device N] [--window 4096] [--threads N]
      [--llama-server PATH] [--cache ~/.cache/shoal-bench] [--out docs/benchmarks.md]
      [--title T] [--plot docs/gpu_vulkan.png]
+Smoke (SmolLM2, 1 stream, one round of 4 tokens and no warm-up round, figures checked,
+the report and a plot to a temp folder; ``--device 0`` runs it on lavapipe, where the
+shaders' compiling and first use take about two minutes):
+     .venv/bin/python scripts/bench/gpu.py --smoke [--device 0] [--llama-server PATH]
 Traffic goes only to 127.0.0.1; every loop is bounded in count and time; the only
 processes ended are the llama-server processes this script started, by their pids.
 """
@@ -262,7 +266,8 @@ async def measure(binary: Path, path: Path, args: argparse.Namespace,
                  "why": auto.device_why}
         used = 0
         for n in args.streams:
-            for side in all_sides:  # warm-up: the first round pays for first-use work
+            # warm-up: the first round pays for first-use work (a smoke run's one round does)
+            for side in () if args.smoke else all_sides:
                 await round_of(side.one, prompts[used:used + n])
             used += n
             for r in range(args.rounds):
@@ -429,9 +434,9 @@ def bench_model(args: argparse.Namespace) -> Path:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="gemma",
+    ap.add_argument("--model", default=None,
                     help="smollm2 (the embedded SmolLM2-135M), gemma (Gemma 3 270M) or a "
-                    "GGUF's path")
+                    "GGUF's path (default gemma; smollm2 with --smoke)")
     ap.add_argument("--streams", default=f"1,{SPEEDUP_STREAMS}",
                     help="concurrent streams to measure at, comma-separated")
     ap.add_argument("--tokens", type=int, default=64, help="tokens generated per request")
@@ -452,7 +457,18 @@ def main() -> None:
                     help="the subsection of the GPU section (default: the device and model)")
     ap.add_argument("--plot", type=Path, default=None,
                     help="write a plot there and show it in the subsection (default: none)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="SmolLM2, 1 stream, a round of 4 tokens, the report and a plot to a "
+                    "temp folder; exit 1 if the figures make no sense")
     args = ap.parse_args()
+    args.model = args.model or ("smollm2" if args.smoke else "gemma")
+    if args.smoke:
+        from scripts.bench.smoke import scratch
+
+        args.streams, args.tokens, args.rounds, args.window = "1", 4, 1, 1024
+        args.threads = 1  # no thread waits at a barrier for a core a busy machine lends late
+        args.out = str(scratch("gpu") / "benchmarks.md")
+        args.plot = Path(args.out).with_name("gpu_vulkan.png")
     args.streams = sorted({int(x) for x in args.streams.split(",") if x.strip()})
     if not args.streams or min(args.rounds, args.tokens, *args.streams) < 1:
         raise SystemExit("--rounds, --tokens and --streams must be positive")
@@ -501,6 +517,23 @@ def main() -> None:
         kind, software = device_type(where["description"])
     write_report(all_sides, where, args, kind=kind, software=software,
                  version=nl.server_version(binary), load=(load, os.getloadavg()[0]))
+    if args.smoke:
+        smoke_verdict(all_sides, where, args.streams)
+
+
+def smoke_verdict(all_sides: list[Side], where: dict[str, str], streams: list[int]) -> None:
+    from scripts.bench.smoke import verdict
+
+    by = {s.key: s for s in all_sides}
+    ratios = [(ratio(by["auto"].runs[n].tps_median, by["server"].runs[n].tps_median),
+               ratio(by["auto"].runs[n].tps_median, by["off"].runs[n].tps_median))
+              for n in streams]
+    verdict({"device": where["name"], "tok_s": {s.key: [s.runs[n].tps_median for n in streams]
+                                                for s in all_sides}, "ratios": ratios},
+            {"node --gpu auto ran on a Vulkan device": bool(where["name"]),
+             "every side generated at every stream count": all(
+                 s.runs[n].tps_median > 0 for s in all_sides for n in streams),
+             "the ratios were computed": all(0 < r < 1000 for pair in ratios for r in pair)})
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ added latency per token (paced).
 Run: .venv/bin/python scripts/bench/head_overhead.py [--tokens 400] [--rounds 3]
      [--routes-only] [--out docs/benchmarks.md]
 (--routes-only: the route comparison alone, written as its own subsection.)
+Smoke (seconds; one node, 1 and 2 streams, short streams, figures checked, the report and
+plot to a temp folder): .venv/bin/python scripts/bench/head_overhead.py --smoke
 Traffic goes only to 127.0.0.1; every loop is bounded.
 """
 
@@ -25,12 +27,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import collections
 import contextlib
 import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -340,9 +344,9 @@ def per_round_ratio(route: list[float], chat: list[float]) -> float:
 
 
 def start_fleet(env: dict[str, str], tokens: int, speed: float,
-                procs: list[subprocess.Popen[str]]) -> int:
+                procs: list[subprocess.Popen[str]], nodes: int = NODES) -> int:
     ports = []
-    for i in range(NODES):
+    for i in range(nodes):
         p, port = start(["node", "--runtime", "mock", "--model", "bench", "--identity",
                          f"b{i}", "--listen", "127.0.0.1:0", "--max-batch", str(LANES),
                          "--max-context", str(tokens + 512), "--mock-speed", str(speed)],
@@ -382,8 +386,20 @@ def main() -> None:
                     help="run the route comparison alone and rewrite only its subsection")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "head_overhead.png")
+    ap.add_argument("--smoke", action="store_true",
+                    help="one node, 1 and 2 streams, a round, short streams; the report to a "
+                    "temp folder; exit 1 if the figures make no sense")
     args = ap.parse_args()
+    args.levels, args.nodes = LEVELS, NODES
+    if args.smoke:
+        from scripts.bench.smoke import scratch
+
+        args.levels, args.nodes, args.rounds, args.routes_only = (1, 2), 1, 1, False
+        args.tokens, args.paced_tokens, args.paced_speed = 60, 20, 200.0
+        args.out = scratch("head-overhead") / "benchmarks.md"
+        args.plot = args.out.with_name("head_overhead.png")
     home = Path(tempfile.mkdtemp(prefix="shoal-bench-"))
+    atexit.register(shutil.rmtree, home, True)  # the fleet's token, nothing to keep
     env = {**os.environ, "SHOAL_HOME": str(home), "PYTHONPATH": str(ROOT)}
     ensure_token(token_path(home))  # the link is encrypted, as in a real fleet
     procs: list[subprocess.Popen[str]] = []
@@ -396,9 +412,9 @@ def main() -> None:
         compare_only(env, args)
         return
     try:
-        hport = start_fleet(env, args.tokens, 0.0, procs)
+        hport = start_fleet(env, args.tokens, 0.0, procs, args.nodes)
         asyncio.run(through_head(hport, 4, 50))  # warm connections
-        for c in LEVELS:
+        for c in args.levels:
             ref_tps, ref_per = asyncio.run(in_process(c, args.tokens))
             tps, per = asyncio.run(through_head(hport, c, args.tokens))
             added = [(a - b) * 1000 for a, b in zip(sorted(per), sorted(ref_per), strict=True)]
@@ -411,12 +427,12 @@ def main() -> None:
         for route in ROUTES:  # warm every route's code path
             asyncio.run(through_route(hport, route, 4, 50))
         unpaced_routes = compare_routes(
-            procs[-1].pid, LEVELS, args.rounds, args.tokens,
+            procs[-1].pid, args.levels, args.rounds, args.tokens,
             lambda route, c: asyncio.run(through_route(hport, route, c, args.tokens)))
         stop_all(procs)
-        hport = start_fleet(env, args.paced_tokens, args.paced_speed, procs)
+        hport = start_fleet(env, args.paced_tokens, args.paced_speed, procs, args.nodes)
         asyncio.run(paced_through_head(hport, 4, 20, args.paced_speed))
-        for c in LEVELS:
+        for c in args.levels:
             ref_tps, ref_late = asyncio.run(
                 paced_in_process(c, args.paced_tokens, args.paced_speed))
             tps, late = asyncio.run(
@@ -432,12 +448,33 @@ def main() -> None:
         for route in ROUTES:
             asyncio.run(paced_route(hport, route, 4, 20, args.paced_speed))
         paced_routes = compare_routes(
-            procs[-1].pid, LEVELS, args.rounds, args.paced_tokens,
+            procs[-1].pid, args.levels, args.rounds, args.paced_tokens,
             lambda route, c: asyncio.run(paced_route(hport, route, c, args.paced_tokens,
                                                      args.paced_speed)))
     finally:
         stop_all(procs)
     write_report(rows, paced, args, route_table(unpaced_routes, paced_routes, paced_ref, args))
+    if args.smoke:
+        smoke_verdict(rows, paced, unpaced_routes, paced_routes)
+
+
+def smoke_verdict(rows: list[dict[str, float]], paced: list[dict[str, float]],
+                  unpaced_routes: dict[tuple[int, str], RouteFigures],
+                  paced_routes: dict[tuple[int, str], RouteFigures]) -> None:
+    from scripts.bench.smoke import verdict
+
+    ratios = [r["ratio"] for r in rows]
+    added = [r["added_ms"] for r in paced]
+    routes = {f"{c} {route}": statistics.median(f.rates)
+              for (c, route), f in unpaced_routes.items()}
+    verdict({"ratio": ratios, "paced_added_ms": added, "route_tok_s": routes},
+            {"every level streamed through the head": all(r["fleet_tps"] > 0 for r in rows),
+             "a ratio to in-process was computed": all(0 < x < 10 for x in ratios),
+             "the paced run measured lateness": len(added) == len(rows)
+             and all(abs(x) < 1000 for x in added),
+             "every route relayed tokens, paced and not": all(
+                 f.rates and min(f.rates) > 0 for f in (*unpaced_routes.values(),
+                                                        *paced_routes.values()))})
 
 
 def compare_only(env: dict[str, str], args: argparse.Namespace) -> None:
@@ -445,20 +482,20 @@ def compare_only(env: dict[str, str], args: argparse.Namespace) -> None:
     procs: list[subprocess.Popen[str]] = []
     args.load_start = os.getloadavg()[0]
     try:
-        hport = start_fleet(env, args.tokens, 0.0, procs)
+        hport = start_fleet(env, args.tokens, 0.0, procs, args.nodes)
         for route in ROUTES:  # warm every route's code path
             asyncio.run(through_route(hport, route, 4, 50))
         unpaced = compare_routes(
-            procs[-1].pid, LEVELS, args.rounds, args.tokens,
+            procs[-1].pid, args.levels, args.rounds, args.tokens,
             lambda route, c: asyncio.run(through_route(hport, route, c, args.tokens)))
         stop_all(procs)
-        hport = start_fleet(env, args.paced_tokens, args.paced_speed, procs)
+        hport = start_fleet(env, args.paced_tokens, args.paced_speed, procs, args.nodes)
         for route in ROUTES:
             asyncio.run(paced_route(hport, route, 4, 20, args.paced_speed))
         paced_ref = {c: statistics.median(asyncio.run(paced_in_process(
-            c, args.paced_tokens, args.paced_speed))[1]) for c in LEVELS}
+            c, args.paced_tokens, args.paced_speed))[1]) for c in args.levels}
         paced = compare_routes(
-            procs[-1].pid, LEVELS, args.rounds, args.paced_tokens,
+            procs[-1].pid, args.levels, args.rounds, args.paced_tokens,
             lambda route, c: asyncio.run(paced_route(hport, route, c, args.paced_tokens,
                                                      args.paced_speed)))
     finally:
@@ -510,7 +547,7 @@ def route_table(unpaced: dict[tuple[int, str], RouteFigures],
     ]
     names = {"chat": "`/v1/chat/completions`", "messages": "`/v1/messages`",
              "responses": "`/v1/responses`"}
-    for c in LEVELS:
+    for c in args.levels:
         chat = unpaced[(c, "chat")]
         chat_added = statistics.median(paced[(c, "chat")].per) - paced_ref[c]
         for route in ROUTES:
@@ -547,7 +584,7 @@ def write_report(rows: list[dict[str, float]], paced: list[dict[str, float]],
         ax.bar([i - width / 2 for i in idx], [r["inproc_tps"] for r in rows], width,
                label="mock in-process")
         ax.bar([i + width / 2 for i in idx], [r["fleet_tps"] for r in rows], width,
-               label="head + link + 4 nodes")
+               label=f"head + link + {args.nodes} nodes")
         ax.axhline(20000, color="grey", linestyle="--", linewidth=1, label="target 20k")
         ax.set_xticks(list(idx), xs)
         ax.set_xlabel("concurrent streams")
@@ -561,7 +598,7 @@ def write_report(rows: list[dict[str, float]], paced: list[dict[str, float]],
         plot_line = "\n(matplotlib not installed: no plot)\n"
     lines = [
         "## Head and link overhead (`scripts/bench/head_overhead.py`)", "",
-        f"{NODES} mock nodes x {LANES} lanes, unlimited mock speed, {args.tokens} tokens per "
+        f"{args.nodes} mock nodes x {LANES} lanes, unlimited mock speed, {args.tokens} tokens per "
         "stream, client, head and nodes on the same 2-core machine.", "",
         "| streams | mock in-process tok/s | through head tok/s | ratio | added ms/token "
         "(median) | ms/token through head |",

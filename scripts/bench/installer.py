@@ -16,6 +16,10 @@ Measured on this machine (root, Debian-like):
 
 Run: sudo .venv/bin/python scripts/bench/installer.py [--runs 3] [--skip-build]
      [--scripts-run] [--out docs/benchmarks.md] [--no-write]
+Smoke (seconds; root, a build already in dist/ and build/installer): the sizes of that
+build and one headless first launch of the bundle's own program, not installed, in the
+loopback-only namespace; no build, no dpkg; figures checked, the report to a temp folder:
+     sudo .venv/bin/python scripts/bench/installer.py --smoke
 A Shoal package already installed on this machine is left alone (the benchmark refuses to
 run). Traffic stays on loopback and in the namespace made here, deleted at the end; every
 wait is bounded; the only processes ended are the ones started here, by their ids.
@@ -355,6 +359,37 @@ def replace_section(path: Path, heading: str, section: str) -> None:
     path.write_text(text)
 
 
+def smoke(args: argparse.Namespace) -> None:
+    from scripts.bench.smoke import scratch, verdict
+
+    version = bundle.version()
+    deb = next(iter(sorted(DIST.glob(f"shoal_{version}_*.deb"))), None)
+    tar = next(iter(sorted(DIST.glob(f"shoal-{version}-linux-*.tar.zst"))), None)
+    if deb is None or tar is None or not (BUNDLE_DIR / "shoal").is_file():
+        sys.exit("no build of this version in dist/ and build/installer; run "
+                 "scripts/build-installer")
+    size = sizes(deb, tar)
+    ns = Namespace()
+    try:
+        with tempfile.TemporaryDirectory(prefix="shoal-bench-home-") as tmp:
+            first = launch(ns, Path(tmp), [str(BUNDLE_DIR / "shoal"), "serve"], None,
+                           min(args.budget, 120.0))
+    finally:
+        ns.delete()
+    args.runs = 1
+    section = report(args, None, size, [], {"serve first": [first]}, None)
+    print(section)
+    replace_section(scratch("installer") / "benchmarks.md", HEADING, section)
+    verdict({"sizes_mb": {k: round(v / 1e6) for k, v in size.items()}, "serve_first": first,
+             "model_share": size["model"] / size["bundle"]},
+            {"every part of the bundle was found": all(v for k, v in size.items()
+                                                       if k != "ICU data"),
+             "llama.cpp's CPU variants were found": bool(bundle.cpu_variants(BUNDLE_DIR)),
+             "the parts add up to less than the bundle": size["model"]
+             + size["Qt (PySide6)"] < size["bundle"],
+             "the bundle's program answered": 0 < first.get("answer", 0) < args.budget})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
@@ -365,9 +400,16 @@ def main() -> None:
                     help="also time scripts/run from a clean clone (builds llama.cpp: slow)")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     ap.add_argument("--no-write", action="store_true", help="print the section only")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the build already there: its sizes and one headless launch of the "
+                    "bundle, not installed; exit 1 if the figures make no sense")
     args = ap.parse_args()
     if os.geteuid() != 0:
-        sys.exit("run as root: it installs the .deb (and removes it again)")
+        sys.exit("run as root: " + ("it runs the bundle in a network namespace" if args.smoke
+                                    else "it installs the .deb (and removes it again)"))
+    if args.smoke:
+        smoke(args)
+        return
     if installed() or Path("/opt/shoal").exists():
         sys.exit("a Shoal package is installed on this machine; remove it first (left alone)")
     build_s = None if args.skip_build else build()

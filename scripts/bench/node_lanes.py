@@ -46,6 +46,8 @@ at the section's end: the earlier runs' tables stay), with a plot only when
 Run: .venv/bin/python scripts/bench/node_lanes.py [--kv unified|per-lane] [--tokens 128]
      [--rounds 6] [--title "Rerun with one KV pool (issue 23)"] [--plot docs/X.png]
      [--cache ~/.cache/shoal-bench] [--llama-server PATH] [--out docs/benchmarks.md]
+Smoke (seconds: 1 lane, a round of 8 tokens, one short conversation, figures checked, the
+report and a plot to a temp folder): .venv/bin/python scripts/bench/node_lanes.py --smoke
 Traffic goes only to 127.0.0.1; every loop is bounded in count and time; the
 only processes ended are the llama-server processes this script started.
 """
@@ -454,8 +456,9 @@ async def lanes(binary: Path, path: Path, n: int, args: argparse.Namespace,
         async def one_theirs(p: list[int]) -> Reply:
             return (await server_one(http, srv.url, p, args.tokens))[0]
 
-        await round_of(one_ours, prompts[:n])
-        await round_of(one_theirs, prompts[:n])
+        if not args.smoke:  # warm-up (a smoke run's one round pays for first use)
+            await round_of(one_ours, prompts[:n])
+            await round_of(one_theirs, prompts[:n])
         sides = [(one_ours, ours), (one_theirs, theirs)]
         for r in range(args.rounds):
             block = prompts[n * (r + 1): n * (r + 2)]
@@ -562,7 +565,19 @@ def main() -> None:
                     help="the subsection of the node lanes section this run writes")
     ap.add_argument("--plot", type=Path, default=None,
                     help="write a plot there and show it in the subsection (default: none)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="1 lane, a round of 8 tokens, one short conversation, the report "
+                    "and a plot to a temp folder; exit 1 if the figures make no sense")
     args = ap.parse_args()
+    conversations = CONVERSATIONS
+    if args.smoke:
+        from scripts.bench.smoke import scratch
+
+        args.lanes, args.rounds, args.tokens, args.turn_tokens = "1", 1, 8, 120
+        args.threads = 1  # no thread waits at a barrier for a core a busy machine lends late
+        conversations = 1
+        args.out = scratch("node-lanes") / "benchmarks.md"
+        args.plot = args.out.with_name("node_lanes.png")
     if args.window is None:
         args.window = UNIFIED_WINDOW if unified(args) else PER_LANE_WINDOW
     args.cache = args.cache.expanduser()
@@ -579,7 +594,7 @@ def main() -> None:
     if longest + args.tokens >= args.window:
         raise SystemExit(f"--window {args.window} is too small for prompts of {longest} tokens "
                          f"+ {args.tokens} generated")
-    convs = [conversation(model, seed, args.turn_tokens) for seed in range(CONVERSATIONS)]
+    convs = [conversation(model, seed, args.turn_tokens) for seed in range(conversations)]
     load = os.getloadavg()[0]
     print(f"{len(prompts)} prompts of {min(map(len, prompts))}-{longest} tokens, "
           f"{args.tokens} tokens each, {args.threads} threads, "
@@ -598,6 +613,28 @@ def main() -> None:
               flush=True)
     version = server_version(binary)
     write_report(rows, turn, ref, args, version=version, load=(load, os.getloadavg()[0]))
+    if args.smoke:
+        smoke_verdict(rows, turn, ref)
+
+
+def smoke_verdict(rows: list[dict[str, Any]], turn: Turns, ref: Turns) -> None:
+    from scripts.bench.smoke import verdict
+
+    def made(run: Run) -> int:
+        return sum(r.tokens for r in run.replies)
+
+    verdict({"tps_ratio": [r["tps_ratio"] for r in rows],
+             "ttft_ratio": [r["ttft_ratio"] for r in rows],
+             "tokens": [(made(r["ours"]), made(r["server"])) for r in rows],
+             "turn_ratio": [turn.ratio, ref.ratio], "cached_second_turn": turn.cached2},
+            {"both sides generated at every lane count": all(
+                made(r["ours"]) > 0 and made(r["server"]) > 0 for r in rows),
+             "the ratios to llama-server were computed": all(
+                 0 < r["tps_ratio"] < 100 and 0 < r["ttft_ratio"] < 100 for r in rows),
+             "our llama_decode calls were watched": all(r["ours"].steps > 0 for r in rows),
+             "our second turn reused the parked prefix": bool(turn.cached2)
+             and min(turn.cached2) > 0,
+             "both second turns were timed": 0 < turn.ratio < 100 and 0 < ref.ratio < 100})
 
 
 def bench_model(args: argparse.Namespace) -> Path:

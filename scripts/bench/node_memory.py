@@ -35,6 +35,9 @@ target) and the plot docs/node_memory.png.
 Run: .venv/bin/python scripts/bench/node_memory.py [--rounds 4] [--mem-rounds 3]
      [--long-prompt] [--model SMOLLM2.gguf] [--gemma GEMMA.gguf] [--llama-server PATH]
      [--cache ~/.cache/shoal-bench] [--out docs/benchmarks.md] [--plot docs/node_memory.png]
+Smoke (every part once at its smallest: 1 lane for the tokens/s table, a round of 8 tokens,
+two short conversations; figures checked, the report and plot to a temp folder):
+     .venv/bin/python scripts/bench/node_memory.py --smoke
 Traffic goes only to 127.0.0.1; every wait is bounded; the only processes ended are
 the llama-server processes and engine runners this script started, by their pids.
 """
@@ -494,7 +497,7 @@ def lanes_args(args: argparse.Namespace) -> argparse.Namespace:
     """What node_lanes' rounds read: one pool of WINDOW cells on both sides."""
     return argparse.Namespace(kv="unified", window=WINDOW, threads=args.threads,
                               tokens=args.tokens, rounds=args.rounds, cache=args.cache,
-                              memory_budget=args.budget // MiB)
+                              memory_budget=args.budget // MiB, smoke=args.smoke)
 
 
 # ----------------------------------------------------------------------------
@@ -529,7 +532,19 @@ def main() -> None:
     ap.add_argument("--llama-server", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "node_memory.png")
+    ap.add_argument("--smoke", action="store_true",
+                    help="every part once at its smallest, the report and plot to a temp "
+                    "folder; exit 1 if the figures make no sense")
     args = ap.parse_args()
+    if args.smoke:
+        from scripts.bench.smoke import scratch
+
+        args.tokens, args.rounds, args.mem_rounds, args.lanes = 8, 1, 1, "1"
+        args.threads = 1  # no thread waits at a barrier for a core a busy machine lends late
+        args.conversations, args.turn_tokens, args.answer = 2, 120, 8
+        args.long_prompt = False
+        args.out = scratch("node-memory") / "benchmarks.md"
+        args.plot = args.out.with_name("node_memory.png")
     args.cache = args.cache.expanduser()
     args.cache.mkdir(parents=True, exist_ok=True)
     args.budget_mib = args.budget
@@ -576,6 +591,31 @@ def main() -> None:
                     back_mib=back_mib, rows=rows, variants=variants, q8=q8, q8_ref=q8_ref,
                     load=(load0, load1), minutes=minutes, version=nl.server_version(binary))
     write(report, args)
+    if args.smoke:
+        smoke_verdict(report)
+
+
+def smoke_verdict(rep: Report) -> None:
+    from scripts.bench.smoke import verdict
+
+    runs = [r[k] for r in rep.rows for k in ("ours", "server")]
+    runs += [run for _, o, s in rep.variants for run in (o, s)] + [rep.q8, rep.q8_ref]
+    verdict({"pools": [(m.name, m.cells, round(m.pool_mib, 1)) for m in rep.mem],
+             "peak_mib": [m.hwm // MiB for m in rep.mem],
+             "gemma_window": rep.long.window, "gemma_refs": [r.window for r in rep.long.refs],
+             "returning_ratio": [rep.back.ratio, rep.back_ref.ratio],
+             "from_host": rep.back.from_host, "tps": [r.tps_median for r in runs]},
+            {"every KV pool was read from llama.cpp's log": all(
+                m.cells > 0 and m.pool_mib > 0 for m in rep.mem),
+             "every process's memory was read": all(m.idle > 0 and m.hwm > 0
+                                                    for m in rep.mem),
+             "Gemma's windows were read": rep.long.window > 0 and rep.long.pool_mib > 0
+             and all(r.window > 0 for r in rep.long.refs),
+             "returning turns came from our host cache": bool(rep.back.from_host)
+             and min(rep.back.from_host) > 0,
+             "the returning ratios were computed": 0 < rep.back.ratio < 100
+             and 0 < rep.back_ref.ratio < 100,
+             "every side generated": all(r.tps_median > 0 for r in runs)})
 
 
 # ----------------------------------------------------------------------------

@@ -16,6 +16,8 @@ Reported per policy (several seeds, all requests pooled): mean and p95 completio
 hit rate (follow-up turns that found their session's prefix parked where they ran).
 
     .venv/bin/python scripts/bench/placement_study.py [--seeds 5] [--write]
+    .venv/bin/python scripts/bench/placement_study.py --smoke   (one seed, figures checked,
+                                                                 the plot to a temp folder)
 """
 
 from __future__ import annotations
@@ -315,15 +317,37 @@ def plot(rows: list[tuple[str, dict[str, float]]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def smoke_verdict(rows: list[tuple[str, dict[str, float]]]) -> None:
+    from scripts.bench.smoke import scratch, verdict
+
+    plot(rows, scratch("placement") / "placement_study.png")
+    by = dict(rows)
+    ratio = by["round-robin"]["mean_s"] / by["load-aware"]["mean_s"]
+    figures = {"requests": {label: int(r["requests"]) for label, r in rows},
+               "round_robin_over_load_aware": ratio}
+    verdict(figures, {
+        "every policy placed requests": all(r["requests"] > 0 for _, r in rows),
+        "completion times are positive": all(0 < r["mean_s"] <= r["p95_s"] for _, r in rows),
+        "hit rates are shares": all(0 <= r[k] <= 1 for _, r in rows
+                                    for k in ("hit_rate", "kept_rate", "parked_rate")),
+        "the ratio of policies was computed": math.isfinite(ratio) and ratio > 0})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--write", action="store_true",
                         help="write the plot to docs/placement_study.png")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one seed, the plot to a temp folder; exit 1 if the figures "
+                        "make no sense")
     args = parser.parse_args()
-    rows = study(args.seeds)
+    rows = study(1 if args.smoke else args.seeds)
     text = table(rows)
     print(text)
+    if args.smoke:
+        smoke_verdict(rows)
+        return
     if args.write:
         plot(rows, ROOT / "docs" / "placement_study.png")
         print("wrote docs/placement_study.png")

@@ -22,6 +22,8 @@ the second is the one measured.
 
 Run: .venv/bin/python scripts/bench/welcome_model.py [--out docs/benchmarks.md]
      [--shots docs/screenshots] [--memory-budget SIZE] [--offscreen]
+Smoke (one walk, no screenshots, figures checked, the report to a temp folder):
+     .venv/bin/python scripts/bench/welcome_model.py --smoke
 Only the processes started here are ended, by their ids; traffic stays on loopback.
 """
 
@@ -401,9 +403,17 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: Shoal's own for this machine)")
     ap.add_argument("--offscreen", action="store_true", help="no Xvfb and trayer")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the measured walk only, no screenshots, the report to a temp "
+                    "folder; exit 1 if the figures make no sense")
     args = ap.parse_args(argv)
     if args.child is not None:
         return child(args.child, args.child_shots, json.loads(args.specs or "[]"))
+    if args.smoke:
+        from scripts.bench.smoke import scratch
+
+        args.no_shots = True
+        args.out = scratch("welcome") / "benchmarks.md"
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="shoal-bench-welcome-") as tmp, \
             maybe_display(not args.offscreen) as display:
@@ -427,7 +437,24 @@ def main(argv: list[str] | None = None) -> int:
     text = section(measured, args.memory_budget, tray, (load0, os.getloadavg()[0]), default)
     replace_section(args.out, HEADING, text)
     print(text)
+    if args.smoke:
+        smoke_verdict(measured)
     return 0
+
+
+def smoke_verdict(m: dict[str, Any]) -> None:
+    from scripts.bench.smoke import verdict
+
+    listed, served, total = (m[k] - m["t0"] for k in ("listed", "served", "answered"))
+    pulled = m["pulled"]
+    verdict({"clicks": m["clicks"], "chosen": m["spec"], "listed_s": listed,
+             "served_s": served, "answered_s": total, "pulled_bytes": pulled.get("bytes"),
+             "answer": m["answer"], "served_over_answered": served / total if total else None},
+            {"a model was chosen with at most two clicks": 1 <= len(m["clicks"]) <= 2,
+             "the steps came in order": 0 <= listed <= served <= total,
+             "the download was seen to its end": "began" in pulled and "ended" in pulled
+             and pulled.get("bytes", 0) > 0,
+             "the served model answered": bool(m["answer"].strip())})
 
 
 if __name__ == "__main__":

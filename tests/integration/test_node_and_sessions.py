@@ -109,6 +109,42 @@ async def test_full_node_refuses_at_once():
         b.close()
 
 
+class Recorder:
+    """A NodeObserver that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.sessions: list[str] = []
+        self.sent: list[tuple[str, int, list[int]]] = []
+
+    def admitted(self, gen: m.Generate) -> None:
+        self.sessions.append(gen.session)
+
+    def tokens(self, gen: m.Generate, record: m.Tokens) -> None:
+        self.sent.append((gen.session, record.index, list(record.ids)))
+
+
+async def test_observer_is_told_of_each_admission_and_every_tokens_record():
+    seen = Recorder()
+    async with node("n", lanes=1, speed=200.0, observer=seen) as (_agent, port):
+        a, b = await raw_link(port, "h1"), await raw_link(port, "h2")
+        a.send(m.Generate(session="s1", lease_ms=5000, prompt=[1], max_tokens=100,
+                          sampling=LONG))
+        assert isinstance(await recv_skipping_stats(a), m.Accepted)
+        b.send(m.Generate(session="s2", lease_ms=5000, prompt=[1], max_tokens=5,
+                          sampling=LONG))
+        refused = await recv_skipping_stats(b)
+        assert isinstance(refused, m.Error) and refused.code == "busy"
+        got: list[tuple[str, int, list[int]]] = []
+        while not isinstance(rec := await recv_skipping_stats(a), m.Done):
+            assert isinstance(rec, m.Tokens)
+            got.append(("s1", rec.index, list(rec.ids)))
+        a.close()
+        b.close()
+    assert seen.sessions == ["s1"]  # the refused session took no lane
+    assert seen.sent == got
+    assert sum(len(ids) for _, _, ids in got) == 100
+
+
 async def test_idle_connection_is_dropped_after_the_idle_timeout():
     async with node("n", idle_timeout_s=0.4) as (_agent, port):
         link = await raw_link(port)
