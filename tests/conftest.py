@@ -82,3 +82,29 @@ def agent_binaries() -> dict[str, Path]:
                     "scripts/test, or .venv/bin/python scripts/lib/agents.py, which installs "
                     "them once for this machine", pytrace=False)
     return {name: path for name, path in found.items() if path is not None}
+
+
+# the edit-test loop (`scripts/test --quick`, i.e. `pytest -m quick`): the unit tests and the
+# in-process integration tests, which take a fraction of a second each (about two minutes in
+# all on 2 cores); CI runs everything
+QUICK_LEVELS = ("unit", "integration")
+NOT_QUICK_MARKS = ("e2e", "ui", "netns", "slow", "drills", "installer", "processes")
+# what only the full run sets up (scripts/test builds or installs them before pytest), and
+# Shoal as processes (each start costs a second or more of CPU)
+NOT_QUICK_FIXTURES = ("llama_server_binary", "agent_binaries", "cluster")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).parent
+    for item in items:
+        try:
+            level = item.path.relative_to(tests).parts[0]
+        except ValueError:
+            continue
+        if level not in QUICK_LEVELS:
+            continue
+        if any(item.get_closest_marker(mark) for mark in NOT_QUICK_MARKS):
+            continue
+        if any(f in getattr(item, "fixturenames", ()) for f in NOT_QUICK_FIXTURES):
+            continue
+        item.add_marker(pytest.mark.quick)
