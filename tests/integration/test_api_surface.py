@@ -385,6 +385,7 @@ async def test_metrics_and_openapi(cluster: Cluster):
 # -- in-process heads ----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # seconds of waiting: out of the quick selection
 async def test_keepalives_while_waiting_in_the_queue():
     # one lane, slow tokens: the second request waits for the first
     async with live_head(lanes=1, speed=40.0, keepalive_s=0.2) as live, \
@@ -436,6 +437,7 @@ async def test_keepalives_while_waiting_in_the_queue():
         assert "shoal_keepalives_total 0\n" not in metrics
 
 
+@pytest.mark.slow  # seconds of waiting: out of the quick selection
 async def test_refusal_status_before_commit_and_in_band_after():
     # the refusal comes before the commit time: the status tells it
     async with live_head(lanes=1, speed=40.0, queue_timeout_s=0.4, keepalive_s=0.2,

@@ -243,6 +243,7 @@ async def send_each(port: int, sends: list[tuple[bytes, str]],
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts descriptors in /proc")
 @pytest.mark.parametrize("side", ["node", "head"])
+@pytest.mark.slow  # seconds of waiting: out of the quick selection
 async def test_replayed_and_relayed_first_messages_hold_the_caps(
         side: str, caplog: pytest.LogCaptureFixture):
     """One captured first message replayed 300 times is answered at most once; 300

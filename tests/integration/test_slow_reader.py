@@ -45,6 +45,7 @@ async def silent_client(port: int, body: bytes, key: str) -> socket.socket:
     return sock
 
 
+@pytest.mark.slow  # seconds of waiting: out of the quick selection
 async def test_a_client_that_reads_nothing_frees_its_lane_and_its_slot(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # a mock model that never ends its answer by itself: it runs to max_tokens

@@ -430,6 +430,7 @@ async def test_a_tokenizer_mismatch_is_refused_in_one_line(tmp_path: Path,
 
 
 
+@pytest.mark.slow  # seconds of waiting: out of the quick selection
 async def test_a_vllm_without_token_ids_fails_the_request_in_one_line(
         tmp_path: Path, caplog: pytest.LogCaptureFixture):
     """vLLM before 0.10.2 ignores return_token_ids: the node cannot relay ids it never gets,
