@@ -63,6 +63,13 @@ class _GcClock:
         return self.total + (cpu - started if started else 0.0)
 
 
+def busy_cpu(seconds: float) -> None:
+    """Real work for the watch's own tests: this thread's CPU time, whatever else runs."""
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < seconds:
+        pass
+
+
 def _state(native_id: int) -> str:
     """The kernel's state letter of a thread of this process (R, S, D...), "" if unknown."""
     try:

@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from PySide6.QtCore import QTimer
 
 from app.loop import make_loop
-from tests.loopwatch import LoopWatch
+from tests.loopwatch import LoopWatch, busy_cpu
 from tests.ui.conftest import qapp_instance
 
 
@@ -62,12 +61,6 @@ def test_run_until_complete_on_a_running_loop_still_refuses() -> None:
         loop.close()
 
 
-def _busy(seconds: float) -> None:
-    t0 = time.thread_time()
-    while time.thread_time() - t0 < seconds:
-        pass
-
-
 @pytest.mark.blocking_ok  # it blocks the loop on purpose, to see the probe catch it
 async def test_the_loop_watch_catches_a_qt_slot_that_blocks_the_loop() -> None:
     """Qt runs its slots outside asyncio's callbacks: the watch sees them too."""
@@ -76,7 +69,7 @@ async def test_the_loop_watch_catches_a_qt_slot_that_blocks_the_loop() -> None:
     ran = asyncio.Event()
 
     def slot() -> None:  # a Qt timer's slot, called by Qt, not by asyncio
-        _busy(0.4)
+        busy_cpu(0.4)
         ran.set()
 
     QTimer.singleShot(0, slot)
@@ -86,4 +79,4 @@ async def test_the_loop_watch_catches_a_qt_slot_that_blocks_the_loop() -> None:
     assert len(watch.stalls) == 1, watch.report()
     assert watch.stalls[0].cpu > 0.1
     assert "outside asyncio's callbacks" in watch.stalls[0].stack
-    assert "_busy(0.4)" in watch.stalls[0].stack
+    assert "busy_cpu(0.4)" in watch.stalls[0].stack

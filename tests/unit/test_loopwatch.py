@@ -14,14 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.loopwatch import LoopWatch
-
-
-def _busy(seconds: float) -> None:
-    """Real work: this thread's own CPU time, whatever else the machine runs."""
-    t0 = time.thread_time()
-    while time.thread_time() - t0 < seconds:
-        pass
+from tests.loopwatch import LoopWatch, busy_cpu
 
 
 @pytest.mark.blocking_ok  # it blocks its loop on purpose, to see the probe catch it
@@ -43,14 +36,14 @@ async def test_the_probe_catches_150_ms_of_real_work_in_one_callback() -> None:
     watch = LoopWatch(asyncio.get_running_loop(), bound_s=0.1)
     watch.start()
     await asyncio.sleep(0.05)
-    _busy(0.15)  # the work the probe must catch
+    busy_cpu(0.15)  # the work the probe must catch
     await asyncio.sleep(0.05)
-    _busy(0.4)  # long enough for the watchdog, which needs the GIL, to take its stack
+    busy_cpu(0.4)  # long enough for the watchdog, which needs the GIL, to take its stack
     await asyncio.sleep(0.05)
     watch.stop()
     assert len(watch.stalls) == 2, watch.report()
     assert 0.1 < watch.stalls[0].cpu < 0.4 and watch.stalls[1].cpu > 0.35
-    assert "_busy(0.4)" in watch.stalls[1].stack
+    assert "busy_cpu(0.4)" in watch.stalls[1].stack
 
 
 @pytest.mark.blocking_ok  # its callbacks are slow on purpose
@@ -60,7 +53,7 @@ async def test_many_short_callbacks_are_not_one_stall() -> None:
     watch.start()
 
     async def piece() -> None:
-        _busy(0.01)
+        busy_cpu(0.01)
 
     await asyncio.gather(*(piece() for _ in range(30)))  # 300 ms of work in one turn
     watch.stop()
@@ -82,7 +75,7 @@ def _starved_loop(cpu: int) -> tuple[list[float], float]:
         try:
             for _ in range(4):
                 t0 = time.monotonic()
-                _busy(0.005)
+                busy_cpu(0.005)
                 longest = max(longest, time.monotonic() - t0)
                 await asyncio.sleep(0)
         finally:
