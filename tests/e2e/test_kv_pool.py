@@ -233,12 +233,12 @@ async def test_a_long_prefill_on_a_node_loaded_by_other_work_is_not_failed_over(
         await wait_ready(fleet, 1)
         greedy = m.SamplingParams(temperature=0.0)
         # on a quiet machine the node measures and fits its prefill cost
-        for words in (60, 250, 600):
+        for words in (60, 200, 400):
             text = " ".join(f"item{i}" for i in range(words))
             await collect(runner, Job(session=f"w{words}", model="smollm2", max_tokens=2,
                                       prompt=vocab.encode(chat(text)), sampling=greedy))
         await until(lambda: eng.stats().prefill_s_per_token > 0, "the node's prefill fit")
-        long_prompt = vocab.encode(chat(" ".join(f"entry{i}" for i in range(1300))))
+        long_prompt = vocab.encode(chat(" ".join(f"entry{i}" for i in range(700))))
         # then other work takes every core: the prompt's prefill runs far past the bound
         # its fitted cost gives, and only the node's progress reports keep the attempt alive.
         # The hogs end at the first token: each later one is due within one lease, and an
