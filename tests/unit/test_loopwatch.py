@@ -73,11 +73,14 @@ def _starved_loop(cpu: int) -> tuple[list[float], float]:
         watch = LoopWatch(asyncio.get_running_loop(), bound_s=0.1)
         watch.start()
         try:
-            for _ in range(4):
+            # until one callback took longer than the bound in wall-clock time (a bounded count)
+            for _ in range(40):
                 t0 = time.monotonic()
                 busy_cpu(0.005)
                 longest = max(longest, time.monotonic() - t0)
                 await asyncio.sleep(0)
+                if longest > 0.2:
+                    break
         finally:
             watch.stop()
         return [s.seconds for s in watch.stalls]
@@ -90,9 +93,13 @@ async def test_a_loop_starved_of_cpu_by_other_processes_is_not_blocked() -> None
     """What a busy machine does to a test: other processes hold the CPU, and the loop's
     callbacks take long in wall-clock time while their own work is short."""
     cpu = sorted(os.sched_getaffinity(0))[0]
-    spin = f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"
-    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    spin = (f"import os; os.sched_setaffinity(0, {{{cpu}}}); print('spinning', flush=True)"
+            "\nwhile True: pass")
+    spinners = [subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
+                for _ in range(2)]
     try:
+        for p in spinners:  # each is on the CPU before the loop starts there
+            assert p.stdout is not None and p.stdout.readline().strip() == "spinning"
         with ThreadPoolExecutor(1) as pool:
             stalls, longest = await asyncio.get_running_loop().run_in_executor(
                 pool, _starved_loop, cpu)
@@ -100,6 +107,8 @@ async def test_a_loop_starved_of_cpu_by_other_processes_is_not_blocked() -> None
         for p in spinners:
             p.kill()
             p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
     # the wall clock alone would have called it blocked...
     assert longest > 0.1, f"the spinners did not starve the loop ({longest * 1000:.0f} ms)"
     # ...its own work was 5 ms a callback
