@@ -88,16 +88,6 @@ _X86_NEEDS: tuple[tuple[str, frozenset[str]], ...] = (
 )
 
 
-def _cpu_flags() -> frozenset[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
 def dev_variants(machine: str | None = None, flags: frozenset[str] | None = None,
                  ) -> tuple[str, ...]:
     """The variants a development build carries: the baseline, which runs anywhere, and
@@ -106,7 +96,10 @@ def dev_variants(machine: str | None = None, flags: frozenset[str] | None = None
     every = all_variants(machine)
     if every != X86_VARIANTS:
         return every
-    have = _cpu_flags() if flags is None else flags
+    # the engine's reader (stdlib only: runs in a bare build venv from the source tree too)
+    from engine.runtimes.cpu_quirks import cpu_flags
+
+    have = cpu_flags() if flags is None else flags
     best = next((name for name, needs in _X86_NEEDS if needs <= have), "sse42")
     return ("x64", best)
 

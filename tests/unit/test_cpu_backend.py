@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.runtimes import cpu_backend, llamacpp
+from engine.runtimes.cpu_quirks import cpu_flags
 
 binding = pytest.importorskip("llama_cpp.llama_cpp")
 LIB = cpu_backend.lib_dir(binding)
@@ -17,20 +18,13 @@ needs_variants = pytest.mark.skipif(
     not VARIANTS, reason="this llama.cpp is a native build (no CPU variants to choose from)")
 
 
-def _flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 @needs_variants
 def test_the_best_variant_this_cpu_runs_is_chosen() -> None:
     scores = {p.name: cpu_backend.score(p) for p in VARIANTS}
     assert scores["libggml-cpu-x64.so"] > 0  # the baseline runs anywhere
     best = cpu_backend.best_variant(LIB)
     assert best is not None and scores[best.name] == max(scores.values())
-    if "avx2" in _flags():
+    if "avx2" in cpu_flags():
         assert best.name != "libggml-cpu-x64.so", scores
 
 
