@@ -244,9 +244,13 @@ class LoopWatch:
     def _outside_callbacks(self) -> None:
         """On a Qt loop: the loop thread's CPU outside asyncio's callbacks since the last
         beat."""
-        if not self.loop.is_running():
-            return
         now_cpu = time.clock_gettime(self._cpu_clock)
+        if not self.loop.is_running():
+            # between two runs of the loop the thread runs pytest and the fixtures' plain
+            # code, which blocks no loop: the count starts again when the loop does
+            self._beat_cpu, self._beat_inside = now_cpu, self._in_callbacks
+            self._beat_stall = None
+            return
         inside = self._in_callbacks - self._beat_inside
         current = self._current
         if current is not None:

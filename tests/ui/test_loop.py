@@ -80,3 +80,37 @@ async def test_the_loop_watch_catches_a_qt_slot_that_blocks_the_loop() -> None:
     assert watch.stalls[0].cpu > 0.1
     assert "outside asyncio's callbacks" in watch.stalls[0].stack
     assert "busy_cpu(0.4)" in watch.stalls[0].stack
+
+
+def test_the_loop_watch_counts_no_work_done_while_the_qt_loop_is_not_running() -> None:
+    """A fixture's teardown runs the loop again after plain code ran between the two runs
+    (pytest's own, a synchronous fixture's): that code blocked no loop."""
+    loop = make_loop(qapp_instance())
+    watch = LoopWatch(loop, bound_s=0.1)
+    ran: list[str] = []
+
+    async def started() -> None:
+        watch.start()
+        await asyncio.sleep(0.05)  # a few beats
+
+    async def again() -> None:
+        await asyncio.sleep(0.05)
+        ran.append("again")
+
+    try:
+        loop.run_until_complete(started())
+        busy_cpu(0.4)  # between the runs, with the loop stopped
+        loop.run_until_complete(again())
+        assert ran == ["again"]
+        assert watch.stalls == [], watch.report()
+        # and the watch still counts a slot once the loop runs again
+
+        async def blocked() -> None:
+            QTimer.singleShot(0, lambda: busy_cpu(0.4))
+            await asyncio.sleep(0.6)
+
+        loop.run_until_complete(blocked())
+        assert len(watch.stalls) == 1, watch.report()
+    finally:
+        watch.stop()
+        loop.close()
