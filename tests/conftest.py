@@ -37,6 +37,15 @@ async def loop_watch() -> AsyncIterator[LoopWatch]:
 
 
 @pytest.fixture(autouse=True)
+def _found_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's own record of the addresses found on the network that its process
+    dialed: a port a test failed on is another test's later (engine/link/found.py)."""
+    from engine.link import found, transport
+
+    monkeypatch.setattr(transport, "_FOUND", found.FoundAddresses())
+
+
+@pytest.fixture(autouse=True)
 def _no_blocked_loop(request: pytest.FixtureRequest) -> None:
     """Every async test that runs engine code in its loop is under the loop-lag probe
     and the leak check.

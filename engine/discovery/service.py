@@ -91,7 +91,7 @@ async def probe_node(node: HeadAddress, *, psk: bytes | None,
                      timeout_s: float = PROBE_TIMEOUT_S) -> m.NodeHello | None:
     """A node of this fleet listening there says hello; anything else is None."""
     try:
-        link = await dial(node.host, node.port, psk=psk, timeout_s=timeout_s)
+        link = await dial(node.host, node.port, psk=psk, timeout_s=timeout_s, found=node.found)
     except (OSError, TimeoutError, LinkError):
         return None
     try:

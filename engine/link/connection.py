@@ -45,6 +45,7 @@ class LinkErrorKind(enum.Enum):
     PLAINTEXT_OFF_LOOPBACK = enum.auto()  # no token here, and the peer is another machine
     OLD_PEER = enum.auto()  # the peer's handshake is that of an older Shoal
     REPLAYED = enum.auto()  # a copy of a first message already taken, or out of its time
+    BACKING_OFF = enum.auto()  # a found address that failed its handshake: not dialed yet
 
 
 class LinkError(Exception):

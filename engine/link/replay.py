@@ -12,10 +12,15 @@ authenticated payload, and the responder takes a message only:
 - and when its ephemeral key has not been seen yet: every key taken is remembered
   until its time leaves the window, after which the time alone refuses it.
 
-WireGuard guards its handshake initiation the same way (a TAI64N timestamp). The
-memory is bounded: when it is full of keys still inside the window, new handshakes
-are refused (fail closed) until the oldest expire; only peers holding the token can
-make fresh messages, so only the fleet itself can fill it.
+WireGuard guards its handshake initiation the same way (a TAI64N timestamp).
+
+The memory is bounded, and full it forgets the oldest key rather than refuse a new one.
+Refusing (failing closed) let a stranger shut the fleet out: the fleet id is in clear in
+mDNS, so fake heads and nodes announced with it get the fleet's machines to dial them,
+and each dial hands the stranger a fresh first message to replay at every other machine.
+Forgetting costs nothing a replay could gain: a message taken twice completes a handshake
+whose keys only its maker holds, so no hello follows it, and the connection is dropped as
+unproven (:mod:`engine.link.admission`).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import heapq
 import struct
 
 WINDOW_S = 300.0
-MAX_REMEMBERED = 16384  # 16,384 handshakes in ten minutes: far above any fleet's rate
+MAX_REMEMBERED = 16384  # 16,384 handshakes in ten minutes: far above any fleet's own rate
 STAMP = struct.Struct(">Q")  # the initiator's wall clock, milliseconds since the epoch
 
 
@@ -33,7 +38,6 @@ class Verdict(enum.Enum):
     FRESH = "fresh"
     REPLAYED = "replayed"
     SKEWED = "skewed"  # outside the window: a copy of an old message, or a wrong clock
-    FULL = "full"
 
 
 def stamp(now: float) -> bytes:
@@ -58,15 +62,13 @@ def explain(verdict: Verdict, sent_at: float, now: float) -> str:
                 f"{'behind' if sent_at < now else 'ahead of'} this machine's (more than "
                 f"{WINDOW_S:.0f} s), or the message is an old copy; turn on network time "
                 "on both machines")
-    if verdict is Verdict.FULL:
-        return (f"more than {MAX_REMEMBERED} handshakes in {2 * WINDOW_S / 60:.0f} minutes; "
-                "the peer will be taken once older ones expire")
     return "fresh"
 
 
 class ReplayGuard:
     """The ephemeral keys of the first messages taken, each until its time leaves the
-    window. ``check`` is the whole decision; time comes in as an argument."""
+    window, or until ``max_remembered`` newer ones push it out. ``check`` is the whole
+    decision; time comes in as an argument."""
 
     def __init__(self, *, window_s: float = WINDOW_S,
                  max_remembered: int = MAX_REMEMBERED) -> None:
@@ -74,6 +76,7 @@ class ReplayGuard:
         self.max_remembered = max_remembered
         self._expiry: dict[bytes, float] = {}
         self._order: list[tuple[float, bytes]] = []  # a heap of (expiry, key)
+        self.forgotten = 0  # keys pushed out before their time, for the logs and tests
 
     def __len__(self) -> int:
         return len(self._expiry)
@@ -86,8 +89,10 @@ class ReplayGuard:
             return Verdict.SKEWED
         if key in self._expiry:
             return Verdict.REPLAYED
-        if len(self._expiry) >= self.max_remembered:
-            return Verdict.FULL
+        while len(self._expiry) >= self.max_remembered:
+            _, oldest = heapq.heappop(self._order)  # the soonest to expire
+            del self._expiry[oldest]
+            self.forgotten += 1
         expiry = sent_at + self.window_s  # after that, the time alone refuses the copy
         self._expiry[key] = expiry
         heapq.heappush(self._order, (expiry, key))

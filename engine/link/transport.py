@@ -36,6 +36,7 @@ from engine.link.connection import (
     NeedData,
     State,
 )
+from engine.link.found import FoundAddresses
 from engine.link.replay import ReplayGuard, Verdict, explain
 
 _READ_LIMIT = 1 << 16
@@ -44,6 +45,8 @@ log = logging.getLogger("shoal.link")
 # the first handshake messages this process took, whichever listener took them: a copy
 # is refused at the node's listener and the head's alike
 _REPLAYS = ReplayGuard()
+# the addresses found on the network that this process dialed, and how they answered
+_FOUND = FoundAddresses()
 
 
 class LinkClosed(Exception):
@@ -71,6 +74,7 @@ class _Socket(asyncio.Protocol):
         self._told_closed = False
         self.peer = "?"
         self.peer_host = ""
+        self.received = 0  # bytes read so far
 
     # -- asyncio.Protocol --------------------------------------------------------------
 
@@ -89,6 +93,7 @@ class _Socket(asyncio.Protocol):
             self._on_connect(self)
 
     def data_received(self, data: bytes) -> None:
+        self.received += len(data)
         conn = self.conn
         if conn is None:
             self._early += data
@@ -313,6 +318,7 @@ class Incoming:
 
     def __init__(self, sock: _Socket) -> None:
         self._sock = sock
+        self.pushed_out = False  # closed here for a newer one (admission.py): no peer fault
 
     @property
     def peer(self) -> str:
@@ -328,6 +334,12 @@ class Incoming:
         return is_loopback(self._sock.peer_host)
 
     def close(self) -> None:
+        self._sock.close()
+
+    def push_out(self) -> None:
+        """Close it to make way for a newer connection; its handshake then fails with
+        nothing to say about the peer."""
+        self.pushed_out = True
         self._sock.close()
 
 
@@ -369,8 +381,14 @@ async def _handshake(conn: LinkConnection, sock: _Socket, replay: ReplayGuard) -
         raise LinkError(LinkErrorKind.PROTOCOL, "the peer spoke before the handshake ended")
 
 
-async def dial(host: str, port: int, *, psk: bytes | None, timeout_s: float = 10.0) -> Link:
+async def dial(host: str, port: int, *, psk: bytes | None, timeout_s: float = 10.0,
+               found: bool = False) -> Link:
     """Connect and complete the handshake as the initiator.
+
+    ``found``: the address came from the network (mDNS, the tailnet), not from the user;
+    until it answers a handshake, dials to it go one at a time and back off after a failed
+    one (:mod:`engine.link.found`), and a dial held back fails at once with LinkError
+    BACKING_OFF, sending nothing.
 
     Raises OSError (cannot connect), TimeoutError, or LinkError (refused at the handshake,
     or refused here: without a token a link never leaves this machine, since prompts
@@ -381,23 +399,58 @@ async def dial(host: str, port: int, *, psk: bytes | None, timeout_s: float = 10
                         f"refusing to dial {host}:{port} without a fleet token: a link "
                         "without one would carry prompts in clear; make the token with "
                         "`shoal fleet token` and pair the machines (`shoal fleet pair`)")
+    address = f"{host}:{port}"
+    if found:
+        wait = _FOUND.wait_s(address, time.monotonic())
+        if wait > 0:
+            raise LinkError(LinkErrorKind.BACKING_OFF,
+                            f"{address}, found on the network, has not shown this fleet's "
+                            f"token ({_FOUND.failures(address)} failed handshakes); trying "
+                            f"it again in {wait:.0f} s")
     loop = asyncio.get_running_loop()
-    async with asyncio.timeout(timeout_s):
-        _, sock = await loop.create_connection(_Socket, host, port)
-    return await _open(sock, LinkConnection(initiator=True, psk=psk), timeout_s,
-                       f"{host}:{port}", _REPLAYS)
+    try:
+        async with asyncio.timeout(timeout_s):
+            _, sock = await loop.create_connection(_Socket, host, port)
+    except BaseException:
+        if found:
+            _FOUND.ended(address)  # nothing went out
+        raise
+    try:
+        link = await _open(sock, LinkConnection(initiator=True, psk=psk), timeout_s, address,
+                           _REPLAYS)
+    except BaseException as exc:
+        if found:  # the first message went out: a fake peer may keep it
+            if isinstance(exc, Exception):
+                _FOUND.failed(address, time.monotonic())
+            else:
+                _FOUND.ended(address)  # cancelled: no verdict on the peer
+        raise
+    if found:
+        _FOUND.proven(address)
+    return link
 
 
 async def accept(incoming: Incoming, *, psk: bytes | None, timeout_s: float = 10.0,
+                 first_message_s: float | None = None,
                  replay: ReplayGuard = _REPLAYS) -> Link:
-    """Complete the handshake as the responder on an accepted connection. A first message
-    that ``replay`` (by default, this process's) refuses fails with LinkError REPLAYED,
-    before any answer: a copy of a message is never answered.
+    """Complete the handshake as the responder on an accepted connection, within
+    ``timeout_s``, its first bytes within ``first_message_s`` (a connection that stays
+    silent is a stranger's, not a dialer's). A first message that ``replay`` (by default,
+    this process's) refuses fails with LinkError REPLAYED, before any answer: a copy of a
+    message is never answered.
 
     A completed handshake does not show that the dialer holds the token (a copy of its
     first message completes it too): its first record, read with the transport keys,
     does."""
     sock = incoming._sock
+    if first_message_s is not None:
+        try:
+            async with asyncio.timeout(first_message_s):
+                while not sock.received and sock.lost is None:
+                    await sock.wait_data()
+        except BaseException:
+            sock.close()
+            raise
     return await _open(sock, LinkConnection(initiator=False, psk=psk), timeout_s, sock.peer,
                        replay)
 

@@ -48,7 +48,7 @@ from typing import Literal, Protocol
 
 from engine import models
 from engine.link import messages as m
-from engine.link.admission import PRE_HELLO_S, PendingHandshakes
+from engine.link.admission import FIRST_MESSAGE_S, PRE_HELLO_S, PendingHandshakes
 from engine.link.connection import LinkError
 from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.mux import Carrier, Channel, Mux
@@ -119,6 +119,7 @@ class NodeAgent:
         self.identity = identity
         self.psk = psk
         self.handshake_timeout_s = handshake_timeout_s
+        self.first_message_s = FIRST_MESSAGE_S  # a connection's first bytes (admission.py)
         self.idle_timeout_s = idle_timeout_s
         self._clock = clock
         self._busy = 0
@@ -129,7 +130,7 @@ class NodeAgent:
         self._stats_task: asyncio.Task[None] | None = None
         self._closing = False
         self.paused = False
-        self._pending = PendingHandshakes()
+        self._pending: PendingHandshakes[Incoming] = PendingHandshakes()
         self._told: set[tuple[str, str]] = set()  # (address, failure) already logged
         self.instance = secrets.token_hex(8)
         self.idle_unload_s = idle_unload_s if isinstance(engine, Sleeper) else None
@@ -193,9 +194,8 @@ class NodeAgent:
 
     async def _handle(self, incoming: Incoming) -> None:
         address = incoming.peer_host
-        if not self._pending.admit(address):
-            incoming.close()  # a flood of connections that have not shown the token
-            return
+        for older in self._pending.admit(incoming, address):
+            older.push_out()  # a flood of connections that have not shown the token
         link: Link | None = None
         bound = min(self.handshake_timeout_s, PRE_HELLO_S)
         try:
@@ -203,34 +203,39 @@ class NodeAgent:
             # handshake does not (admission.py)
             try:
                 async with asyncio.timeout(bound):
-                    link = await accept(incoming, psk=self.psk, timeout_s=bound)
+                    link = await accept(incoming, psk=self.psk, timeout_s=bound,
+                                        first_message_s=min(bound, self.first_message_s))
                     head = await exchange_hellos(link, self._hello(), responder=True,
                                                  expect=m.HeadHello, timeout_s=bound)
             finally:
-                self._pending.release(address)
-        except LinkError as exc:
-            self._once(address, exc.kind.name, logging.WARNING, "refused a head at %s: %s; %s",
-                       incoming.peer, exc, _fix(exc))
-            return
-        except WrongPeer:
-            self._once(address, "no-hello", logging.WARNING,
-                       "head at %s did not say hello; closing", incoming.peer)
-            return
-        except TimeoutError:
-            if link is None:
-                self._once(address, "slow", logging.INFO,
-                           "a connection from %s did not finish the handshake in time",
-                           incoming.peer)
-            else:
-                self._once(address, "silent", logging.WARNING,
-                           "a connection from %s finished the handshake but sent no hello "
-                           "in %.0f s, so it has not shown the fleet token (a copied "
-                           "handshake, or a peer of another Shoal version); closed it",
-                           incoming.peer, bound)
+                self._pending.release(incoming)
+        except (LinkError, WrongPeer, TimeoutError) as exc:
+            if not incoming.pushed_out:  # else closed here for a newer connection
+                self._refused(incoming.peer, address, exc, handshaken=link is not None,
+                              bound=bound)
             return
         except (OSError, LinkClosed):
             return
         await self.serve_link(link, responder=True, head=head)
+
+    def _refused(self, peer: str, address: str, exc: Exception, *, handshaken: bool,
+                 bound: float) -> None:
+        """Say once per address and cause why a connection was not taken."""
+        if isinstance(exc, LinkError):
+            self._once(address, exc.kind.name, logging.WARNING, "refused a head at %s: %s; %s",
+                       peer, exc, _fix(exc))
+        elif isinstance(exc, WrongPeer):
+            self._once(address, "no-hello", logging.WARNING,
+                       "head at %s did not say hello; closing", peer)
+        elif not handshaken:
+            self._once(address, "slow", logging.INFO,
+                       "a connection from %s did not finish the handshake in time", peer)
+        else:
+            self._once(address, "silent", logging.WARNING,
+                       "a connection from %s finished the handshake but sent no hello "
+                       "in %.0f s, so it has not shown the fleet token (a copied "
+                       "handshake, or a peer of another Shoal version); closed it",
+                       peer, bound)
 
     def _once(self, address: str, what: str, level: int, message: str,
               *args: object) -> None:

@@ -34,6 +34,12 @@ class HeadAddress:
     def __str__(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def found(self) -> bool:
+        """Found on the network (a claim until its handshake shows the token), not given
+        by the user."""
+        return self.source in ("lan", "tailnet")
+
 
 class JoinRefused(Exception):
     """The head will not take this node; the message names the cause and the fix."""
@@ -63,7 +69,7 @@ async def probe_head(head: HeadAddress, *, psk: bytes | None,
                      timeout_s: float = 5.0) -> m.HeadHello:
     """Check the token against a head before any slow work; returns its hello."""
     try:
-        link = await dial(head.host, head.port, psk=psk, timeout_s=timeout_s)
+        link = await dial(head.host, head.port, psk=psk, timeout_s=timeout_s, found=head.found)
     except (OSError, TimeoutError, LinkError) as exc:
         raise JoinRefused(refusal_text(head, exc)) from None
     try:
@@ -122,7 +128,7 @@ class Joiner:
         while True:
             try:
                 link = await dial(head.host, head.port, psk=self.psk,
-                                  timeout_s=self.handshake_timeout_s)
+                                  timeout_s=self.handshake_timeout_s, found=head.found)
             except (OSError, TimeoutError, LinkError) as exc:
                 self.failures[head] = self.failures.get(head, 0) + 1
                 self.changed.set()

@@ -102,21 +102,21 @@ async def test_a_discovered_node_that_never_answers_is_let_go(monkeypatch: pytes
 
 
 async def test_connections_that_never_handshake_are_capped(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(admission, "PER_ADDRESS", 4)
     agent = NodeAgent(MockEngine(model="m", lanes=1), identity="n", psk=TOKEN)
     agent._pending = admission.PendingHandshakes(per_address=4, total=8)
+    agent.first_message_s = 30.0  # the silent ones stay until pushed out
     _h, port = await agent.listen("127.0.0.1", 0)
     flood = [await asyncio.open_connection("127.0.0.1", port) for _ in range(20)]
-    # the agent counts each connection as it refuses or admits it: wait for all 20
-    await until(lambda: agent._pending.refused + len(agent._pending) == 20,
+    # the agent counts each connection as it pushes one out or admits it: wait for all 20
+    await until(lambda: agent._pending.dropped + len(agent._pending) == 20,
                 "the agent to take in the whole flood")
-    assert agent._pending.refused == 16 and len(agent._pending) == 4
-    # the refused are closed (our readers see EOF); the admitted are still served: one
+    assert agent._pending.dropped == 16 and len(agent._pending) == 4
+    # the oldest were closed (our readers see EOF); the newest four are still served: one
     # of them completes a handshake (no wait for a close that must not come)
     await until(lambda: sum(reader.at_eof() for reader, _w in flood) == 16,
-                "16 refused connections closed")
+                "16 pushed-out connections closed")
     admitted = [(reader, writer) for reader, writer in flood if not reader.at_eof()]
-    assert len(admitted) == 4 and len(agent._pending) == 4
+    assert admitted == flood[-4:] and len(agent._pending) == 4
     reader, writer = admitted[0]
     ini = LinkConnection(initiator=True, psk=TOKEN)
     writer.write(ini.initiate(time.time()))

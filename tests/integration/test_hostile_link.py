@@ -248,7 +248,8 @@ async def test_replayed_and_relayed_first_messages_hold_the_caps(
         side: str, caplog: pytest.LogCaptureFixture):
     """One captured first message replayed 300 times is answered at most once; 300
     fresh ones relayed from 20 addresses (what a stranger gets by having heads dial a
-    fake node) stay within the caps, counted until a hello that never comes; the
+    fake node) stay within the caps, counted until a hello that never comes or a newer
+    one pushes them out; the
     listener's descriptors stay within the cap and a real peer links after."""
     caplog.set_level(logging.INFO)
     if side == "node":
@@ -286,10 +287,10 @@ async def test_replayed_and_relayed_first_messages_hold_the_caps(
         answers = await send_each(port, [(frame, f"127.0.0.{2 + i % 20}")
                                           for i, frame in enumerate(fresh)])
         held += [w for _, w in answers]
-        replies = sum(1 for a, _ in answers if a == "reply")
         # what the listener holds now, besides the client ends this test holds itself
         listener_fds = accepted_sockets(port)
-        assert replies <= pending.total, f"{replies} unproven connections answered at once"
+        # past the cap each new one pushed out the oldest (never refused: admission.py)
+        assert pending.dropped >= 300 - pending.total
         assert len(pending) <= pending.total
         assert listener_fds <= pending.total, f"the listener holds {listener_fds} sockets"
         # each is closed at the bound, with no hello: one line per address says so
@@ -407,8 +408,8 @@ async def test_a_connection_flood_leaves_the_api_serving(tmp_path: Path,
                     "max_tokens": 5}
             async with http.post(f"{api}/v1/chat/completions", json=body) as r:
                 assert r.status == 200
+        # one address: its newest connections only (the older pushed out or timed out)
         assert len(listener._pending) <= listener._pending.per_address
-        assert listener._pending.refused >= len(flood) - listener._pending.per_address
         for _r, writer in flood:
             writer.close()
         await until(lambda: len(listener._pending) == 0, "the flood to be let go")

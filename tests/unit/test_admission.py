@@ -13,26 +13,37 @@ from engine.link.admission import PendingHandshakes
 from engine.link.connection import LinkError, LinkErrorKind
 
 
-def test_pending_handshakes_are_capped_per_address_and_in_all() -> None:
-    p = PendingHandshakes(per_address=2, total=3)
-    assert p.admit("a") and p.admit("a")
-    assert not p.admit("a")  # a third from one address waits for one to end
-    assert p.admit("b")
-    assert not p.admit("c")  # the total is reached
-    assert len(p) == 3 and p.refused == 2
-    p.release("a")
-    assert p.admit("c")
-    p.release("x")  # never admitted: nothing changes
+def test_at_a_cap_the_oldest_unproven_connection_makes_way() -> None:
+    p: PendingHandshakes[str] = PendingHandshakes(per_address=2, total=3)
+    assert p.admit("a1", "a") == [] and p.admit("a2", "a") == []
+    assert p.admit("a3", "a") == ["a1"]  # a third from one address pushes out its oldest
+    assert p.admit("b1", "b") == []
+    assert p.admit("c1", "c") == ["a2"]  # the total is reached: the oldest of all goes
+    assert len(p) == 3 and p.dropped == 2
+    p.release("a3")
+    assert p.admit("c2", "c") == []
+    p.release("x")  # never admitted (or pushed out already): nothing changes
+    p.release("a1")
     assert len(p) == 3
 
 
+def test_a_flood_from_many_addresses_never_refuses_the_newest() -> None:
+    """128 silent connections from 8 addresses once shut out every real peer."""
+    p: PendingHandshakes[int] = PendingHandshakes(per_address=16, total=128)
+    for n in range(1000):
+        p.admit(n, f"10.0.0.{n % 8}")
+    assert len(p) == 128 and p.dropped == 1000 - 128
+    assert p.admit(-1, "192.168.1.20") == [1000 - 128]  # the oldest flood connection goes
+    assert len(p) == 128
+
+
 def test_released_addresses_are_forgotten() -> None:
-    p = PendingHandshakes(per_address=1, total=10)
+    p: PendingHandshakes[str] = PendingHandshakes(per_address=1, total=10)
     for i in range(1000):
-        assert p.admit(f"10.0.{i // 256}.{i % 256}") is (i < 10)
-    for i in range(10):
-        p.release(f"10.0.0.{i}")
-    assert len(p) == 0 and not p._by_address
+        p.admit(f"k{i}", f"10.0.{i // 256}.{i % 256}")
+    for i in range(990, 1000):
+        p.release(f"k{i}")
+    assert len(p) == 0 and not p._by_address and not p._pending
 
 
 def test_no_plaintext_link_leaves_this_machine(monkeypatch: pytest.MonkeyPatch) -> None:

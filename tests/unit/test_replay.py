@@ -38,15 +38,27 @@ def test_a_key_is_taken_once_and_refused_until_its_time_leaves_the_window():
     assert guard.check(K2, NOW + WINDOW_S + 1, NOW + WINDOW_S + 1) is Verdict.FRESH
 
 
-def test_a_full_memory_refuses_new_keys_until_old_ones_expire():
+def test_a_full_memory_forgets_the_soonest_to_expire_and_never_refuses_a_new_key():
+    """A stranger who fills the memory with harvested messages must not shut the fleet
+    out: the guard forgets the oldest key instead (a replay of it gains nothing, since no
+    hello can follow it)."""
     guard = ReplayGuard(max_remembered=2)
     assert guard.check(K1, NOW, NOW) is Verdict.FRESH
     assert guard.check(K2, NOW + 10, NOW) is Verdict.FRESH
-    assert guard.check(K3, NOW, NOW) is Verdict.FULL  # fails closed, K1 still refused
-    assert guard.check(K1, NOW, NOW) is Verdict.REPLAYED
-    later = NOW + WINDOW_S + 1  # K1 expired, K2 (stamped 10 s later) not yet
-    assert guard.check(K3, later, later) is Verdict.FRESH
-    assert guard.check(K2, NOW + 10, later) is Verdict.REPLAYED
+    assert guard.check(K3, NOW, NOW) is Verdict.FRESH  # K1 (the soonest to expire) goes
+    assert len(guard) == 2 and guard.forgotten == 1
+    assert guard.check(K2, NOW + 10, NOW) is Verdict.REPLAYED  # the newer ones still held
+    assert guard.check(K3, NOW, NOW) is Verdict.REPLAYED
+
+
+def test_a_flood_of_fresh_keys_never_refuses_a_real_peer():
+    guard = ReplayGuard(max_remembered=100)
+    flood = [i.to_bytes(32, "big") for i in range(1000)]
+    verdicts = {guard.check(key, NOW, NOW + n / 100) for n, key in enumerate(flood)}
+    assert verdicts == {Verdict.FRESH} and len(guard) == 100 and guard.forgotten == 900
+    real = b"\xee" * 32
+    assert guard.check(real, NOW + 10, NOW + 10) is Verdict.FRESH
+    assert guard.check(real, NOW + 10, NOW + 10) is Verdict.REPLAYED
 
 
 @given(st.lists(st.tuples(st.integers(0, 5), st.floats(-400, 400), st.floats(0, 300)),

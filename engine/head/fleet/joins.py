@@ -14,7 +14,7 @@ import socket
 from engine.head.fleet.links import Fleet
 from engine.head.fleet.peers import HeadPeers
 from engine.link import messages as m
-from engine.link.admission import PRE_HELLO_S, PendingHandshakes
+from engine.link.admission import FIRST_MESSAGE_S, PRE_HELLO_S, PendingHandshakes
 from engine.link.connection import LinkError, LinkErrorKind
 from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.transport import Incoming, Link, LinkClosed, accept, serve
@@ -29,10 +29,11 @@ class JoinListener:
         self.fleet = fleet
         self.peers = peers  # takes heads that dial us to sync aliases
         self.handshake_timeout_s = handshake_timeout_s
+        self.first_message_s = FIRST_MESSAGE_S  # a connection's first bytes (admission.py)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._warned: set[str] = set()
-        self._pending = PendingHandshakes()
+        self._pending: PendingHandshakes[Incoming] = PendingHandshakes()
         self.listen_port = 0
 
     async def listen_on(self, sock: socket.socket) -> None:
@@ -54,9 +55,8 @@ class JoinListener:
             incoming.close()
             return
         address = incoming.peer_host or "?"
-        if not self._pending.admit(address):
-            incoming.close()  # a flood of connections that have not shown the token
-            return
+        for older in self._pending.admit(incoming, address):
+            older.push_out()  # a flood of connections that have not shown the token
         link: Link | None = None
         bound = min(self.handshake_timeout_s, PRE_HELLO_S)
         try:
@@ -64,35 +64,18 @@ class JoinListener:
             # handshake does not (admission.py)
             try:
                 async with asyncio.timeout(bound):
-                    link = await accept(incoming, psk=self.fleet.psk, timeout_s=bound)
+                    link = await accept(incoming, psk=self.fleet.psk, timeout_s=bound,
+                                        first_message_s=min(bound, self.first_message_s))
                     hello = await exchange_hellos(
                         link, m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
                                           listen_port=self.listen_port,
                                           probe=self.fleet.probe, progress=True),
                         responder=True, expect=(m.NodeHello, m.HeadHello), timeout_s=bound)
             finally:
-                self._pending.release(address)
-        except LinkError as exc:
-            fix = {LinkErrorKind.REPLAYED: "it was not answered",
-                   LinkErrorKind.OLD_PEER: "update Shoal there"}.get(
-                exc.kind, "pair it again (`shoal fleet pair` here, `shoal node join --code` "
-                "there)")
-            self._warn_once(f"{address}:{exc.kind.name}",
-                            f"refused a node joining from {where}: {exc}; {fix}")
-            return
-        except WrongPeer as exc:
-            if isinstance(exc.got, m.Error) and exc.got.code == "wrong_model":
-                self._warn_once(f"{where.rsplit(':', 1)[0]}:wrong_model",
-                                f"the node joining from {where} refused this head: "
-                                f"{exc.got.message}")
-            return
-        except TimeoutError:
-            if link is not None:
-                self._warn_once(f"{address}:silent",
-                                f"a connection from {where} finished the handshake but sent "
-                                f"no hello in {bound:.0f} s, so it has not shown the fleet "
-                                "token (a copied handshake, or a peer of another Shoal "
-                                "version); closed it")
+                self._pending.release(incoming)
+        except (LinkError, WrongPeer, TimeoutError) as exc:
+            if not incoming.pushed_out:  # else closed here for a newer connection
+                self._refused(where, address, exc, handshaken=link is not None, bound=bound)
             return
         except (OSError, LinkClosed):
             return  # not a peer of this fleet, or gone: the link is closed
@@ -102,6 +85,28 @@ class JoinListener:
             self.peers.accepted(link, hello)
         else:
             link.close()  # a head, and this one does not sync with other heads
+
+    def _refused(self, where: str, address: str, exc: Exception, *, handshaken: bool,
+                 bound: float) -> None:
+        """Say once per address and cause why a connection was not taken."""
+        if isinstance(exc, LinkError):
+            fix = {LinkErrorKind.REPLAYED: "it was not answered",
+                   LinkErrorKind.OLD_PEER: "update Shoal there"}.get(
+                exc.kind, "pair it again (`shoal fleet pair` here, `shoal node join --code` "
+                "there)")
+            self._warn_once(f"{address}:{exc.kind.name}",
+                            f"refused a node joining from {where}: {exc}; {fix}")
+        elif isinstance(exc, WrongPeer):
+            if isinstance(exc.got, m.Error) and exc.got.code == "wrong_model":
+                self._warn_once(f"{where.rsplit(':', 1)[0]}:wrong_model",
+                                f"the node joining from {where} refused this head: "
+                                f"{exc.got.message}")
+        elif handshaken:
+            self._warn_once(f"{address}:silent",
+                            f"a connection from {where} finished the handshake but sent "
+                            f"no hello in {bound:.0f} s, so it has not shown the fleet "
+                            "token (a copied handshake, or a peer of another Shoal "
+                            "version); closed it")
 
     def _warn_once(self, host: str, message: str) -> None:
         if len(self._warned) > 1024:  # bounded: a scan must not grow it forever

@@ -432,7 +432,8 @@ class NodePool:
             self.mux = None
             try:
                 link = await dial(self.host, self.port, psk=self.fleet.psk,
-                                  timeout_s=self.fleet.handshake_timeout_s)
+                                  timeout_s=self.fleet.handshake_timeout_s,
+                                  found=self.discovered)
                 hello = await exchange_hellos(
                     link, m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
                                       probe=self.fleet.probe, channels=True,

@@ -85,7 +85,8 @@ class HeadPeers:
         failures = 0
         while True:
             try:
-                link = await dial(host, port, psk=self.psk, timeout_s=self.handshake_timeout_s)
+                link = await dial(host, port, psk=self.psk, timeout_s=self.handshake_timeout_s,
+                                  found=discovered)
                 hello = await exchange_hellos(
                     link, m.HeadHello(head_id=self.head_id, model=self.model,
                                       listen_port=self.listen_port),
