@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine import nesting
 from engine.models import parse_model_id
 
 CATALOG_FILE = "catalog.toml"
@@ -332,7 +333,10 @@ def parse_catalog(text: str, *, source: str) -> Catalog:
     """The catalog in ``text`` (``source`` names its file in messages), every field
     checked; CatalogError (one line) for the first thing wrong."""
     try:
-        doc = tomllib.loads(text)
+        doc = nesting.toml_loads(text)
+    except nesting.TooDeep as exc:
+        raise CatalogError(source, f"nests too deep ({exc})", "flatten it, or delete the "
+                           "file to use the catalog Shoal ships") from None
     except tomllib.TOMLDecodeError as exc:
         raise CatalogError(source, f"is not TOML ({exc})", "fix its syntax") from None
     version = doc.get("version")

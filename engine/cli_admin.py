@@ -61,11 +61,9 @@ def add_parsers(sub: Any) -> None:
 def _admin_headers(head: str) -> dict[str, str]:
     """This machine's admin secret, for a head on this machine only (never sent away)."""
     from engine.head.access.admin_secret import HEADER, AdminSecretError, read_admin_secret
-    from engine.link.transport import is_loopback
     from engine.secrets import default_home
 
-    host = head.rsplit(":", 1)[0].strip("[]") if ":" in head else head
-    if not (host == "localhost" or is_loopback(host)):
+    if not _local(head):
         return {}
     try:
         secret = read_admin_secret(default_home())
@@ -74,13 +72,28 @@ def _admin_headers(head: str) -> dict[str, str]:
     return {HEADER: secret} if secret else {}
 
 
+def _local(head: str) -> bool:
+    from engine.link.transport import is_loopback
+
+    host = head.rsplit(":", 1)[0].strip("[]") if ":" in head else head
+    return host == "localhost" or is_loopback(host)
+
+
+def _opener(head: str) -> urllib.request.OpenerDirector:
+    """No proxy for a head on this machine: http_proxy would carry the admin secret away
+    (urllib honours it even for 127.0.0.1 when no_proxy is unset)."""
+    if _local(head):
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    return urllib.request.build_opener()
+
+
 def _call(head: str, method: str, path: str, body: bytes | None = None) -> Any:
     url = f"http://{head}{path}"
     req = urllib.request.Request(url, data=body, method=method,
                                  headers={"Content-Type": "application/json",
                                           **_admin_headers(head)})
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
+        with _opener(head).open(req, timeout=30) as resp:
             data = resp.read()
     except urllib.error.HTTPError as exc:
         try:

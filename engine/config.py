@@ -284,7 +284,7 @@ def save_machine_settings(settings: Settings, app: dict[str, Any]) -> None:
     if node is not None:
         values = {"runtime": node.runtime, "model": node.model, "lanes": node.lanes,
                   "max_context": node.max_context, "paused": node.paused,
-                  "identity": node.identity}
+                  "identity": node.identity, "upstream": node.upstream}
         node_t.update({k: v for k, v in values.items() if v is not None})
         if node.memory_budget is not None:
             node_t["memory_budget"] = budget_value(node.memory_budget)

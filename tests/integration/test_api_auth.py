@@ -53,6 +53,29 @@ async def test_static_api_key():
             assert r.status == 401
 
 
+async def raw_status(port: int, request: bytes) -> int:
+    """The status line's code for ``request`` sent as raw bytes (a client library would
+    refuse to send what these tests send)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        status = await asyncio.wait_for(reader.readline(), 30)
+        return int(status.split()[1])
+    finally:
+        writer.close()
+
+
+async def test_a_key_header_that_is_not_utf8_is_refused_as_a_bad_key():
+    async with live_head(api_key="s3cret-key") as live:
+        for method, path in (("GET", "/v1/models"), ("PUT", "/v1/aliases")):
+            for header in (b"Authorization: Bearer s3cret-\xff\xfe", b"x-api-key: \xc3("):
+                request = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{live.port}\r\n"
+                           "Content-Length: 2\r\nConnection: close\r\n").encode() \
+                    + header + b"\r\n\r\n{}"
+                assert await raw_status(live.port, request) == 401, (method, path, header)
+
+
 async def test_issued_and_revoked_keys(tmp_path: Path, caplog: pytest.LogCaptureFixture):
     revoked = tmp_path / "fleet" / "revoked.json"
     alice = keys.issue_key(SECRET, "alice")

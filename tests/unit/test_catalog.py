@@ -354,3 +354,12 @@ def test_a_frozen_bundle_reads_the_catalog_from_its_resources(
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     monkeypatch.setattr(sys, "_MEIPASS", str(tmp_path), raising=False)
     assert cat.bundled_catalog_path() == tmp_path / "resources" / "catalog.toml"
+
+
+def test_a_deeply_nested_catalog_in_home_leaves_the_bundled_one_in_use(tmp_path) -> None:
+    """tomllib recurses once per level: without the depth check the RecursionError
+    escaped and Shoal did not start."""
+    (tmp_path / cat.CATALOG_FILE).write_text("version = 99\nx = " + "[" * 5000 + "]" * 5000)
+    used, line = cat.load_catalog(tmp_path)
+    assert used.version < 99
+    assert "nests too deep" in line and "fix or remove it" in line

@@ -172,3 +172,14 @@ def test_the_next_start_holds_how_the_node_will_hold_its_model():
     assert NodeMemory.of(later.node) == memory
     assert NextStart().over(now) == now
     assert NextStart(node_memory=memory).over(Settings()).node is None  # no node, none made
+
+
+def test_the_apps_rewrite_keeps_the_nodes_upstream(tmp_path):
+    """Dropped, the next start had a llama-server runtime with no engine to front."""
+    from engine.config import machine_settings, save_machine_settings
+    from engine.settings import NodeSettings, Settings
+
+    node = NodeSettings(runtime="llama-server", upstream="http://127.0.0.1:8080", lanes=0)
+    save_machine_settings(Settings(home=tmp_path, node=node), {})
+    assert machine_settings(tmp_path)[0].node == node
+    assert 'upstream = "http://127.0.0.1:8080"' in (tmp_path / "config.toml").read_text()

@@ -169,7 +169,11 @@ def static_key_ok(expected: str | None, presented: str | None) -> bool:
         return True
     if presented is None:
         return False
-    return hmac.compare_digest(expected.encode("utf-8"), presented.encode("utf-8"))
+    try:
+        given = presented.encode("utf-8")
+    except UnicodeEncodeError:  # a header byte that is not UTF-8 (a surrogate here)
+        return False
+    return hmac.compare_digest(expected.encode("utf-8"), given)
 
 
 def bearer_token(authorization: str | None) -> str | None:
