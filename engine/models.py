@@ -197,13 +197,21 @@ def shards_of(files: Iterable[str], chosen: str) -> list[str]:
 # --- resolving a model spec -------------------------------------------------
 
 
+class HubId(str):
+    """A model name that came over a fleet link: a hub id, never a path on this machine
+    (``etc/hostname`` has the shape of org/repo)."""
+
+    __slots__ = ()
+
+
 def resolve_model(
     spec: str, *, home: Path, offline: bool, progress: Progress | None = None,
     cancel: Cancel | None = None,
 ) -> Path:
-    """A local file or directory as it is; a hub id pulled (or found in the cache)."""
+    """A local file or directory as it is (unless ``spec`` is a :class:`HubId`); a hub id
+    pulled (or found in the cache)."""
     local = Path(spec).expanduser()
-    if local.exists():
+    if not isinstance(spec, HubId) and local.exists():
         return local
     if looks_like_path(spec):
         raise ModelMissing(

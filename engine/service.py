@@ -621,45 +621,74 @@ class Shoal:
 
     async def set_model(self, spec: str | None, *, runtime: str | None = None) -> str:
         """Serve another model here (None: the embedded default): pull it with progress,
-        load it, then move the head's tokenizer and the node over. Returns its name."""
+        load it, then move the head's tokenizer and the node over. Returns its name. When
+        the new model cannot be served (it fails to load, it is too big, of a kind the
+        runtime cannot run), the old one is served again and the settings keep its name:
+        ShoalError says both."""
         async with self._lock:
             # the node starts again: with how it will hold its model (update_settings)
-            ns = replace(self.pending.node or NodeSettings(), model=spec, runtime=runtime,
+            # (a plain str: a HubId has done its work once the model is found)
+            ns = replace(self.pending.node or NodeSettings(),
+                         model=str(spec) if spec is not None else None, runtime=runtime,
                          model_name=None)
             model = await self._resolve(spec, runtime)
-            head_settings = self.settings.head
-            old_head, old_node = self._head, self._node
-            had_fleet = old_head is not None and old_head.fleet_side is not None
+            before, old_model = self.settings, self._node.model if self._node else None
+            had_fleet = self._head is not None and self._head.fleet_side is not None
             member = self._member
             heads = member.heads if member is not None else []
-            if old_head is not None:
-                await old_head.drain(self._drain_s)
-                await old_head.close()
-                self._head = None
-            if old_node is not None:
-                await old_node.drain(self._drain_s)
-                if member is not None:
-                    # the links to the fleet's heads go with the old node (they see it
-                    # leave) and come back from the new one, with its hello
-                    await member.joiner.close()
-                await old_node.close()
-                self._node = None
-            self.settings = replace(self.settings, node=ns, head=(
+            await self._close_for_swap()
+            head_settings = before.head
+            self.settings = replace(before, node=ns, head=(
                 replace(head_settings, model=None, runtime=None) if head_settings else None))
-            head_model = None
-            if self.settings.head is not None:
-                head_model = await self._start_head(self.settings.head, None, model)
-            await self._start_node(ns, sock=LocalNode.bind_listener(ns, self._psk),
-                                   announced=None, head_model=head_model, resolved=model)
-            if self._member is not None and self._node is not None:
-                self._member.agent = self._node.agent
-                self._member.joiner.agent = self._node.agent
-                for head in heads:
-                    self._member.joiner.link(head)
-            if had_fleet:
-                await self._open_fleet()
+            try:
+                await self._start_swapped(ns, model, heads, had_fleet)
+            except Exception as exc:  # any failure: the machine serves what it served
+                line = f"could not serve {model.name} ({exc})"
+                log.warning("%s; serving the model it served before", line)
+                await self._close_for_swap()
+                self.settings = before
+                await self._start_swapped(before.node, old_model, heads, had_fleet)
+                self._roles_changed()
+                again = old_model.name if old_model is not None else "its model"
+                raise ShoalError(f"{line}; this machine serves {again} again",
+                                 code="cannot_load") from None
             self._roles_changed()
             return model.name
+
+    async def _close_for_swap(self) -> None:
+        """Drain and close the head and the node, for a model swap."""
+        old_head, old_node, member = self._head, self._node, self._member
+        if old_head is not None:
+            await old_head.drain(self._drain_s)
+            await old_head.close()
+            self._head = None
+        if old_node is not None:
+            await old_node.drain(self._drain_s)
+            if member is not None:
+                # the links to the fleet's heads go with the old node (they see it
+                # leave) and come back from the new one, with its hello
+                await member.joiner.close()
+            await old_node.close()
+            self._node = None
+
+    async def _start_swapped(self, ns: NodeSettings | None, model: Resolved | None,
+                             heads: list[HeadAddress], had_fleet: bool) -> None:
+        """The head and the node (``ns``) on ``model`` (None: as the settings say), the
+        joined heads linked again and the fleet side open again."""
+        head_model = None
+        hs = self.settings.head
+        if hs is not None:  # a head that names a model of its own reads that one
+            head_model = await self._start_head(hs, None, model if hs.model is None else None)
+        if ns is not None:
+            await self._start_node(ns, sock=LocalNode.bind_listener(ns, self._psk),
+                                   announced=None, head_model=head_model, resolved=model)
+        if self._member is not None and self._node is not None:
+            self._member.agent = self._node.agent
+            self._member.joiner.agent = self._node.agent
+            for head in heads:
+                self._member.joiner.link(head)
+        if had_fleet:
+            await self._open_fleet()
 
     def cancel_pull(self, model: str) -> bool:
         """Stop a pull under way; its partial file is removed. False: no such pull."""
@@ -768,7 +797,7 @@ class Shoal:
             return True, f"serves {spec} already"
         self._chosen_spec = spec
         self._chosen = asyncio.get_running_loop().create_task(
-            self._serve_chosen(spec, node.runtime), name="shoal-fleet-model")
+            self._serve_chosen(model_ids.HubId(spec), node.runtime), name="shoal-fleet-model")
         return True, f"pulling {spec}; this node serves it once it is loaded"
 
     async def _serve_chosen(self, spec: str, runtime: str | None) -> None:

@@ -118,7 +118,7 @@ async def resolve(spec: str | None, runtime: str | None, *, home: Path, offline:
         await cancel_and_wait([ticker], "pull progress")
     if last_one and label in pulls.running:
         _finish(label, "done", "", emit, pulls)
-    return Resolved(path=path, name=name, runtime=rt)
+    return Resolved(path=str(path), name=str(name), runtime=rt)  # a HubId stops here
 
 
 class _Latest:

@@ -17,6 +17,7 @@ import pytest
 
 from engine.errors import CommandError
 from engine.link import messages as m
+from engine.models import HubId
 from engine.node.agent import NO_FLEET_MODELS, NodeAgent
 from engine.runtimes import registry
 from engine.runtimes.mock import MockEngine
@@ -123,6 +124,8 @@ async def test_a_head_has_a_joined_node_pull_and_serve_another_model(tmp_path: P
         [row] = [n for n in to_json(a.snapshot())["nodes"] if n["identity"] == "b-node"]
         assert row["pull_model"] == CHOSEN and row["ram_total"] == b.memory.total
         assert slow_pull.asked == [CHOSEN]
+        # a name from the link is a hub id, never a path on b's machine
+        assert all(isinstance(spec, HubId) for spec in slow_pull.asked)
         # asked again while it switches: refused with why
         with pytest.raises(CommandError) as busy:
             await a.serve_on(seen.key, "acme/Other-GGUF:Q8_0")

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from engine import events as ev
-from engine.errors import CommandError, JoinError, StartError
+from engine.errors import CommandError, JoinError, ShoalError, StartError
 from engine.service import Shoal
 from engine.settings import (
     DiscoverySettings,
@@ -294,6 +294,33 @@ async def test_set_model_moves_head_and_node_over(tmp_path: Path):
         assert shoal.snapshot().model == "mock-b"
         assert (await chat(shoal, model="mock-b"))[0] == 200
         assert (await chat(shoal, model="mock-m"))[0] == 404
+
+
+async def test_a_model_that_fails_to_load_leaves_the_old_one_served(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """ServeModel is on by default: a failed load once left the machine with no API and no
+    node, and the bad name in the settings for the next config write."""
+    from engine.runtimes import registry
+
+    mock = registry._RUNTIMES["mock"]
+
+    def make(spec: registry.EngineSpec) -> object:
+        if spec.path == "mock-broken":
+            raise RuntimeError("llama_model_load: the file is not a model")
+        return mock.make_engine(spec)
+
+    monkeypatch.setitem(registry._RUNTIMES, "mock", replace(mock, make_engine=make))
+    async with running(both(tmp_path)) as shoal:
+        await ready(shoal)
+        with pytest.raises(ShoalError) as err:
+            await shoal.set_model("mock-broken", runtime="mock")
+        assert str(err.value) == ("could not serve mock-broken (llama_model_load: the file is "
+                                  "not a model); this machine serves mock-m again")
+        assert shoal.settings.node is not None and shoal.settings.node.model == "mock-m"
+        await ready(shoal)
+        assert shoal.snapshot().model == "mock-m"
+        assert (await chat(shoal, model="mock-m"))[0] == 200
+        assert await shoal.set_model("mock-b", runtime="mock") == "mock-b"  # and still swaps
 
 
 async def test_stop_drains_a_running_session(tmp_path: Path):

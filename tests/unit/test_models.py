@@ -227,3 +227,18 @@ def test_install_refuses_a_wrong_checksum(tmp_path: Path) -> None:
         _install_stream(target, [b"GGUF"], "00" * 32)
     assert not target.exists()
     assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_a_name_from_the_fleet_is_never_a_path_here(tmp_path, monkeypatch) -> None:
+    """`etc/hostname` has the shape of org/repo: a head must not make a node load a file of
+    its machine by naming it."""
+    from engine.models import HubId, ModelMissing, resolve_model
+
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "hostname").write_text("box\n")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("etc/hostname", home=tmp_path / "home", offline=True) \
+        == Path("etc/hostname")  # typed by the user: the file is what they meant
+    with pytest.raises(ModelMissing) as err:
+        resolve_model(HubId("etc/hostname"), home=tmp_path / "home", offline=True)
+    assert "not in the cache" in str(err.value)
