@@ -389,8 +389,9 @@ class Shoal:
         if self._stopped:
             return
         self._stopped = True
-        if self._chosen is not None:  # a pull a head asked for stops with this Shoal
-            self._pulls.cancel(self._chosen_spec)
+        if self._chosen is not None:  # a pull a head asked for stops with this Shoal,
+            # and goes on from where it stopped at the next start
+            self._pulls.cancel(self._chosen_spec, keep_part=True)
             await cancel_and_wait([self._chosen], "the model a head chose")
         await self._close_roles(drain)
         if self._config is not None:

@@ -25,12 +25,16 @@ class Cancel:
 
     def __init__(self) -> None:
         self.requested = False
+        self.keep_part = False  # the part stays for the next start (Shoal quits)
         self._lock = threading.Lock()
         self._wakers: list[Callable[[], None]] = []
 
-    def set(self) -> None:
+    def set(self, *, keep_part: bool = False) -> None:
+        """Stop the pull; ``keep_part``: what it downloaded stays, to go on from at the
+        next start (quitting), rather than removed (the user cancelled)."""
         with self._lock:
             self.requested = True
+            self.keep_part = self.keep_part or keep_part
             wakers = list(self._wakers)
         for wake in wakers:
             wake()

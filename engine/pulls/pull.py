@@ -107,7 +107,12 @@ def _download(w: Wanted, cache: Path, downloads: Path, handle: Handle) -> Path:
             handle.holding()
             if has_blob(blob, w.size):  # another process pulled it meanwhile
                 return blob
-            fetch(w, part, handle.report, handle.stopped)
+            try:
+                fetch(w, part, handle.report, handle.stopped)
+            except PullCancelled:
+                if not handle.keeps_part():  # a cancel keeps nothing; quitting keeps it
+                    part.unlink(missing_ok=True)
+                raise
             install_blob(part, blob)
     except OSError as exc:
         raise ModelMissing(f"cannot write {w.label} under {downloads} or {cache} "

@@ -33,6 +33,7 @@ class Handle(Protocol):
 
     def report(self, line: str, done: int, total: int) -> None: ...
     def stopped(self) -> bool: ...
+    def keeps_part(self) -> bool: ...
     def holding(self) -> None: ...
 
 
@@ -54,6 +55,7 @@ class _Transfer:
         self._callers: list[_Caller] = []
         # every caller cancelled: the work stops at its next block (kept under _cond)
         self.stopping = False
+        self._keep_part = False  # a caller that left asked to keep the part
         self._holding = False
         self._finished = False
         self._result: Path | None = None
@@ -72,6 +74,10 @@ class _Transfer:
     def stopped(self) -> bool:
         with self._cond:
             return self.stopping
+
+    def keeps_part(self) -> bool:
+        with self._cond:
+            return self._keep_part
 
     def holding(self) -> None:
         with self._cond:
@@ -123,6 +129,7 @@ class _Transfer:
                 if not finished:
                     self._callers.remove(caller)
                     self.stopping = not self._callers
+                    self._keep_part = self._keep_part or caller.cancel.keep_part
                 join = finished or (self.stopping and self._holding)
         finally:
             undo()

@@ -8,7 +8,8 @@ with the file's size and sha256 checked against what the hub said:
 - the bytes do not match: the part is removed, ModelMissing;
 - the connection broke: the part is kept and the download goes on from it, a few times
   while it gains bytes; then ModelMissing, and the next pull resumes it;
-- ``stopped()`` (every caller cancelled): the part is removed, PullCancelled.
+- ``stopped()`` (every caller cancelled): PullCancelled; the caller removes the part, or
+  keeps it for the next start when Shoal quits.
 
 Blocking: runs in a worker thread.
 """
@@ -126,7 +127,7 @@ def _prepare(wanted: Wanted, part: Path, hashed: _Hashed, report: Report,
                wanted.size)
         with part.open("rb") as f:
             while hashed.done < offset:
-                _stop_if(stopped, part)
+                _stop_if(stopped)
                 block = f.read(min(BLOCK, offset - hashed.done))
                 if not block:
                     break
@@ -181,8 +182,8 @@ def _stream(wanted: Wanted, part: Path, offset: int, hashed: _Hashed, report: Re
 
 def _append(wanted: Wanted, part: Path, blocks: Iterator[bytes], hashed: _Hashed,
             report: Report, stopped: Callable[[], bool]) -> None:
-    """The body's blocks added to the part; a cancel or a body longer than the file
-    removes the part (the first keeps nothing, the second is not the file)."""
+    """The body's blocks added to the part; a body longer than the file removes the part
+    (it is not the file)."""
     try:
         with part.open("ab") as out:
             try:
@@ -197,10 +198,8 @@ def _append(wanted: Wanted, part: Path, blocks: Iterator[bytes], hashed: _Hashed
             finally:
                 out.flush()
                 os.fsync(out.fileno())
-    except (PullCancelled, _TooLong) as exc:
+    except _TooLong:
         part.unlink(missing_ok=True)
-        if isinstance(exc, PullCancelled):
-            raise
         raise ModelMissing(
             f"{wanted.label} came out longer than the {amount(wanted.size)} the hub says; "
             "the download is corrupt, run again") from None
@@ -215,10 +214,8 @@ def _check(wanted: Wanted, part: Path, hashed: _Hashed) -> None:
             f"{wanted.sha256[:12]}…; the download is corrupt, run again")
 
 
-def _stop_if(stopped: Callable[[], bool], part: Path) -> None:
-    """An explicit cancel keeps nothing: the part goes with it."""
+def _stop_if(stopped: Callable[[], bool]) -> None:
     if stopped():
-        part.unlink(missing_ok=True)
         raise PullCancelled(CANCELLED)
 
 

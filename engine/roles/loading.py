@@ -46,12 +46,13 @@ class Pulls:
     # one flag per resolve under way: two of one model (a head's and a node's) both stop
     cancels: dict[str, list[models.Cancel]] = field(default_factory=dict)
 
-    def cancel(self, model: str) -> bool:
+    def cancel(self, model: str, *, keep_part: bool = False) -> bool:
+        """Stop the pulls of ``model``; ``keep_part``: for the next start (quitting)."""
         flags = self.cancels.get(model)
         if not flags:
             return False
         for flag in flags:
-            flag.set()
+            flag.set(keep_part=keep_part)
         return True
 
     def add(self, model: str, flag: models.Cancel) -> None:

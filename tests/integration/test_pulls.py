@@ -263,6 +263,30 @@ async def test_cancel_leaves_neither_a_part_nor_anything_in_the_model_folder(
     assert hub.gets == 1 and shared.REGISTRY.callers(key_of(tmp_path, sha)) == 0
 
 
+async def test_a_pull_stopped_by_quitting_keeps_its_part_and_the_next_start_resumes(
+        tmp_path: Path, held: FakeHub, sha: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet-chosen download stops when Shoal quits; the next start goes on from it
+    rather than fetching again what came (the user's own cancel keeps nothing: above)."""
+    hub = held
+    cancel = models.Cancel()
+    async with serving(hub):
+        with pointed_at(monkeypatch, hub.url):
+            task = asyncio.create_task(pull(tmp_path, cancel=cancel))
+            await asyncio.wait_for(hub.held.wait(), TIMEOUT_S)
+            await until(lambda: part_of(tmp_path, sha).exists(), "the part being written")
+            cancel.set(keep_part=True)  # what Shoal.stop does with a fleet-chosen pull
+            hub.release.set()
+            with pytest.raises(models.PullCancelled):
+                await task
+            kept = part_of(tmp_path, sha).stat().st_size
+            assert kept > 0
+            assert files_under(tmp_path / "models") == []  # nothing half-pulled there
+            monkeypatch.setattr(shared, "REGISTRY", shared.Shared())  # a restart
+            path = await pull(tmp_path)
+    await assert_installed(tmp_path, path, sha)
+    assert hub.starts == [0, kept]  # the next start asked for the rest (Range: bytes=N-)
+
+
 async def test_two_pulls_of_one_file_share_one_download(
         tmp_path: Path, held: FakeHub, sha: str, monkeypatch: pytest.MonkeyPatch) -> None:
     hub = held
