@@ -38,15 +38,25 @@ class HostCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, tokens: Sequence[int], state: Sized) -> bool:
-        """Keep ``state`` for ``tokens``; False when it is too short or too large to keep."""
+    def make_room(self, tokens: Sequence[int], size: int) -> bool:
+        """Before a state of ``size`` bytes for ``tokens`` is made: drop what the new entry
+        replaces (its prefixes) and the oldest entries until it fits, so that the cache
+        and the new state together never pass the limit (for a 32K lane of a large model
+        the state is gigabytes). False when it cannot be kept at all."""
         key = tuple(tokens)
-        if len(key) < MIN_ENTRY or len(state) > self.limit:
+        if len(key) < MIN_ENTRY or size > self.limit:
             return False
         for old in [k for k in self._entries if len(k) <= len(key) and key[:len(k)] == k]:
             self._drop(old)  # a prefix of the new entry: the new one restores it all
-        while self.size + len(state) > self.limit and self._entries:
+        while self.size + size > self.limit and self._entries:
             self._drop(next(iter(self._entries)))
+        return True
+
+    def put(self, tokens: Sequence[int], state: Sized) -> bool:
+        """Keep ``state`` for ``tokens``; False when it is too short or too large to keep."""
+        if not self.make_room(tokens, len(state)):
+            return False
+        key = tuple(tokens)
         self._entries[key] = state
         self.size += len(state)
         return True

@@ -612,7 +612,8 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         or None when it cannot."""
         lib = _lib()
         size = int(lib.llama_state_seq_get_size(self._ctx, lane.seq))
-        if size <= 0 or self._host is None or size > self._host.limit:
+        # room first, then the buffer: the other way the cache passes its budget by a state
+        if size <= 0 or self._host is None or not self._host.make_room(lane.tokens, size):
             return None
         buf = (ctypes.c_uint8 * size)()
         got = int(lib.llama_state_seq_get_data(self._ctx, buf, size, lane.seq))
