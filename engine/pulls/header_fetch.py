@@ -14,7 +14,9 @@ model kept here. A split model gets the header of every shard (llama.cpp opens t
 even for the vocabulary), each named as its shard so llama.cpp finds the next. Each is
 written whole or not at all (a temporary name, then a rename). A hub that answers a range
 with the whole file gets nothing from us: the head then cannot serve the model without
-its file, and says so in one line.
+its file, and says so in one line. On a file system without sparse files (exFAT, FAT)
+the zeros would be written out, as many as the hub claims the file holds: there the
+header is not fetched at all, and the line says to pull the model.
 
 Blocking: runs in a worker thread.
 """
@@ -98,6 +100,24 @@ def _on_disk(mid: models.ModelId, home: Path, *, why: str) -> HeaderFile:
                        "with the network")
 
 
+SPARSE_PROBE = 64 << 20  # a hole this large takes no block where files may be sparse
+_sparse: dict[Path, bool] = {}  # per folder, probed once per process
+
+
+def sparse_files(folder: Path) -> bool:
+    """Whether a file in ``folder`` can hold a hole without writing it out."""
+    if folder not in _sparse:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".sparse-probe.{os.getpid()}.{threading.get_ident()}"
+        try:
+            with probe.open("wb") as f:
+                f.truncate(SPARSE_PROBE)
+                _sparse[folder] = os.fstat(f.fileno()).st_blocks * 512 < SPARSE_PROBE // 2
+        finally:
+            probe.unlink(missing_ok=True)
+    return _sparse[folder]
+
+
 def _one(info: RepoInfo, name: str, home: Path) -> int:
     """The header of one file in place; the bytes fetched for it."""
     size = info.file(name).size
@@ -106,6 +126,16 @@ def _one(info: RepoInfo, name: str, home: Path) -> int:
         return 0
     label = f"{info.repo}/{name}"
     got, done = _read_header(info, name, size, label)
+    try:
+        sparse = sparse_files(target.parent)
+    except OSError as exc:
+        raise ModelMissing(f"cannot write the header of {label} under {target.parent} "
+                           f"({exc.strerror or exc}); check the folder, then run again") \
+            from None
+    if not sparse:
+        raise ModelMissing(f"{target.parent} is on a file system without sparse files, where "
+                           f"reading the tokenizer of {label} would write {amount(size)} of "
+                           "zeros; pull the model on this machine to serve it here")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:

@@ -17,6 +17,7 @@ import pytest
 from engine import model_store, models
 from engine.config import machine_settings
 from engine.head.prompt.model import HeadModel, load_head_model
+from engine.pulls import header_fetch
 from engine.pulls.header_fetch import HeaderFile, NoRange, fetch_header, headers_dir
 from engine.runtimes.mock import MockTokenizer
 from engine.service import Shoal
@@ -99,6 +100,31 @@ async def test_a_hub_that_ignores_range_leaves_no_header_and_says_why(
     line = str(refused.value)
     assert "cannot read its tokenizer without the whole model" in line and "\n" not in line
     assert hub.gets == 1 and not headers_dir(home).exists()
+
+
+async def test_no_header_is_fetched_where_files_cannot_be_sparse(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smollm2_gguf: Path,  # noqa: F811
+        gemma_gguf: Path):  # noqa: F811
+    """On exFAT or FAT the hole would be written out as zeros, as many as the hub claims
+    the file holds (the probe is faked here: this machine's disk holds holes)."""
+    monkeypatch.setattr(header_fetch, "_sparse", {})
+    real = header_fetch.sparse_files
+    asked: list[Path] = []
+
+    def fat(folder: Path) -> bool:
+        asked.append(folder)
+        return not real(folder)  # this disk's answer, the other way round
+
+    monkeypatch.setattr(header_fetch, "sparse_files", fat)
+    hub = hub_of(smollm2_gguf, gemma_gguf)
+    home = tmp_path / "home"
+    async with serving(hub):
+        with pointed_at(monkeypatch, hub.url), pytest.raises(models.ModelMissing) as refused:
+            await asyncio.to_thread(fetch_header, GEMMA, home=home)
+    line = str(refused.value)
+    assert "without sparse files" in line and "pull the model on this machine" in line
+    assert asked and hub.sent < gemma_gguf.stat().st_size // 20  # the header's bytes only
+    assert [p for p in headers_dir(home).rglob("*") if p.is_file()] == []
 
 
 def smollm2_head(home: Path, smollm2: Path) -> Settings:
