@@ -200,6 +200,7 @@ class Shoal:
         self._disk: DiskFree | None = None  # the disk free where this node keeps models
         # a model a head of the fleet chose for this node, being pulled and loaded
         self._chosen: asyncio.Task[None] | None = None
+        self._learning: asyncio.Task[None] | None = None  # the head's models from the hub
         self._chosen_spec = ""
         self.keys = KeyCommands(settings.home)
         # the catalog, the fit of its models on each machine, the models kept here
@@ -322,7 +323,15 @@ class Shoal:
         runtime = hs.runtime or (node.runtime if node else None)
         model = resolved if resolved is not None else await self._resolve(spec, runtime)
         models: list[HeadModel] = [await load_head_model(model, chat_template=hs.chat_template)]
+        later: list[str] = []  # not on disk: learnt from the hub once the head runs
         for other in hs.also_models:
+            if model.runtime in READS_HEADERS:
+                try:
+                    models.append((await learn_model(other, model.runtime, home=s.home,
+                                                     offline=True))[0])
+                except StartError:
+                    later.append(other)
+                continue
             learnt = await self._also_model(other, model.runtime)
             if learnt is not None:
                 models.append(learnt)
@@ -331,6 +340,12 @@ class Shoal:
         self._head = await HeadRole.start(hs, models, home=s.home, psk=self._psk,
                                           emit=self._emit, clock=self._clock, wall=self._wall,
                                           http_sock=sock, snapshot=self.snapshot)
+        await cancel_and_wait([self._learning], "the head's models from the hub")
+        self._learning = None
+        if later:  # the head serves the others meanwhile; a hub that never answers is
+            # given up on per file (header_fetch.DEADLINE_S)
+            self._learning = asyncio.get_running_loop().create_task(
+                self._learn_all(later), name="shoal-head-learns")
         if self._node is not None:
             self._link_local()
         return model
@@ -393,6 +408,7 @@ class Shoal:
             # and goes on from where it stopped at the next start
             self._pulls.cancel(self._chosen_spec, keep_part=True)
             await cancel_and_wait([self._chosen], "the model a head chose")
+        await cancel_and_wait([self._learning], "the head's models from the hub")
         await self._close_roles(drain)
         if self._config is not None:
             await self._config.flush()
@@ -761,6 +777,10 @@ class Shoal:
                 self._config.write_soon(lambda text: self.notice("error", text))
         log.info("this machine's API serves %s too%s", spec, f" ({line})" if line else "")
         return f"this machine's API {line}" if line else ""
+
+    async def _learn_all(self, specs: list[str]) -> None:
+        for spec in specs:
+            await self._head_learns(spec)
 
     async def _also_model(self, spec: str, runtime: str) -> HeadModel | None:
         """Another model the head serves (``also_models``): through its header where the

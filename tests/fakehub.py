@@ -51,6 +51,7 @@ class FakeHub:
     corrupt: bool = False  # serve bytes that do not match the advertised sha256
     rate_bps: int | None = None  # at most this many bytes a second
     no_range: bool = False  # ignore Range: every GET sends the whole file
+    hold_infos: bool = False  # a model's info waits for `release` (a hub that hangs)
     gets: int = 0
     starts: list[int] = field(default_factory=list)  # the first byte of each GET
     sent: int = 0  # bytes of files written to clients
@@ -91,6 +92,8 @@ class FakeHub:
         size, git blob id and LFS record (size, sha256, pointer size)."""
         files = self._repo(request)
         self.infos += 1
+        if self.hold_infos:
+            await self.release.wait()
         repo = f"{request.match_info['org']}/{request.match_info['name']}"
         return web.json_response({
             "_id": "0" * 24, "id": repo, "modelId": repo, "sha": COMMIT, "private": False,

@@ -23,8 +23,10 @@ Blocking: runs in a worker thread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -37,7 +39,8 @@ from engine.pulls.plan import body_starts_at
 from engine.pulls.text import amount
 
 FIRST_BYTES = 2 << 20  # a small model's header is under 2 MB; a large vocabulary's, ~20
-TIMEOUT_S = 30.0
+TIMEOUT_S = 30.0  # no byte for this long: the hub is taken as gone
+DEADLINE_S = 120.0  # one file's header in all: a hub that trickles is given up on
 PREFIX = "header-only."
 
 
@@ -70,6 +73,8 @@ def fetch_header(spec: str, *, home: Path, offline: bool = False) -> HeaderFile:
         raise ModelMissing(str(exc)) from None
     if offline:
         return _on_disk(mid, home, why="offline")
+    with contextlib.suppress(ModelMissing):  # fetched before: no need to ask the hub
+        return _on_disk(mid, home, why="")
     try:
         info = repo_info(mid.repo)
     except HubUnreachable as exc:
@@ -162,8 +167,9 @@ def _read_header(info: RepoInfo, name: str, size: int, label: str
     url = hf_hub_url(info.repo, name, revision=info.commit)
     got = bytearray()
     want = min(FIRST_BYTES, size)
+    deadline = time.monotonic() + DEADLINE_S
     while True:
-        _get_range(url, got, want, label)
+        _get_range(url, got, want, label, deadline)
         try:
             found = header_extent(got, file_size=size)
         except HeaderError as exc:
@@ -176,9 +182,9 @@ def _read_header(info: RepoInfo, name: str, size: int, label: str
         want = min(size, MAX_HEADER_BYTES, max(len(got) + found.at_least, 2 * len(got)))
 
 
-def _get_range(url: str, got: bytearray, end: int, label: str) -> None:
+def _get_range(url: str, got: bytearray, end: int, label: str, deadline: float) -> None:
     """Bytes ``len(got)`` to ``end`` of the file at ``url`` added to ``got``; never more,
-    whatever the server sends."""
+    whatever the server sends, and never past ``deadline`` (a monotonic time)."""
     import httpx2
     from huggingface_hub import get_session, hf_raise_for_status
     from huggingface_hub.utils._headers import build_hf_headers  # its token and agent
@@ -207,6 +213,10 @@ def _get_range(url: str, got: bytearray, end: int, label: str) -> None:
                 got += block[:end - len(got)]
                 if len(got) >= end:
                     break
+                if time.monotonic() > deadline:
+                    raise ModelMissing(f"the hub sent the header of {label} too slowly "
+                                       f"({amount(len(got))} in {DEADLINE_S:.0f} s); check "
+                                       "the network, then run again")
     except httpx2.TransportError as exc:
         raise ModelMissing(f"fetching the header of {label} broke off "
                            f"({one_line(exc) if str(exc) else type(exc).__name__}); check "

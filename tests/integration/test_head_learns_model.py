@@ -74,7 +74,7 @@ async def test_a_header_fetch_sends_a_sliver_of_the_file_and_reads_as_the_file(
     size = gemma_gguf.stat().st_size
     assert got == HeaderFile(got.path, sent, size) and again == dataclasses.replace(got, fetched=0)
     assert 6_525_112 <= sent < size // 20  # the header (6.2 MB) of a 241 MB file
-    assert hub.sent == sent  # the second found it on disk
+    assert hub.sent == sent and hub.infos == 1  # the second found it on disk, unasked
     assert got.path.stat().st_size == size  # llama.cpp checks tensors against this
     assert got.path.stat().st_blocks * 512 < size // 10  # a hole where the tensors were
     assert got.path.is_relative_to(headers_dir(home)) and got.path.name.startswith("header-")
@@ -194,3 +194,27 @@ async def test_a_head_learns_the_model_it_has_a_fleet_node_serve(
                 assert_reads_the_same(restarted._head.head.models[GEMMA], full)
             assert hub.sent == sent
     await free(full)
+
+
+async def test_a_head_starts_at_once_while_the_hub_hangs_and_learns_its_models_after(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smollm2_gguf: Path,  # noqa: F811
+        gemma_gguf: Path):  # noqa: F811
+    """A learnt model whose header is not on disk once held the head's start for the hub's
+    timeout per model (forever with a hub that trickles)."""
+    hub = hub_of(smollm2_gguf, gemma_gguf, hold_infos=True)
+    settings = smollm2_head(tmp_path / "home", smollm2_gguf)
+    settings = dataclasses.replace(settings, head=dataclasses.replace(
+        settings.head, also_models=(GEMMA,)))  # type: ignore[type-var]
+    async with serving(hub):
+        with pointed_at(monkeypatch, hub.url):
+            # the hub answers nothing until told: the start must not wait on it
+            shoal = await asyncio.wait_for(Shoal.start(settings), 60)
+            try:
+                await until(lambda: hub.infos >= 1, "the head asking the hub, after its start")
+                assert GEMMA not in shoal._head.head.models  # type: ignore[union-attr]
+                hub.release.set()
+                await until(lambda: GEMMA in shoal._head.head.models,  # type: ignore[union-attr]
+                            "the head learning the model once the hub answers")
+            finally:
+                hub.release.set()
+                await shoal.stop()
