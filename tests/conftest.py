@@ -103,8 +103,67 @@ NOT_QUICK_MARKS = ("e2e", "ui", "netns", "slow", "drills", "installer", "process
 NOT_QUICK_FIXTURES = ("llama_server_binary", "agent_binaries", "cluster")
 
 
+# scripts/test runs the suite on two workers (pytest-xdist); the tests of one group run on
+# one worker, one after another, in the order below (xdist's own groups, --dist loadgroup,
+# do nothing under pytest 9: it renames items by a field pytest no longer reads)
+SERIAL_GROUPS = {
+    # dpkg installs the one .deb on this machine, and the benchmark's smoke runs that build
+    "installer": ("installer/test_deb.py", "bench/test_smoke.py::test_installer"),
+    # fixed mDNS names and ports on this machine's multicast
+    "mdns": ("integration/test_mdns.py", "integration/test_hostile_mdns.py",
+             "integration/test_discovery_guards.py"),
+}
+
+
+def serial_group(nodeid: str) -> str | None:
+    where = nodeid.removeprefix("tests/")
+    return next((g for g, prefixes in SERIAL_GROUPS.items() if where.startswith(prefixes)),
+                None)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Each group a unit of work for one worker; every other test a unit of its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return serial_group(nodeid) or nodeid
+
+    return Groups(config, log)  # type: ignore[arg-type]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _pin_worker()
+
+
+def _pin_worker() -> None:
+    """Under xdist, each worker (and the processes it starts) on CPUs of its own: llama.cpp
+    sizes its threads to the CPUs it may use, and two workers' nodes each running a thread
+    per core of the machine spun at ggml's barriers for cores the other held (a test of
+    15 s took 184)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < count:
+        return
+    os.sched_setaffinity(0, cpus[int(worker[2:]) % count::count])
+
+
+def _installer_benchmark_last(items: list[pytest.Item]) -> None:
+    """The installer's benchmark after the build it measures (collected first, it would
+    find none on a fresh clone and skip)."""
+    group = [i for i in items if serial_group(i.nodeid) == "installer"]
+    builds = [i for i in group if not i.nodeid.startswith("tests/bench/")]
+    for item in (i for i in group if builds and i not in builds):
+        items.remove(item)
+        items.insert(items.index(builds[-1]) + 1, item)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tests = Path(__file__).parent
+    _installer_benchmark_last(items)
     for item in items:
         try:
             level = item.path.relative_to(tests).parts[0]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -59,8 +60,10 @@ class LlamaServer:
         self.cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", "0",
                     "--parallel", str(parallel), "-c", str(ctx_per_slot * parallel),
                     "--no-ui", *same_repacking(), *extra]
-        if threads is not None:
-            self.cmd += ["-t", str(threads), "-tb", str(threads)]
+        # llama-server counts the machine's cores, not the CPUs it may run on: a suite
+        # worker pinned to one CPU would run two threads spinning at barriers on it
+        threads = threads if threads is not None else len(os.sched_getaffinity(0))
+        self.cmd += ["-t", str(threads), "-tb", str(threads)]
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0

@@ -225,6 +225,15 @@ def pool_line(engine: LlamaCppEngine) -> str:
             f"{human_bytes(engine.memory_budget_bytes)}")
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (taskset, a container's cpuset), not the machine's:
+    more threads than those spin at ggml's barriers for cores they never get."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # macOS has no affinity
+        return os.cpu_count() or 1
+
+
 # ----------------------------------------------------------------------------
 # the engine
 
@@ -273,7 +282,7 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
             lanes=lanes,
             max_context=max_context,
         )
-        self.n_threads = n_threads or os.cpu_count() or 1
+        self.n_threads = n_threads or usable_cpus()
         self._n_batch = 0
         self._model: Any = None
         self._ctx: Any = None

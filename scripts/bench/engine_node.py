@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine.head.prompt.model import HeadModel, load_head_model  # noqa: E402
 from engine.models import ensure_embedded_default  # noqa: E402
+from engine.runtimes.llamacpp import usable_cpus  # noqa: E402
 from engine.secrets import ensure_token, token_path  # noqa: E402
 from scripts.bench import node_lanes  # noqa: E402
 from scripts.bench.node_lanes import (  # noqa: E402
@@ -341,7 +342,8 @@ def main() -> None:
     ap.add_argument("--levels", default=",".join(map(str, LEVELS)))
     ap.add_argument("--turn-tokens", type=int, default=1500,
                     help="length of a conversation's first turn")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--threads", type=int, default=usable_cpus(),
+                    help="threads of each engine (default: the CPUs this process may use)")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
                     help="where the model and the logs go")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks.md",

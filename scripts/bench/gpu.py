@@ -69,7 +69,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine.head.prompt.model import load_head_model  # noqa: E402
 from engine.models import ensure_embedded_default, ensure_test_gemma  # noqa: E402
-from engine.runtimes.llamacpp import LlamaCppEngine  # noqa: E402
+from engine.runtimes.llamacpp import LlamaCppEngine, usable_cpus  # noqa: E402
 from engine.sizes import MiB  # noqa: E402
 from scripts.bench import node_lanes as nl  # noqa: E402
 from scripts.lib import vulkan_backend as vb  # noqa: E402
@@ -446,7 +446,8 @@ def main() -> None:
                     help="GGML_VK_VISIBLE_DEVICES for this run (0: lavapipe on a machine "
                     "without a GPU); default: the machine's own")
     ap.add_argument("--window", type=int, default=WINDOW, help="the shared KV pool's cells")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--threads", type=int, default=usable_cpus(),
+                    help="threads of each engine (default: the CPUs this process may use)")
     ap.add_argument("--cache", type=Path, default=nl.DEFAULT_CACHE,
                     help="where the models and the logs go")
     ap.add_argument("--llama-server", type=Path, default=None,

@@ -83,7 +83,7 @@ from engine.head.prompt.model import HeadModel, load_head_model  # noqa: E402
 from engine.models import ensure_embedded_default  # noqa: E402
 from engine.runtimes.base import GenerationRequest, Sampling  # noqa: E402
 from engine.runtimes.budget import MiB  # noqa: E402
-from engine.runtimes.llamacpp import N_BATCH_MAX, LlamaCppEngine  # noqa: E402
+from engine.runtimes.llamacpp import N_BATCH_MAX, LlamaCppEngine, usable_cpus  # noqa: E402
 from scripts.lib.llama_server import BuildFailed, ensure_llama_server  # noqa: E402
 from tests.llama_server_proc import same_repacking  # noqa: E402
 
@@ -548,7 +548,8 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=None,
                     help=f"the shared pool's cells (unified, default {UNIFIED_WINDOW}) or "
                     f"each lane's window (per-lane, default {PER_LANE_WINDOW})")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--threads", type=int, default=usable_cpus(),
+                    help="threads of each engine (default: the CPUs this process may use)")
     ap.add_argument("--memory-budget", type=int, default=None, metavar="MIB",
                     help="our engine's memory budget (default: the node's own default)")
     ap.add_argument("--model", type=Path, default=None,

@@ -68,7 +68,7 @@ sys.path.insert(0, str(ROOT))
 from engine.head.prompt.model import HeadModel, load_head_model  # noqa: E402
 from engine.models import ensure_test_gemma  # noqa: E402
 from engine.runtimes.budget import GiB, MiB  # noqa: E402
-from engine.runtimes.llamacpp import LlamaCppVocab  # noqa: E402
+from engine.runtimes.llamacpp import LlamaCppVocab, usable_cpus  # noqa: E402
 from scripts.bench import node_lanes as nl  # noqa: E402
 
 HEADING = "## Node memory against llama-server"
@@ -514,7 +514,8 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=1024, metavar="MIB",
                     help="our memory budget on SmolLM2 (llama-server's --cache-ram gets "
                     "what our host cache may hold in it)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--threads", type=int, default=usable_cpus(),
+                    help="threads of each engine (default: the CPUs this process may use)")
     ap.add_argument("--conversations", type=int, default=3)
     ap.add_argument("--turn-tokens", type=int, default=1500,
                     help="length of a conversation's first turn")

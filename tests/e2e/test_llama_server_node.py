@@ -43,7 +43,7 @@ async def start_node(tmp: Path, url: str, *, name: str | None = None) -> Shoal:
 async def start_head(tmp: Path, model: Path, nodes: list[Shoal]) -> Shoal:
     fleet = tuple(n.snapshot().roles.node.address for n in nodes)  # type: ignore[union-attr]
     return await Shoal.start(Settings(home=tmp / "head", discovery=QUIET, head=HeadSettings(
-        model=str(model), http="127.0.0.1:0", fleet=fleet, queue_timeout_s=30.0)))
+        model=str(model), http="127.0.0.1:0", fleet=fleet, queue_timeout_s=120.0)))
 
 
 async def chat(head: Shoal, messages: list[dict[str, str]], *, stream: bool = False,

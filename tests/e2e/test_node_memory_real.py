@@ -14,7 +14,9 @@ from tests.integration.test_fleet import fleet_state, url, wait_ready
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 MiB = 1024 * 1024
-BUDGET = 640 * MiB
+BUDGET = 384 * MiB
+LANES = 2
+CELLS = 2048
 
 
 def peak_rss(pid: int) -> int:
@@ -29,15 +31,19 @@ async def test_a_node_never_holds_more_than_its_memory_budget(cluster: Cluster,
                                                               smollm2_gguf: Path) -> None:
     # on the CPU: with --gpu auto the Vulkan backend and Mesa's drivers (about 60 MB, in
     # the budget as part of the process) would leave this tight budget no host cache
-    node = cluster.node("n", model=str(smollm2_gguf), runtime="llamacpp", lanes=8,
-                        extra=("--memory-budget", "640M", "--gpu", "off"))
-    assert "KV pool of 8192 cells shared by 8 lanes, a host prompt cache of up to " \
-        in node.banner and "within a memory budget of 640 MB" in node.banner
+    # two lanes and a pool of 2048 cells, which four prompts overflow, in a budget that
+    # leaves the host cache about 77 MB (eight lanes, 8192 cells and sixteen prompts took
+    # three minutes of prefill for the same path)
+    node = cluster.node("n", model=str(smollm2_gguf), runtime="llamacpp", lanes=LANES,
+                        extra=("--memory-budget", "384M", "--gpu", "off",
+                               "--max-context", str(CELLS)))
+    assert f"KV pool of {CELLS} cells shared by {LANES} lanes, a host prompt cache of up to " \
+        in node.banner and "within a memory budget of 384 MB" in node.banner
     head = real_head(cluster, smollm2_gguf, [node])
     await wait_ready(head, 1)
 
     async def ask(http: aiohttp.ClientSession, i: int) -> dict:
-        # distinct ~700-token prompts: sixteen of them do not fit one 8192-cell pool, so
+        # distinct ~700-token prompts: four of them do not fit one 2048-cell pool, so
         # parked sequences go to the host cache, which must fit the budget too
         story = " ".join(f"Note {i}.{k}: the tide came in at dawn." for k in range(60))
         body = chat(story + " Summarise.", max_tokens=24, temperature=0)
@@ -47,14 +53,15 @@ async def test_a_node_never_holds_more_than_its_memory_budget(cluster: Cluster,
             return await r.json()
 
     async with aiohttp.ClientSession() as http:
-        for wave in (0, 1, 0):  # the first eight come back after the next eight
-            answers = await asyncio.gather(*(ask(http, 8 * wave + i) for i in range(8)))
+        for wave in (0, 1, 0):  # the first two come back after the next two
+            answers = await asyncio.gather(*(ask(http, LANES * wave + i)
+                                             for i in range(LANES)))
             assert all(a["usage"]["prompt_tokens"] > 600 for a in answers)
     state = await fleet_state(head)
     (reported,) = state["nodes"]
     assert reported["mem_budget"] == BUDGET
     assert 0 < reported["mem_used"] <= BUDGET
-    assert reported["kv_total"] == 8192
+    assert reported["kv_total"] == CELLS
     assert reported["prompt_prefilled"] > 0
     assert reported["prompt_from_host"] > 0  # the host cache held what the pool gave up
     peak = peak_rss(node.popen.pid)
