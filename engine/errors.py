@@ -50,6 +50,7 @@ RequestCode = Literal[
     "fleet_busy",  # every lane stayed busy for the whole queue timeout
     "no_node_available",  # no node serving the model is linked
     "node_unavailable",  # the node ?host= names is down
+    "fleet_paused",  # every node serving the model is paused by its user
     "model_unavailable",  # an alias whose models no node serves now
     "shutting_down",  # the head is stopping (a restart): try again in a moment
     "internal_error",  # a bug: the head's log has the details

@@ -34,7 +34,8 @@ NODE_COLUMNS = ("Node", "Address", "Link", "State", "Model", "Runtime", "Device"
                 "Lanes", "KV cache", "Memory", "Tokens/s", "TTFT", "Last seen")
 HEAD_COLUMNS = ("Head", "Address", "Link")
 LINKS = {"local": "this machine", "joined": "joined", "dialed": "dialed"}
-STATE_TONE = {"ready": "good", "connecting": "warn", "unreachable": "bad", "left": "muted"}
+STATE_TONE = {"ready": "good", "paused": "muted", "connecting": "warn", "unreachable": "bad",
+              "left": "muted"}
 # a ready node whose model sleeps: unloaded while idle, or loading again for a request
 SLEEP = {"asleep": ("asleep", "muted", "The model is unloaded while the node is idle; the "
                     "next request loads it again."),

@@ -20,8 +20,8 @@ STATUS: dict[str, int] = {
     "node_not_found": 404, "model_not_found": 404,
     "fleet_busy": 429,
     "internal_error": 500,
-    "no_node_available": 503, "node_unavailable": 503, "model_unavailable": 503,
-    "shutting_down": 503,
+    "no_node_available": 503, "node_unavailable": 503, "fleet_paused": 503,
+    "model_unavailable": 503, "shutting_down": 503,
 }
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error",

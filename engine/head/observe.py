@@ -32,7 +32,7 @@ def node_snapshot(pool: NodePool, *, now: float, wall: float) -> NodeSnapshot:
     link: LinkKind = "local" if pool.key == "local" else "dialed" if pool.dialed else "joined"
     return NodeSnapshot(
         key=pool.key, identity=pool.info.identity, address=pool.address, link=link,
-        state=pool.state,
+        state=pool.shown_state(),
         model=pool.info.model, runtime=pool.info.runtime,
         context_window=pool.info.context_window, lanes=pool.info.lanes, lanes_busy=busy,
         own_sessions=pool.own_sessions, kv_used=st.kv_used if st else 0,

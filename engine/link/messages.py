@@ -183,6 +183,8 @@ class Stats(msgspec.Struct, frozen=True, array_like=True, tag="stats", tag_field
     pull_model: _Name = ""
     pull_done: _Bytes = 0
     pull_total: _Bytes = 0
+    # its user paused serving: it takes no new session (lanes_busy stays the real count)
+    paused: bool = False
 
 
 class Progress(msgspec.Struct, frozen=True, array_like=True, tag="progress", tag_field="t"):

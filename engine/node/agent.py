@@ -572,8 +572,9 @@ class NodeAgent:
     # -- stats ---------------------------------------------------------------------
 
     def pause(self, paused: bool) -> None:
-        """Take no new session (those running finish); paused, the node reports every
-        lane busy so that heads place elsewhere without asking."""
+        """Take no new session (those running finish); paused, the node says so in its
+        stats, so that heads place elsewhere without asking (its lanes counted neither
+        free nor busy)."""
         self.paused = paused
         self._broadcast_stats()
 
@@ -584,7 +585,7 @@ class NodeAgent:
     def stats_record(self) -> m.Stats:
         st = self.engine.stats()
         facts = self.facts()
-        busy = self.lanes if self.paused or st.down else self._busy
+        busy = self.lanes if st.down else self._busy
         return m.Stats(lanes=self.lanes, lanes_busy=busy, kv_used=st.kv_used,
                        kv_total=st.kv_total, rates=_rates(st), sessions=self._busy,
                        peak_busy=self._peak, kv_parked=st.kv_parked,
@@ -599,7 +600,7 @@ class NodeAgent:
                        device_kind=st.device_kind[:m.MAX_KIND], device_total=st.device_total,
                        device_free=st.device_free, disk_free=facts.disk_free,
                        pull_model=facts.pull_model[:m.MAX_NAME], pull_done=facts.pull_done,
-                       pull_total=facts.pull_total)
+                       pull_total=facts.pull_total, paused=self.paused)
 
     def facts(self) -> MachineFacts:
         """What the owner says of the machine now (nothing, without an owner's word)."""

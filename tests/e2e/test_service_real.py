@@ -61,16 +61,17 @@ async def test_two_machines_pair_join_answer_pause_and_leave(tmp_path: Path,
         assert there["choices"][0]["message"]["content"] == \
             first["choices"][0]["message"]["content"]
 
-        # pausing a's node sends work to b; pausing both leaves no lane
+        # pausing a's node sends work to b; pausing both answers at once with why
         await a.pause_serving(True)
         await until(lambda: next(n for n in a.snapshot().nodes if n.key == "local")
-                    .lanes_busy == 2, "a's node to show as full")
+                    .state == "paused", "a's node to show as paused")
         status, body = await chat(a)
         assert status == 200
         await b.pause_serving(True)
-        await until(lambda: a.snapshot().lanes_busy == a.snapshot().lanes, "every lane taken")
+        await until(lambda: all(n.state == "paused" for n in a.snapshot().nodes),
+                    "every node paused")
         status, body = await chat(a)
-        assert status == 429 and body["error"]["code"] == "fleet_busy"
+        assert status == 503 and body["error"]["code"] == "fleet_paused"
         await a.pause_serving(False)
         await b.pause_serving(False)
 

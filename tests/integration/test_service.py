@@ -152,16 +152,25 @@ async def test_head_on_and_off_at_run_time(tmp_path: Path):
 
 
 async def test_pause_and_resume_serving(tmp_path: Path):
-    async with running(both(tmp_path, queue_timeout_s=0.5, keepalive_s=30.0)) as shoal:
+    """A paused node is "paused" everywhere, its lanes counted neither free nor busy, and
+    a fleet of nothing but paused nodes answers at once with why (a 30 s queue and
+    keepalives that never commit: once, it waited the queue out and answered 200/429)."""
+    async with running(both(tmp_path, queue_timeout_s=30.0, keepalive_s=30.0)) as shoal:
         await ready(shoal)
         await shoal.pause_serving(True)
         assert shoal.snapshot().roles.node.state == "paused"  # type: ignore[union-attr]
-        await until(lambda: shoal.snapshot().nodes[0].lanes_busy == 2,
-                    "the head to see every lane taken")
+        node = await until(lambda: (n := shoal.snapshot().nodes[0]).state == "paused" and n,
+                           "the head to see the node paused")
+        assert node.lanes_busy == 0 and shoal.snapshot().ready_nodes == 0
         status, body = await chat(shoal)
-        assert status == 429 and body["error"]["code"] == "fleet_busy"
+        assert status == 503 and body["error"]["code"] == "fleet_paused", body
+        assert "is paused" in body["error"]["message"]
+        assert shoal.api_url is not None
+        async with aiohttp.ClientSession() as http, \
+                http.get(shoal.api_url.removesuffix("/v1") + "/v1/fleet") as r:
+            assert [n["state"] for n in (await r.json())["nodes"]] == ["paused"]
         await shoal.pause_serving(False)
-        await until(lambda: shoal.snapshot().nodes[0].lanes_busy == 0, "the lanes back")
+        await until(lambda: shoal.snapshot().nodes[0].state == "ready", "the node back")
         assert (await chat(shoal))[0] == 200
 
 

@@ -667,3 +667,20 @@ def test_the_node_holding_the_prefix_is_priced_by_its_fitted_cost_after_it() -> 
     assert (p.node, p.reason) == ("fast", "load-aware est 2.0s")
     p = placed(place(turn, [held, fast], now=0.0, affinity_slack=2.2))
     assert (p.node, p.reason) == ("held", "affinity")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_paused_node_is_passed_over_and_its_lanes_are_not_counted(policy: Policy) -> None:
+    nodes = [node("a", paused=True), node("b", reported_busy=3)]  # a: idle but paused
+    assert placed(place(req(), nodes, now=0.0, policy=policy)).node == "b"
+    full = refused(place(req(), [nodes[0], node("b", reported_busy=4)], now=0.0))
+    assert full.code == "no_free_lane" and "4/4 lanes busy" in full.message  # b's only
+
+
+def test_a_fleet_of_paused_nodes_refuses_at_once_with_why() -> None:
+    got = refused(place(req(), [node("b", paused=True), node("a", paused=True)], now=0.0))
+    assert got.code == "paused"
+    assert got.message == ("every node serving 'm' is paused (a, b); resume serving on one "
+                           "(Resume serving in its tray menu) or add a node")
+    pinned = refused(place(req(pin_host="a"), [node("a", paused=True), node("b")], now=0.0))
+    assert pinned.code == "paused" and "(a)" in pinned.message

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Literal, TypedDict
 
 from engine import events as ev
-from engine.head.fleet.node_state import NodeEvent, NodeState, transition
+from engine.head.fleet.node_state import NodeEvent, NodeState, ShownState, transition
 from engine.head.fleet.placement import NodeView
 from engine.link import messages as m
 from engine.link.connection import LinkError, LinkErrorKind
@@ -357,7 +357,7 @@ class NodePool:
             prefill_s_per_token=st.rates.prefill_s_per_token if st else 0.0,
             prefill_s_per_token_ctx=st.rates.prefill_s_per_token_ctx if st else 0.0,
             max_prompt=st.max_prompt if st else 0, kv_parked=st.kv_parked if st else 0,
-            sleep=st.sleep if st else "")
+            sleep=st.sleep if st else "", paused=bool(st and st.paused))
 
     def pool_report(self) -> PoolReport:
         st = self.stats or m.Stats(lanes=1, lanes_busy=0, kv_used=0, kv_total=0)
@@ -372,13 +372,18 @@ class NodePool:
                           disk_free=st.disk_free, pull_model=st.pull_model,
                           pull_done=st.pull_done, pull_total=st.pull_total)
 
+    def shown_state(self) -> ShownState:
+        """The link's state, or "paused" for a linked node whose user paused serving."""
+        return "paused" if self.state == "ready" and self.stats is not None \
+            and self.stats.paused else self.state
+
     def describe(self) -> dict[str, object]:
         st = self.stats
         busy = max(self.own_sessions, st.lanes_busy if st else 0)
         return {
             "identity": self.info.identity or None, "address": self.address,
             "model": self.info.model or None, "runtime": self.info.runtime or None,
-            "state": self.state, "context_window": self.info.context_window,
+            "state": self.shown_state(), "context_window": self.info.context_window,
             "lanes": self.info.lanes, "lanes_busy": busy,
             "kv_used": st.kv_used if st else 0, "kv_total": st.kv_total if st else 0,
             "sessions": busy, "own_sessions": self.own_sessions,

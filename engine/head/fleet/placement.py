@@ -93,6 +93,7 @@ class NodeView:
     max_prompt: int = 0
     kv_parked: int = 0
     sleep: Sleep = ""
+    paused: bool = False  # its user paused serving: no new session, its lanes not counted
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +118,7 @@ class Placement:
 @dataclass(frozen=True, slots=True)
 class Refusal:
     code: Literal["context_length_exceeded", "no_free_lane", "no_node", "unknown_node",
-                  "node_down"]
+                  "node_down", "paused"]
     message: str  # one line for the user: cause and fix
 
 
@@ -201,6 +202,11 @@ def place(
             return Refusal("node_down", f"node '{req.pin_host}' is not linked to this head now; "
                            "retry when it is back, or drop ?host= to use any node")
         return Refusal("no_node", _no_node_message(req, nodes, serving, pinned))
+    if all(n.paused for n in usable):  # nothing to wait for: said at once
+        names = ", ".join(sorted({n.identity for n in usable}))
+        return Refusal("paused", f"every node serving '{req.model}' is paused ({names}); "
+                       "resume serving on one (Resume serving in its tray menu) or add a node")
+    usable = [n for n in usable if not n.paused]
 
     need = req.prompt_tokens + 1  # room for at least one generated token
     capable = sorted((n for n in usable if n.context_window >= need), key=lambda n: n.key)

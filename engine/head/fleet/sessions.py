@@ -218,6 +218,8 @@ class SessionRunner:
             raise RequestError(refusal.message, code="context_length_exceeded")
         if refusal.code == "unknown_node":
             raise RequestError(refusal.message, code="node_not_found")
+        if refusal.code == "paused":
+            raise RequestError(refusal.message, code="fleet_paused", retry_after=RETRY_NODE_S)
         if refusal.code == "node_down":
             raise RequestError(refusal.message, code="node_unavailable",
                                retry_after=RETRY_NODE_S)
