@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-NodeState = Literal["connecting", "ready", "paused", "unreachable", "left"]
+NodeState = Literal["connecting", "ready", "paused", "failing", "unreachable", "left"]
 LinkKind = Literal["dialed", "joined", "local"]
 ServingState = Literal["off", "loading", "serving", "paused", "failed"]
 AliasState = Literal["ok", "fallback", "unavailable", "shadowed"]

@@ -34,8 +34,8 @@ NODE_COLUMNS = ("Node", "Address", "Link", "State", "Model", "Runtime", "Device"
                 "Lanes", "KV cache", "Memory", "Tokens/s", "TTFT", "Last seen")
 HEAD_COLUMNS = ("Head", "Address", "Link")
 LINKS = {"local": "this machine", "joined": "joined", "dialed": "dialed"}
-STATE_TONE = {"ready": "good", "paused": "muted", "connecting": "warn", "unreachable": "bad",
-              "left": "muted"}
+STATE_TONE = {"ready": "good", "paused": "muted", "failing": "bad", "connecting": "warn",
+              "unreachable": "bad", "left": "muted"}
 # a ready node whose model sleeps: unloaded while idle, or loading again for a request
 SLEEP = {"asleep": ("asleep", "muted", "The model is unloaded while the node is idle; the "
                     "next request loads it again."),
@@ -49,6 +49,8 @@ def state_cell(n: NodeSnapshot) -> Cell:
     if n.state == "ready" and n.sleep in SLEEP:
         text, tone, tip = SLEEP[n.sleep]
         return Cell(text, tone=tone, tip=tip)
+    if n.state == "failing":  # with the cause the node gave
+        return Cell(f"failing: {n.error or '?'}", tone="bad", tip=n.error or "")
     return Cell(n.state, tone=STATE_TONE.get(n.state, ""), tip=n.error or "")
 
 

@@ -42,7 +42,7 @@ def node_snapshot(pool: NodePool, *, now: float, wall: float) -> NodeSnapshot:
         ttft_ms=round(st.rates.ttft_ms, 1) if st else 0.0,
         last_seen=wall - (now - heard) if heard else 0.0,
         sessions_total=pool.sessions_total, peak_busy=st.peak_busy if st else 0,
-        connections=pool.conns, error=pool.last_error or None, **pool.pool_report())
+        connections=pool.conns, error=pool.shown_error(), **pool.pool_report())
 
 
 def heads_snapshot(head: Head) -> tuple[HeadSnapshot, ...]:

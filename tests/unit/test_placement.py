@@ -684,3 +684,13 @@ def test_a_fleet_of_paused_nodes_refuses_at_once_with_why() -> None:
                            "(Resume serving in its tray menu) or add a node")
     pinned = refused(place(req(pin_host="a"), [node("a", paused=True), node("b")], now=0.0))
     assert pinned.code == "paused" and "(a)" in pinned.message
+
+
+def test_a_resting_node_is_passed_over_and_a_fleet_of_them_says_why() -> None:
+    bad = node("a", resting_until=10.0, failing="node error internal: damaged")
+    assert placed(place(req(), [bad, node("b", reported_busy=3)], now=5.0)).node == "b"
+    assert placed(place(req(), [bad], now=10.0)).node == "a"  # rested: tried again
+    got = refused(place(req(), [bad], now=5.0))
+    assert got.code == "failing"
+    assert got.message == ("every node serving 'm' failed its last sessions before a token "
+                           "(a: node error internal: damaged); fix the node, or retry later")

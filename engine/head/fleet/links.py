@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Literal, TypedDict
 
 from engine import events as ev
+from engine.head.fleet.cooldown import Cooldown
 from engine.head.fleet.node_state import NodeEvent, NodeState, ShownState, transition
 from engine.head.fleet.placement import NodeView
 from engine.link import messages as m
@@ -159,6 +160,7 @@ class NodePool:
         self.stats: m.Stats | None = None
         self.stats_at = 0.0
         self.full_until = 0.0
+        self.cooldown = Cooldown()  # sessions failed there before a token (cooldown.py)
         self.sessions_total = 0
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
@@ -357,7 +359,8 @@ class NodePool:
             prefill_s_per_token=st.rates.prefill_s_per_token if st else 0.0,
             prefill_s_per_token_ctx=st.rates.prefill_s_per_token_ctx if st else 0.0,
             max_prompt=st.max_prompt if st else 0, kv_parked=st.kv_parked if st else 0,
-            sleep=st.sleep if st else "", paused=bool(st and st.paused))
+            sleep=st.sleep if st else "", paused=bool(st and st.paused),
+            resting_until=self.cooldown.until, failing=self.cooldown.cause)
 
     def pool_report(self) -> PoolReport:
         st = self.stats or m.Stats(lanes=1, lanes_busy=0, kv_used=0, kv_total=0)
@@ -373,9 +376,19 @@ class NodePool:
                           pull_done=st.pull_done, pull_total=st.pull_total)
 
     def shown_state(self) -> ShownState:
-        """The link's state, or "paused" for a linked node whose user paused serving."""
-        return "paused" if self.state == "ready" and self.stats is not None \
-            and self.stats.paused else self.state
+        """The link's state; for a linked node, "paused" when its user paused serving and
+        "failing" while it rests after sessions failed there (cooldown.py)."""
+        if self.state != "ready":
+            return self.state
+        if self.stats is not None and self.stats.paused:
+            return "paused"
+        return "failing" if self.cooldown.resting(self.fleet.clock()) else "ready"
+
+    def shown_error(self) -> str | None:
+        """Why it is failing, while it rests; else the last link error, if any."""
+        if self.shown_state() == "failing":
+            return self.cooldown.cause
+        return self.last_error or None
 
     def describe(self) -> dict[str, object]:
         st = self.stats
@@ -391,7 +404,7 @@ class NodePool:
             "prefill_tps": round(st.rates.prefill_tps, 1) if st else 0.0,
             "decode_tps": round(st.rates.decode_tps, 1) if st else 0.0,
             "ttft_ms": round(st.rates.ttft_ms, 1) if st else 0.0,
-            "connections": self.conns, "error": self.last_error or None,
+            "connections": self.conns, "error": self.shown_error(),
             **self.pool_report(),
             "device": (st.device or None) if st else None,  # None: the CPU
         }

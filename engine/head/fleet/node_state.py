@@ -33,7 +33,7 @@ from typing import Literal
 
 NodeState = Literal["connecting", "ready", "unreachable", "left"]
 # as shown (snapshot, /v1/fleet): a ready node whose user paused serving is "paused"
-ShownState = Literal["connecting", "ready", "paused", "unreachable", "left"]
+ShownState = Literal["connecting", "ready", "paused", "failing", "unreachable", "left"]
 NodeEvent = Literal["dial_ok", "dial_failed", "dial_failed_with_conns", "joined",
                     "closed_last_joined", "closed_last_dialed", "hung"]
 

@@ -94,6 +94,9 @@ class NodeView:
     kv_parked: int = 0
     sleep: Sleep = ""
     paused: bool = False  # its user paused serving: no new session, its lanes not counted
+    # sessions failed there before their first token: passed over until then (cooldown.py)
+    resting_until: float = 0.0
+    failing: str = ""  # the cause the node gave
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +121,7 @@ class Placement:
 @dataclass(frozen=True, slots=True)
 class Refusal:
     code: Literal["context_length_exceeded", "no_free_lane", "no_node", "unknown_node",
-                  "node_down", "paused"]
+                  "node_down", "paused", "failing"]
     message: str  # one line for the user: cause and fix
 
 
@@ -201,12 +204,18 @@ def place(
         if req.pin_host is not None and not any(n.ready for n in pinned):
             return Refusal("node_down", f"node '{req.pin_host}' is not linked to this head now; "
                            "retry when it is back, or drop ?host= to use any node")
+        linked = [n for n in pinned if n.ready]
+        if linked and all(n.failing for n in linked):  # each failed it before a token
+            return _failing(req, linked)
         return Refusal("no_node", _no_node_message(req, nodes, serving, pinned))
     if all(n.paused for n in usable):  # nothing to wait for: said at once
         names = ", ".join(sorted({n.identity for n in usable}))
         return Refusal("paused", f"every node serving '{req.model}' is paused ({names}); "
                        "resume serving on one (Resume serving in its tray menu) or add a node")
     usable = [n for n in usable if not n.paused]
+    if all(now < n.resting_until for n in usable):  # ended with the cause the nodes gave
+        return _failing(req, usable)
+    usable = [n for n in usable if now >= n.resting_until]
 
     need = req.prompt_tokens + 1  # room for at least one generated token
     capable = sorted((n for n in usable if n.context_window >= need), key=lambda n: n.key)
@@ -286,6 +295,13 @@ def place(
                                  (i + 1) % len(capable))
         raise AssertionError("unreachable: free is non-empty")
     assert_never(policy)
+
+
+def _failing(req: PlacementRequest, nodes: Sequence[NodeView]) -> Refusal:
+    causes = "; ".join(f"{n.identity}: {n.failing}"
+                       for n in sorted(nodes, key=lambda n: n.identity)[:3])
+    return Refusal("failing", f"every node serving '{req.model}' failed its last sessions "
+                   f"before a token ({causes}); fix the node, or retry later")
 
 
 def _woken(reason: str, n: NodeView) -> str:

@@ -220,6 +220,9 @@ class SessionRunner:
             raise RequestError(refusal.message, code="node_not_found")
         if refusal.code == "paused":
             raise RequestError(refusal.message, code="fleet_paused", retry_after=RETRY_NODE_S)
+        if refusal.code == "failing":
+            raise RequestError(refusal.message, code="no_node_available",
+                               retry_after=RETRY_NODE_S)
         if refusal.code == "node_down":
             raise RequestError(refusal.message, code="node_unavailable",
                                retry_after=RETRY_NODE_S)
@@ -318,12 +321,14 @@ class SessionRunner:
                 self._remember(job.affinity, pool.key, len(context))
             attempt = _Attempt(self, pool, conn, job, context, remaining, wall_deadline,
                                deliver, cached=cached)
+            before = len(delivered)
             try:
                 await attempt.run()
             finally:
                 attempt.release()
             done = attempt.done
             now = self.clock()
+            self._judge(pool, attempt.final, got_tokens=len(delivered) > before, now=now)
             progress, decision = fo.after(
                 progress, attempt.final, node=pool.key, delivered=len(delivered),
                 max_tokens=job.max_tokens, finish_reason=done.finish_reason if done else "",
@@ -357,6 +362,19 @@ class SessionRunner:
                     return
                 continue
             assert_never(decision)
+
+    def _judge(self, pool: NodePool, final: at.Final | None, *, got_tokens: bool,
+               now: float) -> None:
+        """A node that fails sessions before their first token rests (cooldown.py)."""
+        if got_tokens or isinstance(final, at.Finished):
+            pool.cooldown.worked()
+        elif isinstance(final, at.Failover):
+            rest = pool.cooldown.failed_at_once(final.reason, now)
+            if rest:
+                log.warning("node '%s' failed %d sessions in a row before their first token "
+                            "(%s); placing elsewhere for %.0f s", pool.info.identity,
+                            pool.cooldown.failures, final.reason, rest)
+                self.fleet.capacity_changed()
 
     def _held(self, job: Job) -> tuple[str, int] | None:
         """The node holding this conversation's prompt cache and the tokens it holds, as
