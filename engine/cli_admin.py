@@ -61,7 +61,7 @@ def add_parsers(sub: Any) -> None:
 def _admin_headers(head: str) -> dict[str, str]:
     """This machine's admin secret, for a head on this machine only (never sent away)."""
     from engine.head.access.admin_secret import HEADER, AdminSecretError, read_admin_secret
-    from engine.secrets import default_home
+    from engine.settings import default_home
 
     if not _local(head):
         return {}

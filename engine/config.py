@@ -266,8 +266,7 @@ def save_machine_settings(settings: Settings, app: dict[str, Any]) -> None:
     head = settings.head
     # the join code holds the token: only where the head is, never the code itself
     fleet_t: dict[str, Any] = {"member": settings.join is not None}
-    if settings.fleet_name:
-        fleet_t["name"] = settings.fleet_name
+    # (the fleet's name is kept beside its token, in $SHOAL_HOME/fleet/name, only)
     if settings.join is not None and settings.join.head:
         fleet_t["head"] = settings.join.head
     if head is not None and head.fleet_listen:

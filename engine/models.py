@@ -75,12 +75,6 @@ class ModelId:
         return self.repo if self.quant is None else f"{self.repo}:{self.quant}"
 
 
-def default_home() -> Path:
-    """``$SHOAL_HOME``, else ``~/.shoal``."""
-    env = os.environ.get("SHOAL_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".shoal"
-
-
 def models_dir(home: Path) -> Path:
     return home / "models"
 

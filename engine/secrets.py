@@ -41,10 +41,6 @@ class TokenError(Exception):
 
 # --- the token file (unchanged contract) ------------------------------------------
 
-def default_home() -> Path:
-    return Path(os.environ.get("SHOAL_HOME") or Path.home() / ".shoal")
-
-
 def token_path(home: Path) -> Path:
     return home / "fleet" / "token"
 

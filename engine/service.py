@@ -189,7 +189,9 @@ class Shoal:
         self._bus = EventBus()
         self._pulls = Pulls()
         self._psk: bytes | None = None
-        self._fleet_name: str | None = settings.fleet_name
+        # kept in $SHOAL_HOME/fleet/name, beside the token, and nowhere else: four keepers
+        # once disagreed, and the next start undid a rename
+        self._fleet_name: str | None = None
         self._head: HeadRole | None = None
         self._node: LocalNode | None = None
         self._member: Membership | None = None
@@ -266,8 +268,9 @@ class Shoal:
             if s.join is not None and s.join.head:
                 host, port = parse_address(s.join.head, s.join.head_port, what="the head")
                 given = HeadAddress(host, port, "given")
-        if self._fleet_name is None:
-            self._fleet_name = await asyncio.to_thread(_load_fleet_name, s.home)
+        if self._fleet_name is None:  # a name in the settings stands in until one is kept
+            self._fleet_name = await asyncio.to_thread(_load_fleet_name, s.home) \
+                or s.fleet_name
         # bind every listener before any slow work, so a port in use fails at once
         http_sock = HeadRole.bind_http(s.head) if s.head is not None else None
         fleet_sock = None

@@ -42,7 +42,10 @@ def check_gpu(value: object) -> str:
 
 
 def default_home() -> Path:
-    return Path(os.environ.get("SHOAL_HOME") or Path.home() / ".shoal")
+    """``$SHOAL_HOME`` (``~`` expanded), else ``~/.shoal``: the one place that says where
+    Shoal keeps its files."""
+    env = os.environ.get("SHOAL_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".shoal"
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +127,9 @@ class Settings:
     discovery: DiscoverySettings = DiscoverySettings()
     auth_file: Path | None = None  # the token from this file (not the keychain)
     offline: bool = False  # pull nothing
-    fleet_name: str | None = None  # the name people see in pairing codes
+    # the name people see in pairing codes, until $SHOAL_HOME/fleet/name keeps one (the one
+    # keeper; an older config.toml's [fleet] name is read here)
+    fleet_name: str | None = None
 
     def with_head(self, head: HeadSettings | None) -> Settings:
         return replace(self, head=head)

@@ -174,6 +174,20 @@ async def test_pause_and_resume_serving(tmp_path: Path):
         assert (await chat(shoal))[0] == 200
 
 
+async def test_the_fleet_name_kept_beside_the_token_wins_over_an_older_config(tmp_path: Path):
+    """Four keepers of the fleet's name once disagreed: a config.toml written before a
+    rename (by the CLI, say) brought the old name back at the next start."""
+    async with running(both(tmp_path)) as shoal:
+        await shoal.create_fleet("desk")
+    (tmp_path / "config.toml").write_text('[fleet]\nname = "old name"\n')
+    from engine.config import machine_settings
+
+    settings, _ = machine_settings(tmp_path, both(tmp_path))
+    assert settings.fleet_name == "old name"  # what an older config.toml says
+    async with running(settings) as again:
+        assert again.snapshot().fleet_name == "desk"
+
+
 async def test_aliases_through_the_commands(tmp_path: Path):
     async with running(both(tmp_path)) as shoal:
         await ready(shoal)

@@ -68,7 +68,7 @@ def test_machine_settings_round_trip(tmp_path):
     assert oct((tmp_path / "config.toml").stat().st_mode & 0o777) == "0o600"
     again, app = machine_settings(tmp_path)
     assert app == {"start_at_login": True}
-    assert again.fleet_name == "desk"
+    assert again.fleet_name is None  # kept beside the token only (fleet/name)
     assert again.head == replace(mine.head, queue_timeout_s=20.0)  # type: ignore[arg-type]
     assert again.node == mine.node
     save_machine_settings(replace(mine, head=None), {})
@@ -102,7 +102,6 @@ def test_the_fleet_table_brings_a_restart_back_into_its_fleet(tmp_path):
     again, _ = machine_settings(tmp_path)
     assert again.join == JoinSettings(head="10.0.0.5:8454")  # no code: the token stays put
     assert again.head is not None and again.head.fleet_listen == "0.0.0.0:8454"
-    assert again.fleet_name == "desk"
     # joined by the network (no head given), and without taking joins here
     save_machine_settings(replace(member, join=JoinSettings(), head=HeadSettings()), {})
     again, _ = machine_settings(tmp_path)

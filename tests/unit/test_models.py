@@ -13,7 +13,6 @@ from engine.models import (
     ModelMissing,
     _install_stream,
     _verified,
-    default_home,
     ensure_embedded_default,
     ensure_test_gemma,
     parse_model_id,
@@ -21,6 +20,7 @@ from engine.models import (
     resolve_model,
     shards_of,
 )
+from engine.settings import default_home
 
 
 @pytest.fixture(autouse=True)
@@ -30,8 +30,11 @@ def _no_hub_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_default_home_reads_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """One keeper of where Shoal lives (three once differed on `~`)."""
     monkeypatch.setenv("SHOAL_HOME", str(tmp_path / "h"))
     assert default_home() == tmp_path / "h"
+    monkeypatch.setenv("SHOAL_HOME", "~/elsewhere")
+    assert default_home() == Path.home() / "elsewhere"
     monkeypatch.delenv("SHOAL_HOME")
     assert default_home() == Path.home() / ".shoal"
 

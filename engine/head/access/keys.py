@@ -91,7 +91,7 @@ class KeysError(ValueError):
 def _home(home: Path | None) -> Path:
     if home is not None:
         return home
-    from engine.secrets import default_home
+    from engine.settings import default_home
     return default_home()
 
 

@@ -599,7 +599,7 @@ def resolve(requested: str, *, table: AliasTable, served: Mapping[str, bool]) ->
 def default_path(home: Path | None = None) -> Path:
     """``$SHOAL_HOME/aliases.json``."""
     if home is None:
-        from engine.secrets import default_home
+        from engine.settings import default_home
         home = default_home()
     return home / FILE_NAME
 
