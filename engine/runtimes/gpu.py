@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.runtimes import llama_log
 from engine.runtimes.cpu_backend import ggml_in_use, lib_dir
 from engine.runtimes.offload import Device, DeviceKind
 
@@ -115,6 +116,7 @@ def _list(g: Any) -> list[Device]:
 def gpu_backends(lib: Any) -> GpuBackends:
     """The GPU devices llama.cpp lists, the Vulkan backend loaded first (once)."""
     global _loaded
+    llama_log.route(lib)  # the backend's own lines go to Shoal's log, not the terminal
     with _lock:
         if _loaded is not None:
             # free memory changes: list again, the backend stays loaded

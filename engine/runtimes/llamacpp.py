@@ -28,7 +28,6 @@ import ctypes
 import importlib
 import logging
 import os
-import sys
 import threading
 import time
 import weakref
@@ -36,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from engine.runtimes import llama_log
 from engine.runtimes.base import EngineInfo, EngineStats, RuntimeUnavailable, Sampling
 from engine.runtimes.budget import (
     default_budget_bytes,
@@ -73,12 +73,11 @@ _LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 
 _lib_lock = threading.Lock()
 _lib_mod: Any = None
-_log_cb: Any = None  # the ctypes callback must outlive every call into llama.cpp
 
 
 def _lib() -> Any:
     """``llama_cpp.llama_cpp``, the backend initialised and its log routed once."""
-    global _lib_mod, _log_cb
+    global _lib_mod
     with _lib_lock:
         if _lib_mod is not None:
             return _lib_mod
@@ -95,14 +94,7 @@ def _lib() -> Any:
                 f"runtime llamacpp cannot load llama.cpp's library ({detail}); reinstall it "
                 "with: pip install --force-reinstall 'llama-cpp-python>=0.3.36,<0.4'"
             ) from exc
-        verbose = os.environ.get("SHOAL_LLAMA_LOG", "") == "1"
-
-        def _log(level: int, text: bytes | None, user_data: object) -> None:
-            if verbose and text:
-                sys.stderr.write(text.decode("utf-8", errors="replace"))
-
-        _log_cb = lib.llama_log_callback(_log)
-        lib.llama_log_set(_log_cb, None)
+        llama_log.route(lib)
         from llama_cpp import _ggml
 
         # a portable build's CPU variants sit in llama_cpp/lib, where ggml does not look
