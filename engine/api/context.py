@@ -75,18 +75,21 @@ def routing_of(request: web.Request, conversation: Conversation | None = None, *
     a header. A derived key steers only the later turns: a first turn (no assistant turn
     yet), which any number of conversations may open with the same words, is placed by the
     policy, and where it went is remembered for the turn that follows it."""
+    key = key_name_of(request)
     affinity = (request.headers.get("X-Session-Id")
                 or request.headers.get("X-Session-Affinity") or None)
+    if affinity is not None and key:  # one key's session id never names another's
+        affinity = f"key-{key}-{affinity}"
     first_turn = False
     if affinity is None and cache_key:
-        affinity = f"key-{key_name_of(request)}-{cache_key}"
+        affinity = f"key-{key}-{cache_key}"
     if affinity is None and conversation is not None:
         affinity, first_turn = conversation.key, conversation.first_turn
     pin = request.query.get("host") or None
     prefer_raw = request.query.get("prefer") or request.headers.get("X-Shoal-Prefer") or ""
     prefer = tuple(p.strip() for p in prefer_raw.split(",") if p.strip())[:16]
     return Routing(affinity=affinity[:256] if affinity else None, first_turn=first_turn,
-                   pin_host=pin[:256] if pin else None, prefer=prefer)
+                   pin_host=pin[:256] if pin else None, prefer=prefer, keyed=bool(key))
 
 
 def resolve_model(head: Head, requested: str, *, ollama: bool = False) -> al.Resolution:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import socket
@@ -16,6 +17,8 @@ import pytest
 from aiohttp import web
 
 from engine.head.access import keys
+from engine.runtimes.base import GenerationRequest, GenerationResult
+from engine.runtimes.mock import MockEngine, MockGeneration
 from tests.integration.conftest import SHOAL, Cluster
 from tests.integration.test_api_surface import MODEL, chat_body, live_head, read_lines
 from tests.waiting import until, until_result
@@ -354,3 +357,48 @@ async def test_allow_host_on_the_command_line(cluster: Cluster):
     assert out.stderr.strip() == ("shoal: --allow-host 'http://proxy.example' is not a host "
                                   "name or address; write it like shoal.example.com, "
                                   "*.example.com, 192.168.1.5 or *")
+
+
+class _Reusing(MockEngine):
+    """A node whose prompt cache held all but the last token of every prompt, as if
+    someone sent it before (the mock itself reports none)."""
+
+    def generate(self, request: GenerationRequest) -> MockGeneration:
+        gen = super().generate(request)
+        held = len(request.prompt) - 1
+
+        class Reused(MockGeneration):
+            @property
+            def result(self) -> GenerationResult:
+                return dataclasses.replace(super().result, cached_tokens=held)
+
+        gen.__class__ = Reused
+        return gen
+
+
+async def test_cached_tokens_never_confirm_another_keys_prompt():
+    """With keys on, one key holder could read another's prompt token by token from
+    `cached_tokens`; now a key is told only of what its own conversation left there."""
+    alice, bob = keys.issue_key(SECRET, "alice"), keys.issue_key(SECRET, "bob")
+    roomy = keys.Policy(default=keys.Limits(rpm=60_000, burst=1000, concurrent=4))
+    turn1 = [{"role": "user", "content": "the secret plan is to"}]
+    turn2 = [*turn1, {"role": "assistant", "content": "a b"}, {"role": "user", "content": "go"}]
+
+    async def cached(http: aiohttp.ClientSession, live: object, key: str | None,
+                     messages: list[dict[str, str]]) -> int:
+        body = {"model": MODEL, "messages": messages, "max_tokens": 2, "temperature": 0}
+        async with http.post(live.url("/v1/chat/completions"), json=body,  # type: ignore[attr-defined]
+                             headers=bearer(key) if key else {}) as r:
+            got = await r.json()
+            assert r.status == 200, got
+            return int(got["usage"]["prompt_tokens_details"]["cached_tokens"])
+
+    async with live_head(keys_secret=SECRET, key_policy=roomy,
+                         make_engine=lambda m: _Reusing(model=m, lanes=2)) as live, \
+            aiohttp.ClientSession() as http:
+        assert await cached(http, live, alice, turn1) == 0  # a first turn: nothing of its own
+        assert await cached(http, live, bob, turn1) == 0  # alice's prompt: not confirmed
+        assert await cached(http, live, alice, turn2) > 0  # her own first turn, reused
+    async with live_head(make_engine=lambda m: _Reusing(model=m, lanes=2)) as live, \
+            aiohttp.ClientSession() as http:
+        assert await cached(http, live, None, turn1) > 0  # no keys: the node's own figure

@@ -66,6 +66,9 @@ class Job:
     first_turn: bool = False
     pin_host: str | None = None
     prefer: tuple[str, ...] = ()
+    # an issued API key's request: the cached tokens it is told are only those its own
+    # conversation left on the node (another key's prompt is never confirmed to it)
+    keyed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,11 +332,13 @@ class SessionRunner:
             done = attempt.done
             now = self.clock()
             self._judge(pool, attempt.final, got_tokens=len(delivered) > before, now=now)
+            reused = done.cached_tokens if done else 0
+            if job.keyed:  # what this key's conversation left there, and no more
+                reused = min(reused, cached)
             progress, decision = fo.after(
                 progress, attempt.final, node=pool.key, delivered=len(delivered),
                 max_tokens=job.max_tokens, finish_reason=done.finish_reason if done else "",
-                cached_tokens=done.cached_tokens if done else 0, now=now,
-                queue_timeout_s=self.queue_timeout_s)
+                cached_tokens=reused, now=now, queue_timeout_s=self.queue_timeout_s)
             ending = Finish(reason="length", prompt_tokens=len(job.prompt),
                             completion_tokens=len(delivered),
                             cached_tokens=progress.cached_tokens, node=node,

@@ -28,6 +28,7 @@ from engine.link import messages as m
 class Routing:
     affinity: str | None = None
     first_turn: bool = False  # the affinity key is remembered, not followed (see Job)
+    keyed: bool = False  # came with an issued API key: cached tokens only of its own turns
     pin_host: str | None = None
     prefer: tuple[str, ...] = ()
 
@@ -127,7 +128,8 @@ class TurnReader:
         job = Job(session=turn.session, model=model.name, prompt=turn.prompt,
                   max_tokens=turn.max_tokens, sampling=turn.sampling,
                   stop_ids=sorted(model.stop_ids), affinity=r.affinity,
-                  first_turn=r.first_turn, pin_host=r.pin_host, prefer=r.prefer)
+                  first_turn=r.first_turn, pin_host=r.pin_host, prefer=r.prefer,
+                  keyed=r.keyed)
         self._calls: list[dict[str, Any]] = []
         self._clock = turn.runner.clock
         self._started = self._clock()
