@@ -37,6 +37,7 @@ class ShoalBridge(QObject):
     event = Signal(object)
     failed = Signal(str)
     busy = Signal(bool)
+    start_changed = Signal(object)  # the line of a failed start, or None once it starts
 
     def __init__(self, shoal: Shoal, parent: QObject | None = None, *,
                  started: bool = True) -> None:
@@ -72,11 +73,13 @@ class ShoalBridge(QObject):
         those asked for later, until `starting` says Shoal is starting again."""
         self._start_error = error
         self._started.set()
+        self.start_changed.emit(error)
 
     def starting(self) -> None:
         """Shoal starts again (after a failed start): commands wait for it once more."""
         self._start_error = None
         self._started.clear()
+        self.start_changed.emit(None)
 
     @property
     def start_error(self) -> str | None:

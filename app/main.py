@@ -47,8 +47,13 @@ log = logging.getLogger("shoal.app")
 
 QUIT_DRAIN_S = 10.0  # Quit waits this long for the requests under way, then cancels them
 REJOIN_EVERY_S = 30.0  # after a restart in a fleet whose heads are away, look again this often
-FIX_AND_RETRY = ("fix that (Settings has the ports) and choose Start again in Shoal's "
-                 "menu")
+FIX_AND_RETRY = "fix that and choose Start again in Shoal's menu"
+# a port in use: the one failure Settings fixes
+FIX_PORT_AND_RETRY = "Settings has the ports; then choose Start again in Shoal's menu"
+
+
+def fix_for(code: str) -> str:
+    return FIX_PORT_AND_RETRY if code == "port_in_use" else FIX_AND_RETRY
 
 
 def _progress(event: ev.PullProgress) -> str:
@@ -117,7 +122,7 @@ class Shell(QObject):
         try:
             await self.shoal.open()
         except ShoalError as exc:
-            self._failed(str(exc))
+            self._failed(str(exc), exc.code)
             return
         except Exception as exc:  # a bug: one line here, the traceback in the log
             log.exception("Shoal did not start")
@@ -132,14 +137,15 @@ class Shell(QObject):
         if self.rejoin is not None:
             self._spawn(self._rejoin(self.rejoin), "app-rejoin")
 
-    def _failed(self, line: str) -> None:
-        self.bridge.start_ended(error=f"Shoal is not running: {line}; {FIX_AND_RETRY}")
+    def _failed(self, line: str, code: str = "") -> None:
+        fix = fix_for(code)
+        self.bridge.start_ended(error=f"Shoal is not running: {line}; {fix}")
         self.phase, self.problem = "failed", line
         self._render()
         box = say(line, parent=self.window if self.window is not None
                   and self.window.isVisible() else None,
                   title="Shoal could not start", icon=QMessageBox.Icon.Critical)
-        box.setInformativeText(f"{sentence(FIX_AND_RETRY)}.")
+        box.setInformativeText(f"{sentence(fix)}.")
 
     def retry(self) -> None:
         """Start again after a failed start, from the settings as they are now (the

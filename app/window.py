@@ -178,9 +178,21 @@ class MainWindow(QMainWindow):
         self.statusBar().addWidget(self.status, 1)
         self.statusBar().addPermanentWidget(self.working)
         bridge.failed.connect(self.banner.show_line)
+        # a failed start stays said at the top until Shoal starts (the tray and its box
+        # said it once; the window once showed only "The API is off on this machine")
+        bridge.start_changed.connect(self._start_changed)
+        if bridge.start_error:
+            self.banner.show_line(bridge.start_error)
         bridge.busy.connect(self._busy)
         bridge.snapshot.connect(self.render)
         self.render(bridge.last)
+
+    def _start_changed(self, error: str | None) -> None:
+        if error:
+            self.banner.show_line(error)
+        elif self.banner.label.text().startswith("Shoal is not running"):
+            self.banner.clear()
+        self.bridge.snapshot.emit(self.bridge.last)  # the pages say it too
 
     def page(self, key: str) -> QWidget:
         """The page ``key``, built now if it was not yet."""

@@ -197,14 +197,18 @@ class FleetPage(QWidget):
 
     def render(self, snap: FleetSnapshot) -> None:
         roles = snap.roles
+        down = self._bridge.start_error is not None  # a failed start: the banner says why
         self.api.setVisible(roles.api_url is not None)
         self.api_off.setVisible(roles.api_url is None)
-        self.api_on.setVisible(roles.api_url is None)
+        self.api_off.setText("Shoal is not running (the line above says why)." if down
+                             else "The API is off on this machine.")
+        self.api_on.setVisible(roles.api_url is None and not down)
         if roles.api_url is not None:
             self.api.set_text(roles.api_url)
         node = roles.node
         if node is None:
-            self.serving.setText("No model on this machine")
+            self.serving.setText("Not serving: Shoal is not running" if down
+                                 else "No model on this machine")
             self.pause.hide()
         else:
             state = SERVING.get(node.state, node.state)

@@ -207,7 +207,9 @@ async def started(settings: Settings, prefs: Prefs | None = None, *,
     shell.start()
     await until(lambda: shell.phase != "starting", "Shoal to start")
     if shell.phase == "running":
-        await until(lambda: shell.bridge.refresh().ready_nodes
+        # ready, or paused (a pause kept from the last run: linked, taking no session)
+        await until(lambda: any(n.state in ("ready", "paused")
+                                for n in shell.bridge.refresh().nodes)
                     or not shell.bridge.last.roles.head, "the node to be ready")
     return shell
 

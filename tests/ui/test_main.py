@@ -160,7 +160,18 @@ async def test_a_port_in_use_is_one_line_in_a_dialog_and_the_error_icon(ui_home:
             assert menu["problem"][0] == (line if len(line) <= 90
                                           else line[:89].rstrip() + "…")
             assert menu["quit"][1] and not menu["pause"][1] and not menu["api"][1]
+            assert box.informativeText().startswith("Settings has the ports")
             box.close()
+            # the window says it too, at the top and where the API and the node would be
+            window = shell.window_()
+            banner = window.banner  # type: ignore[attr-defined]
+            assert not banner.isHidden() and banner.label.text() == (
+                f"Shoal is not running: {line}; Settings has the ports; then choose Start "
+                "again in Shoal's menu")
+            fleet = window.page("fleet")  # type: ignore[attr-defined]
+            assert fleet.api_off.text().startswith("Shoal is not running")
+            assert fleet.serving.text() == "Not serving: Shoal is not running"
+            assert not fleet.api_on.isVisibleTo(window)
         finally:
             await shell.stop(drain=1)
     finally:
@@ -178,6 +189,10 @@ async def test_a_missing_model_offline_is_one_line_too(ui_home: Path):
         assert shell.phase == "failed"
         [box] = messages()
         assert "org/missing-model" in box.text() and "\n" not in box.text()
+        # not a port: nothing sends the user to Settings for it
+        assert "Settings" not in box.informativeText()
+        banner = shell.window_().banner  # type: ignore[attr-defined]
+        assert not banner.isHidden() and "Settings" not in banner.label.text()
         box.close()
     finally:
         await shell.stop(drain=1)
