@@ -140,7 +140,8 @@ async def test_killing_llama_server_mid_stream_fails_over_with_the_same_text(
         node = await start_node(tmp_path, srv.url)
         head = await start_head(tmp_path, smollm2_gguf, [node, spare])
         try:
-            await until(lambda: head.snapshot().ready_nodes == 2, "both nodes linked")
+            await until(lambda: sorted(n.state for n in head.snapshot().nodes)
+                        == ["paused", "ready"], "both nodes linked, the spare paused")
             assert head.api_url is not None
             body = {"model": NAME, "messages": ASK, "max_tokens": 64, "temperature": 0,
                     "seed": 7, "stream": True}

@@ -98,7 +98,8 @@ def head(home: Path, nodes: list[Shoal]) -> Settings:
 
 
 async def ready(shoal: Shoal, count: int) -> None:
-    await until(lambda: sum(1 for n in shoal.snapshot().nodes if n.state == "ready")
+    """``count`` nodes linked: ready, or paused (linked, taking no session)."""
+    await until(lambda: sum(1 for n in shoal.snapshot().nodes if n.state in ("ready", "paused"))
                 >= count, f"{count} node(s) ready")
 
 
