@@ -60,6 +60,11 @@ IN_THE_APP = (
      "use the code from Shoal's Pairing page on that machine"),
     ("start the head with --fleet-listen, or check the address",
      "check that Shoal runs there in a fleet, and the address"),
+    # the model's words for a terminal: in the app the user chooses it again
+    ("run again to resume from there", "choose it again to resume from there"),
+    ("then run again", "then choose it again"),
+    ("run once without --offline to pull it", "turn off offline mode to pull it"),
+    ("; run again", "; choose it again"),
 )
 
 

@@ -275,6 +275,8 @@ class Shell(QObject):
     def _welcome_done(self, result: int) -> None:
         if result and not self.prefs.welcomed:
             self.set_prefs(welcomed=True)
+        if result:  # finished: Shoal goes on in the tray; its window shows where it is
+            self.open_window("fleet")
 
     def _run_as_window(self) -> None:
         """No system tray here: the window is the app, with the tray's menu in its menu

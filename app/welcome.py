@@ -326,6 +326,8 @@ class Welcome(QDialog):
         """The user chose an option: it stays chosen when the options are shown again."""
         chosen = self.options.chosen()
         self._picked = chosen.key if chosen is not None else None
+        if not self.serve.busy:  # the last model's error is not this one's
+            say(self.serve.error, "")
         self._option_shown()
 
     def _option_shown(self) -> None:

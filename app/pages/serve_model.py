@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.bridge import ShoalBridge
+from app.join import in_the_app
 from app.widgets import choose_file, inline_error, note, ok_line, run, say
 from engine.events import PullProgress, ShoalEvent
 from engine.pulls.text import pace
@@ -202,6 +203,7 @@ class ServeModel(QWidget):
         self.served.emit(name)  # Shoal keeps it for the next start too
 
     def _failed(self, line: str) -> None:
+        line = in_the_app(line)
         self._finish()
         say(self.error, line)
         self.failed.emit(line)

@@ -205,6 +205,11 @@ async def test_the_first_run_opens_the_welcome_and_later_runs_open_nothing(ui_ho
         assert welcome is shell.welcome
         welcome.accept()  # the welcome's last step
         await until(lambda: _welcomed(ui_home), "the welcome remembered")
+        # something opens after Finish: the window, on the Fleet page (nothing did, and a
+        # new user could think the app had quit)
+        window = shell.window
+        assert window is not None and window.isVisible()
+        assert window.current_page == "fleet"  # type: ignore[attr-defined]
     finally:
         await shell.stop(drain=1)
     settings, prefs = await load(ui_home)

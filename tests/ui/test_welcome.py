@@ -204,3 +204,47 @@ async def test_the_model_step_pulls_the_chosen_model_and_goes_on(
         node = shoal.snapshot().roles.node
         assert node is not None and node.model == tiny.spec and node.runtime == "llamacpp"
         assert shoal.pending.node is not None and shoal.pending.node.model == tiny.spec
+
+
+async def test_a_hub_error_goes_once_another_model_is_chosen_and_speaks_the_apps_words(
+        tmp_path: Path, qtbot, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
+    async with running(budgeted(both(tmp_path))) as shoal, bridged(shoal) as ui:
+        await ready(shoal)
+        welcome = Welcome(ui.bridge)
+        welcome.show()
+        click(qtbot, welcome.start_choice)
+        click(qtbot, welcome.start_button)
+        await until(lambda: welcome.pairing_view.pairing is not None, "the fleet's code")
+        click(qtbot, welcome.next)
+        options = await listed(welcome)
+        [tiny] = [o for o in options if o.kind == "catalog" and SMOLLM2 in o.spec.lower()]
+        other = next(o for o in options if o.key != tiny.key)
+        serve = welcome.serve
+        hub = FakeHub(repos={})  # a hub that has none of the catalog's models
+        async with serving(hub):
+            with pointed_at(monkeypatch, hub.url):
+                choose(qtbot, welcome, tiny.key)
+                click(qtbot, welcome.next)
+                await until(lambda: serve.error.isVisible(), "the hub's refusal shown")
+        line = serve.error.text()
+        assert "run again" not in line and "`shoal" not in line, line
+        assert welcome.step == "model"
+        choose(qtbot, welcome, other.key)  # another model: the last one's error goes
+        assert not serve.error.isVisible()
+
+
+@pytest.mark.parametrize(("engine_line", "shown"), [
+    ("the download of acme/m.gguf stopped at 12 MB of 80 MB; run again to resume from there",
+     "the download of acme/m.gguf stopped at 12 MB of 80 MB; choose it again to resume from "
+     "there"),
+    ("cannot write acme/m.gguf (No space left); free disk space or check the folder, then "
+     "run again", "cannot write acme/m.gguf (No space left); free disk space or check the "
+     "folder, then choose it again"),
+    ("model acme/m is not in the cache at /x; run once without --offline to pull it",
+     "model acme/m is not in the cache at /x; turn off offline mode to pull it"),
+])
+def test_a_pulls_error_is_said_in_the_apps_words(engine_line: str, shown: str) -> None:
+    from app.join import in_the_app
+
+    assert in_the_app(engine_line) == shown
