@@ -204,6 +204,7 @@ class Shoal:
         self._chosen: asyncio.Task[None] | None = None
         self._learning: asyncio.Task[None] | None = None  # the head's models from the hub
         self._chosen_spec = ""
+        self._chosen_failed = ""  # why the model a head chose last could not be served
         self.keys = KeyCommands(settings.home)
         # the catalog, the fit of its models on each machine, the models kept here
         self.models = ModelCommands(snapshot=self.snapshot, settings=lambda: self.settings,
@@ -819,7 +820,7 @@ class Shoal:
                            "again once it serves it")
         if self._node is not None and self._node.engine.info.model == spec:
             return True, f"serves {spec} already"
-        self._chosen_spec = spec
+        self._chosen_spec, self._chosen_failed = spec, ""
         self._chosen = asyncio.get_running_loop().create_task(
             self._serve_chosen(model_ids.HubId(spec), node.runtime), name="shoal-fleet-model")
         return True, f"pulling {spec}; this node serves it once it is loaded"
@@ -831,6 +832,7 @@ class Shoal:
             line = f"could not serve {spec}, which a head of the fleet chose: {exc}"
             log.warning("%s", line)
             self.notice("error", line)
+            self._chosen_failed = line  # the heads hear it in this node's stats
             return
         log.info("serving %s, which a head of the fleet chose", name)
 
@@ -843,7 +845,8 @@ class Shoal:
                             disk_free=self._disk.now() if self._disk is not None else 0,
                             pull_model=pull.model if pull else "",
                             pull_done=pull.done_bytes if pull else 0,
-                            pull_total=pull.total_bytes if pull else 0)
+                            pull_total=pull.total_bytes if pull else 0,
+                            serve_failed=self._chosen_failed)
 
     # -- the fleet -----------------------------------------------------------------
 

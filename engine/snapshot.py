@@ -70,6 +70,7 @@ class NodeSnapshot:
     pull_model: str = ""
     pull_done: int = 0
     pull_total: int = 0
+    serve_failed: str = ""  # why the model a head chose for it could not be served
 
     @property
     def kv_percent(self) -> float:

@@ -59,6 +59,9 @@ def now_cell(s: Suggestion, snap: FleetSnapshot, asked: Asked | None, here: str)
         if n.pull_model:
             return Cell(f"downloading {n.pull_model}: " + progress(n.pull_done, n.pull_total),
                         tone="warn")
+        if asked is not None and same(asked.spec, spec) and n.serve_failed \
+                and spec in n.serve_failed:  # the machine's own word of how it went
+            return Cell(n.serve_failed, tone="bad")
         model, serving = n.model, n.state == "ready"
     if same(model, spec):
         return Cell("serves it" if serving else "loading it", tone="good" if serving else "warn")
@@ -116,11 +119,12 @@ class SplitCard(Card):
         if not split:
             return
         rows = []
-        all_serving = True
+        all_serving, failed = True, False
         for s in split:
             c = s.candidate
             now = now_cell(s, snap, self._asked.get(s.machine), self._here)
             all_serving &= now.text == "serves it"
+            failed |= now.tone == "bad"
             rows.append((s.machine, (
                 Cell(self._machine_label(s.machine)),
                 Cell(f"{self._names.get(c.entry_id, c.entry_id)} {c.quant}", tip=c.spec),
@@ -129,7 +133,9 @@ class SplitCard(Card):
         fit_rows(self.view, len(rows), least=1, most=6)
         if all_serving:
             self._accepted = None
-        self.use.setEnabled(bool(split) and not all_serving and self._accepted is None)
+        # a machine that failed (or refused) lets the user ask again
+        self.use.setEnabled(bool(split) and not all_serving
+                            and (self._accepted is None or failed))
         self.done_line.setText("Every machine serves its suggested model." if split
                                and all_serving else "")
 

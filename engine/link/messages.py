@@ -185,6 +185,8 @@ class Stats(msgspec.Struct, frozen=True, array_like=True, tag="stats", tag_field
     pull_total: _Bytes = 0
     # its user paused serving: it takes no new session (lanes_busy stays the real count)
     paused: bool = False
+    # why the model a head last chose for it could not be served ("" none, or it serves it)
+    serve_failed: Annotated[str, msgspec.Meta(max_length=MAX_ANSWER)] = ""
 
 
 class Progress(msgspec.Struct, frozen=True, array_like=True, tag="progress", tag_field="t"):

@@ -600,7 +600,8 @@ class NodeAgent:
                        device_kind=st.device_kind[:m.MAX_KIND], device_total=st.device_total,
                        device_free=st.device_free, disk_free=facts.disk_free,
                        pull_model=facts.pull_model[:m.MAX_NAME], pull_done=facts.pull_done,
-                       pull_total=facts.pull_total, paused=self.paused)
+                       pull_total=facts.pull_total, paused=self.paused,
+                       serve_failed=facts.serve_failed[:m.MAX_ANSWER])
 
     def facts(self) -> MachineFacts:
         """What the owner says of the machine now (nothing, without an owner's word)."""

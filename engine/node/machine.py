@@ -26,6 +26,9 @@ class MachineFacts:
     pull_model: str = ""  # a pull under way on the node, and how far it is
     pull_done: int = 0
     pull_total: int = 0
+    # why the last model a head chose for this node could not be served ("" none): the
+    # head that asked hears the outcome, not only the node's own log
+    serve_failed: str = ""
 
 
 def free_bytes(folder: Path) -> int:

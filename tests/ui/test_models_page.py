@@ -265,3 +265,32 @@ def test_the_tray_says_how_far_a_pull_is():
         ("Downloading org/Coder-GGUF:Q4_K_M: 25% of 1.2 GB, 12 MB/s, 1 min 15 s left", False)]
     quiet = TrayView(snapshot=snap(), prefs=Prefs(welcomed=True))
     assert not [e for e in menu_entries(quiet) if e.key == "pull"]
+
+
+async def test_a_machine_that_cannot_serve_its_model_of_the_split_says_why(
+        tmp_path: Path, qtbot, monkeypatch: pytest.MonkeyPatch):
+    """The other machine logged its failed load within a second, while its row said
+    "pulling..." until the app quit and the button stayed disabled."""
+    from engine.runtimes import registry
+
+    async with desk_and_laptop(tmp_path) as (desk, _laptop), bridged(desk) as ui:
+        _window, page = models_page(ui)
+        split = page.split
+        fits = await desk.models.fits()
+        laptop_key = next(m.key for m in fits.machines if m.label == "laptop")
+        broken = next(s.candidate.spec for s in fits.split if s.machine == laptop_key)
+        mock = registry._RUNTIMES["mock"]
+
+        def make(spec: registry.EngineSpec) -> object:
+            if spec.path == broken:  # the laptop's model of the split will not load
+                raise RuntimeError("the model file is damaged")
+            return mock.make_engine(spec)
+
+        monkeypatch.setitem(registry._RUNTIMES, "mock", replace(mock, make_engine=make))
+        await until(lambda: visible(split) and split.rows.rowCount() == 2, "the split shown")
+        row = [s.machine for s in fits.split].index(laptop_key)
+        click(qtbot, split.use)
+        await until(lambda: "the model file is damaged" in split.rows.text(row, "Now"),
+                    "the laptop's failure shown at the desk", timeout=30)
+        assert split.rows.text(row, "Now").startswith(f"could not serve {broken}")
+        assert split.use.isEnabled()  # the user may ask again

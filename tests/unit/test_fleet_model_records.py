@@ -82,8 +82,9 @@ def test_an_older_nodes_stats_say_nothing_of_the_machine() -> None:
 def test_the_new_figures_come_after_every_older_field() -> None:
     # an older head reads a newer node's Stats because they only add at the end
     sent = m.decode(m._encoder.encode([*OLD_STATS, *FACTS]))
-    paused = False  # added after the facts: an older node's Stats read as not paused
-    assert msgspec.msgpack.decode(m.encode(sent)) == [*OLD_STATS, *FACTS, paused]
+    paused, serve_failed = False, ""  # added after the facts, as an older node sends none
+    assert msgspec.msgpack.decode(m.encode(sent)) == [*OLD_STATS, *FACTS, paused,
+                                                      serve_failed]
 
 
 @pytest.mark.parametrize(("index", "bad"), [

@@ -127,6 +127,7 @@ class PoolReport(TypedDict):
     pull_model: str
     pull_done: int
     pull_total: int
+    serve_failed: str
 
 
 @dataclass
@@ -373,7 +374,8 @@ class NodePool:
                           ram_total=st.ram_total, device_kind=st.device_kind,
                           device_total=st.device_total, device_free=st.device_free,
                           disk_free=st.disk_free, pull_model=st.pull_model,
-                          pull_done=st.pull_done, pull_total=st.pull_total)
+                          pull_done=st.pull_done, pull_total=st.pull_total,
+                          serve_failed=st.serve_failed)
 
     def shown_state(self) -> ShownState:
         """The link's state; for a linked node, "paused" when its user paused serving and
