@@ -376,7 +376,7 @@ class Shoal:
             name = ns.model_name or announced or (head_model.name if head_model
                                                   else model.name)
         if ns.identity is None and self._head is not None and ns.listen is None:
-            ns = replace(ns, identity=f"{socket.gethostname()} (local)")
+            ns = replace(ns, identity=socket.gethostname())  # its user's name for it
         if self._head is not None:  # /v1/models lists it as loading from now on
             self._head.head.local_model = name
         if self._disk is None or self._disk.folder != s.models_dir:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from engine.head.commands import AliasCommands
 from engine.head.fleet.links import NodePool
@@ -43,6 +44,26 @@ def node_snapshot(pool: NodePool, *, now: float, wall: float) -> NodeSnapshot:
         last_seen=wall - (now - heard) if heard else 0.0,
         sessions_total=pool.sessions_total, peak_busy=st.peak_busy if st else 0,
         connections=pool.conns, error=pool.shown_error(), **pool.pool_report())
+
+
+def unique_names(nodes: tuple[NodeSnapshot, ...]) -> tuple[NodeSnapshot, ...]:
+    """Every machine's name as its user knows it (its host name), made unique: two
+    machines both called "vm" once showed as "vm (local)" twice. This machine keeps its
+    name; a namesake elsewhere is told apart by its address."""
+    seen: dict[str, int] = {}
+    for n in nodes:
+        seen[n.identity] = seen.get(n.identity, 0) + 1
+    out = []
+    for n in nodes:
+        if n.identity and seen[n.identity] > 1 and n.link != "local":
+            host = n.address.rpartition(":")[0] or n.address
+            out.append(replace(n, identity=f"{n.identity} ({host})"))
+        else:
+            out.append(n)
+    named = [n.identity for n in out]
+    # namesakes at one address too (two nodes of one machine): the port tells them apart
+    return tuple(replace(n, identity=f"{n.identity}:{n.address.rpartition(':')[2]}")
+                 if named.count(n.identity) > 1 and n.link != "local" else n for n in out)
 
 
 def heads_snapshot(head: Head) -> tuple[HeadSnapshot, ...]:
@@ -82,6 +103,7 @@ def fleet_snapshot(head: Head | None, *, roles: Roles, fleet_name: str | None,
     return FleetSnapshot(
         at=at, fleet_name=fleet_name, fleet_id=fleet_id, has_token=has_token, roles=roles,
         model=head.model.name, models=models_snapshot(head),
-        nodes=tuple(node_snapshot(p, now=now, wall=at) for p in head.fleet.pools.values()),
+        nodes=unique_names(tuple(node_snapshot(p, now=now, wall=at)
+                                 for p in head.fleet.pools.values())),
         heads=heads_snapshot(head), aliases=tuple(rows), queued=head.runner.queued,
         moves=head.runner.moves_total, pulls=pulls)

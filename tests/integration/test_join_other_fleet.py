@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import socket
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,7 @@ async def test_a_head_that_joins_another_fleet_leaves_the_old_one(tmp_path: Path
                     "the alias set at x to reach B's head")
         assert all(r.name != "coder" for r in a.snapshot().aliases)
         # fleet B's head takes x's node
-        await until(lambda: any(nd.identity.endswith("(local)") and nd.link == "joined"
+        await until(lambda: any(nd.identity.startswith(socket.gethostname())
+                                and nd.link == "joined"
                                 and nd.state == "ready" for nd in b.snapshot().nodes),
                     "x's node in fleet B")

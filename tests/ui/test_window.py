@@ -4,6 +4,7 @@ sockets on 127.0.0.1): what each page shows, and what its buttons do."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,7 @@ async def test_fleet_page_lists_every_node_live_and_keeps_the_selection(tmp_path
             await until(lambda: page.nodes.rowCount() == 3
                         and "3 of 3 nodes ready" in window.status.text(), "three nodes ready")
             names = [page.nodes.text(r, "Node") for r in range(3)]
-            assert names[0].endswith("(local)") and sorted(names[1:]) == ["laptop", "studio"]
+            assert names[0] == socket.gethostname() and sorted(names[1:]) == ["laptop", "studio"]
             assert [page.nodes.text(r, "Link") for r in range(3)] == \
                 ["this machine", "dialed", "dialed"]
             assert page.nodes.text(1, "Lanes") == "0/2" and page.nodes.text(1, "Model") == MODEL
