@@ -16,3 +16,25 @@ def test_a_node_rests_after_failures_in_a_row_longer_each_time() -> None:
     assert c.cause == "the model file is damaged"
     c.worked()  # a token there: the count starts again
     assert not c.resting(now) and c.failures == 0 and c.cause == ""
+
+
+def test_only_the_nodes_own_word_counts_not_a_silent_or_lost_node() -> None:
+    """A frozen node's sessions fail before a token too; the link judges it (unreachable,
+    then linked again), and it must take sessions as soon as it thaws."""
+    from types import SimpleNamespace
+
+    from engine.head.fleet import attempt as at
+    from engine.head.fleet.links import Fleet
+    from engine.head.fleet.sessions import SessionRunner
+
+    runner = SessionRunner(Fleet(model="m", head_id="h", psk=None))
+    pool = SimpleNamespace(cooldown=Cooldown(), info=SimpleNamespace(identity="n"))
+    for final in (at.Failover("no tokens and no pong for 3.0 s", hung=True),
+                  at.Failover("connection lost (reset)", drop=False)):
+        for _ in range(FAILS + 2):
+            runner._judge(pool, final, got_tokens=False, now=0.0)  # type: ignore[arg-type]
+    assert pool.cooldown.failures == 0 and not pool.cooldown.resting(0.0)
+    said = at.Failover("node error internal: damaged", drop=False, by_node=True)
+    for _ in range(FAILS):
+        runner._judge(pool, said, got_tokens=False, now=0.0)  # type: ignore[arg-type]
+    assert pool.cooldown.resting(0.0) and pool.cooldown.cause == said.reason

@@ -131,12 +131,14 @@ class Failover:
     """This node failed the session: place the rest elsewhere.
 
     ``hung``: the whole node is silent (drop every connection to it);
-    ``drop``: this connection cannot be trusted any more (abort it).
+    ``drop``: this connection cannot be trusted any more (abort it);
+    ``by_node``: the node said it failed (an error record), as against going silent or away.
     """
 
     reason: str
     hung: bool = False
     drop: bool = True
+    by_node: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,7 +293,7 @@ def _record(state: AttemptState, event: Event, now: float, limits: Limits,
             return Refused("bad_request", event.message)
         if event.code == "context_length_exceeded":
             return Refused("context_length_exceeded", event.message)
-        return Failover(f"node error {event.code}: {event.message}", drop=False)
+        return Failover(f"node error {event.code}: {event.message}", drop=False, by_node=True)
     return None
 
 

@@ -370,10 +370,12 @@ class SessionRunner:
 
     def _judge(self, pool: NodePool, final: at.Final | None, *, got_tokens: bool,
                now: float) -> None:
-        """A node that fails sessions before their first token rests (cooldown.py)."""
+        """A node that fails sessions before their first token rests (cooldown.py). Only
+        its own word counts: a node gone silent or away is the link's to judge (it is
+        unreachable, then linked again), and a frozen node must be ready once it thaws."""
         if got_tokens or isinstance(final, at.Finished):
             pool.cooldown.worked()
-        elif isinstance(final, at.Failover):
+        elif isinstance(final, at.Failover) and final.by_node:
             rest = pool.cooldown.failed_at_once(final.reason, now)
             if rest:
                 log.warning("node '%s' failed %d sessions in a row before their first token "
