@@ -157,6 +157,20 @@ async def test_join_a_fleet_by_pasting_its_code(tmp_path: Path, qtbot):
         await until(lambda: head.snapshot().ready_nodes == 2, "the head to see the laptop")
 
 
+async def at_the_model_step(ui, qtbot) -> tuple[Welcome, list, object]:  # type: ignore[no-untyped-def]
+    """The welcome past starting a fleet, at its model step: the options listed, and the
+    catalog's tiny model among them (the one the local hub can serve)."""
+    welcome = Welcome(ui.bridge)
+    welcome.show()
+    click(qtbot, welcome.start_choice)
+    click(qtbot, welcome.start_button)
+    await until(lambda: welcome.pairing_view.pairing is not None, "the fleet's code")
+    click(qtbot, welcome.next)
+    options = await listed(welcome)
+    [tiny] = [o for o in options if o.kind == "catalog" and SMOLLM2 in o.spec.lower()]
+    return welcome, options, tiny
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(240)
@@ -165,14 +179,7 @@ async def test_the_model_step_pulls_the_chosen_model_and_goes_on(
     monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
     async with running(budgeted(both(tmp_path))) as shoal, bridged(shoal) as ui:
         await ready(shoal)
-        welcome = Welcome(ui.bridge)
-        welcome.show()
-        click(qtbot, welcome.start_choice)
-        click(qtbot, welcome.start_button)
-        await until(lambda: welcome.pairing_view.pairing is not None, "the fleet's code")
-        click(qtbot, welcome.next)
-        options = await listed(welcome)
-        [tiny] = [o for o in options if o.kind == "catalog" and SMOLLM2 in o.spec.lower()]
+        welcome, _options, tiny = await at_the_model_step(ui, qtbot)
         catalog, _ = await shoal.models.catalog()
         found = catalog.by_spec(tiny.spec)
         assert found is not None
@@ -211,14 +218,7 @@ async def test_a_hub_error_goes_once_another_model_is_chosen_and_speaks_the_apps
     monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
     async with running(budgeted(both(tmp_path))) as shoal, bridged(shoal) as ui:
         await ready(shoal)
-        welcome = Welcome(ui.bridge)
-        welcome.show()
-        click(qtbot, welcome.start_choice)
-        click(qtbot, welcome.start_button)
-        await until(lambda: welcome.pairing_view.pairing is not None, "the fleet's code")
-        click(qtbot, welcome.next)
-        options = await listed(welcome)
-        [tiny] = [o for o in options if o.kind == "catalog" and SMOLLM2 in o.spec.lower()]
+        welcome, options, tiny = await at_the_model_step(ui, qtbot)
         other = next(o for o in options if o.key != tiny.key)
         serve = welcome.serve
         hub = FakeHub(repos={})  # a hub that has none of the catalog's models
