@@ -6,6 +6,7 @@ Read only; the service adds this machine's roles and pulls to make a `FleetSnaps
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -50,20 +51,16 @@ def unique_names(nodes: tuple[NodeSnapshot, ...]) -> tuple[NodeSnapshot, ...]:
     """Every machine's name as its user knows it (its host name), made unique: two
     machines both called "vm" once showed as "vm (local)" twice. This machine keeps its
     name; a namesake elsewhere is told apart by its address."""
-    seen: dict[str, int] = {}
-    for n in nodes:
-        seen[n.identity] = seen.get(n.identity, 0) + 1
-    out = []
-    for n in nodes:
-        if n.identity and seen[n.identity] > 1 and n.link != "local":
-            host = n.address.rpartition(":")[0] or n.address
-            out.append(replace(n, identity=f"{n.identity} ({host})"))
-        else:
-            out.append(n)
-    named = [n.identity for n in out]
+    def told_apart(nodes: tuple[NodeSnapshot, ...], suffix: Callable[[str], str]
+                   ) -> tuple[NodeSnapshot, ...]:
+        seen = Counter(n.identity for n in nodes)
+        return tuple(replace(n, identity=n.identity + suffix(n.address))
+                     if n.identity and seen[n.identity] > 1 and n.link != "local" else n
+                     for n in nodes)
+
+    by_host = told_apart(nodes, lambda a: f" ({a.rpartition(':')[0] or a})")
     # namesakes at one address too (two nodes of one machine): the port tells them apart
-    return tuple(replace(n, identity=f"{n.identity}:{n.address.rpartition(':')[2]}")
-                 if named.count(n.identity) > 1 and n.link != "local" else n for n in out)
+    return told_apart(by_host, lambda a: f":{a.rpartition(':')[2]}")
 
 
 def heads_snapshot(head: Head) -> tuple[HeadSnapshot, ...]:

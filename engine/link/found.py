@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.backoff import doubling
+
 FIRST_WAIT_S = 10.0
 MAX_WAIT_S = 3600.0
 MAX_ADDRESSES = 4096  # a scan of many fake peers forgets the oldest, never grows past this
@@ -75,7 +77,7 @@ class FoundAddresses:
         a = self._entry(address)
         a.proven, a.in_flight = False, False
         a.failures += 1
-        wait: float = min(self.first_wait_s * 2.0 ** min(a.failures - 1, 32), self.max_wait_s)
+        wait = doubling(self.first_wait_s, a.failures - 1, self.max_wait_s)
         a.next_at = now + wait
         return wait
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.backoff import doubling
+
 FAILS = 3  # immediate failures in a row before the node rests
 FIRST_S = 1.0
 MAX_S = 60.0
@@ -30,7 +32,7 @@ class Cooldown:
         self.cause = cause
         if self.failures < FAILS:
             return 0.0
-        rest: float = min(FIRST_S * 2.0 ** min(self.failures - FAILS, 32), MAX_S)
+        rest = doubling(FIRST_S, self.failures - FAILS, MAX_S)
         self.until = now + rest
         return rest
 
