@@ -7,7 +7,9 @@ Real NodeAgent, Joiner and dial on loopback (127.0.0.x stands for the LAN's addr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -85,42 +87,50 @@ async def test_fresh_first_messages_replayed_at_a_node_never_refuse_a_real_head(
         await agent.close()
 
 
-async def test_a_flood_of_silent_connections_never_refuses_a_real_head(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # the flood stays for the whole test: nothing of it times out meanwhile
+@contextlib.asynccontextmanager
+async def patient_node(monkeypatch: pytest.MonkeyPatch, *, first_message_s: float,
+                       ) -> AsyncIterator[tuple[NodeAgent, int]]:
+    """A listening node that waits 60 s for a hello (nothing of a flood times out
+    meanwhile), and ``first_message_s`` for a connection's first bytes."""
     monkeypatch.setattr(agent_mod, "PRE_HELLO_S", 60.0)
     agent = NodeAgent(MockEngine(model="m", lanes=1), identity="n", psk=TOKEN,
                       handshake_timeout_s=60.0)
-    agent.first_message_s = 60.0
+    agent.first_message_s = first_message_s
     _h, port = await agent.listen("127.0.0.1", 0)
-    flood: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     try:
-        for n in range(128):  # 16 from each of 8 addresses: both caps reached
-            flood.append(await asyncio.open_connection(
-                "127.0.0.1", port, local_addr=(f"127.0.0.{2 + n % 8}", 0)))
-        await until(lambda: len(agent._pending) == 128, "the node to count the whole flood")
-        link = await dial("127.0.0.1", port, psk=TOKEN, timeout_s=10)
-        link.close()
-        assert agent._pending.dropped >= 1
-        await until(lambda: sum(r.at_eof() for r, _w in flood) >= 1,
-                    "the oldest silent connection closed")
+        yield agent, port
     finally:
-        for _r, writer in flood:
-            writer.close()
         await agent.close()
+
+
+async def test_a_flood_of_silent_connections_never_refuses_a_real_head(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    flood: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    async with patient_node(monkeypatch, first_message_s=60.0) as (agent, port):
+        try:
+            for n in range(128):  # 16 from each of 8 addresses: both caps reached
+                flood.append(await asyncio.open_connection(
+                    "127.0.0.1", port, local_addr=(f"127.0.0.{2 + n % 8}", 0)))
+            await until(lambda: len(agent._pending) == 128,
+                        "the node to count the whole flood")
+            link = await dial("127.0.0.1", port, psk=TOKEN, timeout_s=10)
+            link.close()
+            assert agent._pending.dropped >= 1
+            await until(lambda: sum(r.at_eof() for r, _w in flood) >= 1,
+                        "the oldest silent connection closed")
+        finally:
+            for _r, writer in flood:
+                writer.close()
 
 
 async def test_a_connection_silent_past_its_first_message_deadline_is_closed(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(agent_mod, "PRE_HELLO_S", 60.0)
-    agent = NodeAgent(MockEngine(model="m", lanes=1), identity="n", psk=TOKEN,
-                      handshake_timeout_s=60.0)
-    agent.first_message_s = 0.2  # far shorter than the hello's 60 s here
-    _h, port = await agent.listen("127.0.0.1", 0)
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        await until(reader.at_eof, "the silent connection closed", timeout=20)
-        assert not len(agent._pending)
-    finally:
-        writer.close()
+    # far shorter than the hello's 60 s here
+    async with patient_node(monkeypatch, first_message_s=0.2) as (agent, port):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            await until(reader.at_eof, "the silent connection closed", timeout=20)
+            assert not len(agent._pending)
+        finally:
+            writer.close()
         await agent.close()

@@ -244,19 +244,26 @@ async def test_a_disk_too_small_is_refused_before_any_byte(
     assert files_under(tmp_path / "models") == [] and files_under(tmp_path / "downloads") == []
 
 
+async def cancelled_half_way(tmp_path: Path, hub: FakeHub, sha: str, *,
+                             keep_part: bool) -> None:
+    """A pull that ``hub`` holds half-way, cancelled once its part is being written
+    (``keep_part``: as Shoal.stop cancels a fleet-chosen pull)."""
+    cancel = models.Cancel()
+    task = asyncio.create_task(pull(tmp_path, cancel=cancel))
+    await asyncio.wait_for(hub.held.wait(), TIMEOUT_S)
+    await until(lambda: part_of(tmp_path, sha).exists(), "the part being written")
+    cancel.set(keep_part=keep_part)
+    hub.release.set()
+    with pytest.raises(models.PullCancelled):
+        await task
+
+
 async def test_cancel_leaves_neither_a_part_nor_anything_in_the_model_folder(
         tmp_path: Path, held: FakeHub, sha: str, monkeypatch: pytest.MonkeyPatch) -> None:
     hub = held
-    cancel = models.Cancel()
     async with serving(hub):
         with pointed_at(monkeypatch, hub.url):
-            task = asyncio.create_task(pull(tmp_path, cancel=cancel))
-            await asyncio.wait_for(hub.held.wait(), TIMEOUT_S)
-            await until(lambda: part_of(tmp_path, sha).exists(), "the part being written")
-            cancel.set()
-            hub.release.set()
-            with pytest.raises(models.PullCancelled):
-                await task
+            await cancelled_half_way(tmp_path, hub, sha, keep_part=False)
     assert not part_of(tmp_path, sha).exists()
     assert files_under(tmp_path / "models") == []
     assert [p for p in files_under(tmp_path / "downloads") if p.suffix == ".part"] == []
@@ -268,16 +275,9 @@ async def test_a_pull_stopped_by_quitting_keeps_its_part_and_the_next_start_resu
     """A fleet-chosen download stops when Shoal quits; the next start goes on from it
     rather than fetching again what came (the user's own cancel keeps nothing: above)."""
     hub = held
-    cancel = models.Cancel()
     async with serving(hub):
         with pointed_at(monkeypatch, hub.url):
-            task = asyncio.create_task(pull(tmp_path, cancel=cancel))
-            await asyncio.wait_for(hub.held.wait(), TIMEOUT_S)
-            await until(lambda: part_of(tmp_path, sha).exists(), "the part being written")
-            cancel.set(keep_part=True)  # what Shoal.stop does with a fleet-chosen pull
-            hub.release.set()
-            with pytest.raises(models.PullCancelled):
-                await task
+            await cancelled_half_way(tmp_path, hub, sha, keep_part=True)
             kept = part_of(tmp_path, sha).stat().st_size
             assert kept > 0
             assert files_under(tmp_path / "models") == []  # nothing half-pulled there
