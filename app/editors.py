@@ -67,6 +67,12 @@ class Offer:
         return self.context_window or DEFAULT_WINDOW
 
     @property
+    def output_room(self) -> int:
+        """The most an agent should ask for in one answer: a quarter of the window, at
+        most 4,096 tokens (what it may set aside of the window for the answer)."""
+        return min(4096, self.window // 4)
+
+    @property
     def label(self) -> str:
         return f"{self.name} → {self.alias_of}" if self.alias_of else self.name
 
@@ -190,12 +196,24 @@ def cline_fields(base_url: str, models: Sequence[Offer], chat: str | None = None
                    _fields(pairs))
 
 
+AIDER_METADATA = "~/.aider.shoal.json"  # its own file: ~/.aider.model.metadata.json is the user's
+
+
 def aider_shell(base_url: str, models: Sequence[Offer], chat: str | None = None) -> Snippet:
+    """Aider learns a model's window from a model metadata file (litellm's fields); without
+    one it warns that it does not know the window and guesses."""
     first = _pick(models, chat)
     lines = [f"export OPENAI_API_BASE={shlex.quote(base_url)}",
              f"export OPENAI_API_KEY={DUMMY_KEY}"]
     if first is not None:
-        lines.append(f"aider --model {shlex.quote('openai/' + first.name)}")
+        metadata = {f"openai/{m.name}": {
+            "max_input_tokens": m.window, "max_output_tokens": m.output_room,
+            "input_cost_per_token": 0, "output_cost_per_token": 0,
+            "litellm_provider": "openai", "mode": "chat"} for m in models}
+        lines += [f"printf '%s\\n' {shlex.quote(json.dumps(metadata, ensure_ascii=False))}"
+                  f" > {AIDER_METADATA}",
+                  f"aider --model {shlex.quote('openai/' + first.name)} "
+                  f"--model-metadata-file {AIDER_METADATA}"]
     return Snippet("Aider", "shell", "a terminal, in your project's folder",
                    "\n".join(lines) + "\n")
 
@@ -225,13 +243,16 @@ def too_small(agent: str, models: Sequence[Offer]) -> str:
 def claude_code_shell(base_url: str, models: Sequence[Offer],
                       chat: str | None = None) -> Snippet:
     """Claude Code talks Anthropic Messages to ``ANTHROPIC_BASE_URL`` (the root: it adds
-    ``/v1/messages``); both of its model slots get the chosen model."""
+    ``/v1/messages``); both of its model slots get the chosen model. A model it does not
+    know gets the window ``CLAUDE_CODE_MAX_CONTEXT_TOKENS`` says (else it assumes 1M
+    tokens and compacts only once the fleet has refused the prompt)."""
     first = _pick(models, chat)
     lines = [f"export ANTHROPIC_BASE_URL={shlex.quote(root_url(base_url))}",
              f"export ANTHROPIC_AUTH_TOKEN={DUMMY_KEY}"]
     if first is not None:
         lines += [f"export ANTHROPIC_MODEL={shlex.quote(first.name)}",
-                  f"export ANTHROPIC_DEFAULT_HAIKU_MODEL={shlex.quote(first.name)}"]
+                  f"export ANTHROPIC_DEFAULT_HAIKU_MODEL={shlex.quote(first.name)}",
+                  f"export CLAUDE_CODE_MAX_CONTEXT_TOKENS={first.window}"]
     lines.append("claude")
     return Snippet("Claude Code", "shell", "a terminal, in your project's folder",
                    "\n".join(lines) + "\n", warning=too_small("Claude Code", models))
@@ -239,11 +260,13 @@ def claude_code_shell(base_url: str, models: Sequence[Offer],
 
 def codex_toml(base_url: str, models: Sequence[Offer], chat: str | None = None) -> Snippet:
     """Codex reads providers from ``~/.codex/config.toml``; Shoal serves the Responses API
-    it speaks."""
+    it speaks. ``model_context_window`` is the window it compacts within (its own table
+    knows only OpenAI's models)."""
     first = _pick(models, chat)
     lines: list[str] = []
     if first is not None:
-        lines.append(f"model = {json.dumps(first.name)}")
+        lines += [f"model = {json.dumps(first.name)}",
+                  f"model_context_window = {first.window}"]
     lines += ['model_provider = "shoal"', "", "[model_providers.shoal]",
               f"name = {json.dumps(PROVIDER)}", f"base_url = {json.dumps(base_url)}",
               'wire_api = "responses"']
@@ -256,7 +279,7 @@ def opencode_json(base_url: str, models: Sequence[Offer], chat: str | None = Non
     OpenAI-compatible one names the AI SDK package that speaks Chat Completions."""
     first = _pick(models, chat)
     entries = {m.name: {"name": f"{m.label} (Shoal)", "tool_call": m.tools,
-                        "limit": {"context": m.window, "output": min(4096, m.window // 4)}}
+                        "limit": {"context": m.window, "output": m.output_room}}
                for m in models}
     doc: dict[str, object] = {
         "$schema": "https://opencode.ai/config.json",

@@ -157,19 +157,27 @@ def offers() -> list[Offer]:
     return [Offer(MODEL, WINDOW, tools=True, fim=False)]
 
 
-def shell_snippet(text: str) -> tuple[dict[str, str], list[str]]:
-    """A shell snippet's ``export K=V`` lines as an environment, and its last command."""
+def shell_snippet(text: str, home: Path | None = None) -> tuple[dict[str, str], list[str]]:
+    """A shell snippet's ``export K=V`` lines as an environment, and its last command;
+    a ``printf '%s\\n' TEXT > ~/PATH`` line writes TEXT to PATH under ``home``, and a
+    word ``~/...`` is a path under ``home``, as sh reads them."""
     env: dict[str, str] = {}
     command: list[str] = []
     for line in text.splitlines():
         words = shlex.split(line, comments=True)
         if not words:
             continue
+        if home is not None:
+            words = [str(home / w[2:]) if w.startswith("~/") else w for w in words]
         if words[0] == "export":
             for word in words[1:]:
                 key, eq, value = word.partition("=")
                 assert eq, f"not K=V in the snippet: {line!r}"
                 env[key] = value
+        elif words[0] == "printf":
+            assert words[1] == "%s\\n" and words[3] == ">" and len(words) == 5, line
+            assert home is not None and words[4].startswith(str(home)), line
+            Path(words[4]).write_text(words[2] + "\n")
         else:
             command = words
     return env, command
@@ -225,7 +233,7 @@ def setup_agent(name: str, base_url: str, binary: Path, root: Path,
     snippet = SNIPPETS[name](base_url, offers() if models is None else models)
     command: list[str] = []
     if snippet.kind == "shell":
-        exports, words = shell_snippet(snippet.text)
+        exports, words = shell_snippet(snippet.text, home)
         env.update(exports)
         assert words and words[0] == BY_NAME[name].binary, \
             f"the {snippet.client} snippet runs {words!r}, not {BY_NAME[name].binary}"

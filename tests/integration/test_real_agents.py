@@ -205,11 +205,13 @@ async def test_aider_applies_an_edit_in_a_git_repository(agent_binaries: dict[st
         await asyncio.to_thread(git_repo, setup.project, setup.env, {AIDER_FILE: before})
         ran = await run_agent(setup, [
             "--yes-always", "--no-auto-commits", "--no-check-update", "--no-analytics",
-            "--no-show-model-warnings", "--no-pretty", "--no-fancy-input",
+            "--no-pretty", "--no-fancy-input",
             "--message", f"Add the word {nonce} to the greeting.", AIDER_FILE])
         await record("aider", "edit", bench, tmp_path)
     why = f"aider: {ran.tail()}\nrequests: {bench.recorder.summary()}"
     assert ran.rc == 0, why
+    # the snippet's model metadata gave aider the window (else: "Unknown context window")
+    assert "Unknown context window" not in ran.stdout + ran.stderr, why
     assert (setup.project / AIDER_FILE).read_text() == after, why
     (req,) = api_posts(bench, "/v1/chat/completions")
     assert req.status == 200 and req.body["model"] == "mock-m", why

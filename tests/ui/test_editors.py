@@ -38,6 +38,12 @@ def shell_env(text: str) -> tuple[dict[str, str], list[list[str]]]:
     return env, commands
 
 
+def written(commands: list[list[str]]) -> dict[str, str]:
+    """What the ``printf '%s\\n' TEXT > PATH`` commands write, by path."""
+    return {c[4]: c[2] for c in commands if c[0] == "printf" and c[1] == "%s\\n"
+            and c[3] == ">" and len(c) == 5}
+
+
 def fields(text: str) -> dict[str, str]:
     """``Field: value`` lines, one per field, as a settings form shows them."""
     out: dict[str, str] = {}
@@ -94,9 +100,18 @@ def test_jetbrains_and_cline_fields_parse_as_field_value_lines():
 
 
 def test_aider_and_clients_are_shell_lines_sh_can_read():
-    env, commands = shell_env(editors.aider_shell(BASE, [ODD]).text)
+    env, commands = shell_env(editors.aider_shell(BASE, [ODD, CHAT]).text)
     assert env == {"OPENAI_API_BASE": BASE, "OPENAI_API_KEY": "shoal"}
-    assert commands == [["aider", "--model", f"openai/{ODD.name}"]]
+    assert commands[-1] == ["aider", "--model", f"openai/{ODD.name}",
+                            "--model-metadata-file", "~/.aider.shoal.json"]
+    # aider's model metadata (litellm's fields) gives every model its window: without it
+    # aider says it does not know the window and guesses
+    metadata = json.loads(written(commands[:-1])["~/.aider.shoal.json"])
+    assert metadata[f"openai/{ODD.name}"]["max_input_tokens"] == editors.DEFAULT_WINDOW
+    assert metadata[f"openai/{CHAT.name}"] == {
+        "max_input_tokens": 32768, "max_output_tokens": 4096, "input_cost_per_token": 0,
+        "output_cost_per_token": 0, "litellm_provider": "openai", "mode": "chat"}
+    assert shell_env(editors.aider_shell(BASE, []).text)[1] == []
     env, commands = shell_env(editors.clients_shell(BASE).text)
     assert env == {"OPENAI_BASE_URL": BASE, "OPENAI_API_KEY": "shoal",
                    "OLLAMA_HOST": "http://127.0.0.1:8453"} and commands == []
@@ -108,16 +123,24 @@ def test_claude_code_is_shell_lines_pointing_at_the_root():
     # Claude Code adds /v1/messages itself: the base is the root, not .../v1
     assert env == {"ANTHROPIC_BASE_URL": "http://127.0.0.1:8453",
                    "ANTHROPIC_AUTH_TOKEN": "shoal", "ANTHROPIC_MODEL": ODD.name,
-                   "ANTHROPIC_DEFAULT_HAIKU_MODEL": ODD.name}
+                   "ANTHROPIC_DEFAULT_HAIKU_MODEL": ODD.name,
+                   "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(editors.DEFAULT_WINDOW)}
     assert commands == [["claude"]]
+    # the chosen model's window, which Claude Code compacts within (else it assumes 1M)
+    env, _ = shell_env(editors.claude_code_shell(BASE, [ODD, CHAT], CHAT.name).text)
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "32768"
 
 
 def test_codex_toml_parses_and_speaks_the_responses_api():
     doc = tomllib.loads(editors.codex_toml(BASE, [PLAIN, ODD], ODD.name).text)
     assert doc["model"] == ODD.name and doc["model_provider"] == "shoal"
+    assert doc["model_context_window"] == editors.DEFAULT_WINDOW  # else Codex guesses
+    assert tomllib.loads(editors.codex_toml(BASE, [PLAIN])
+                        .text)["model_context_window"] == PLAIN.window
     assert doc["model_providers"]["shoal"] == {"name": "Shoal", "base_url": BASE,
                                                "wire_api": "responses"}
-    assert "model" not in tomllib.loads(editors.codex_toml(BASE, []).text)
+    assert {"model", "model_context_window"}.isdisjoint(
+        tomllib.loads(editors.codex_toml(BASE, []).text))
 
 
 def test_opencode_json_names_an_openai_compatible_provider():
