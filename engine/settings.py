@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
+from engine.pulls.quota import DEFAULT_QUOTA, Quota
 from engine.sizes import IDLE_UNLOAD_DEFAULT_S, Budget, KvType
 
 Policy = Literal["load-aware", "least-loaded", "round-robin"]
@@ -74,6 +75,9 @@ class NodeSettings:
     # a head of the fleet may ask it to serve another model (pulled and swapped in here):
     # whoever holds the fleet token runs sessions on it already
     fleet_may_choose_model: bool = True
+    # the disk the models a head chose may take here (bytes, or a share of the disk that
+    # holds the models folder); beyond it the least used of them go, or the next is refused
+    fleet_models_quota: Quota = DEFAULT_QUOTA
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,7 @@ from app.widgets import (
 )
 from engine.config import NodeMemory
 from engine.events import RolesChanged, SettingsChanged, ShoalEvent
+from engine.pulls.quota import SETTING, parse_quota, quota_value
 from engine.settings import (
     FLEET_PORT,
     GPU_DEFAULT,
@@ -73,6 +74,12 @@ FLEET_CHOOSES = "Let the fleet choose this machine's model"
 FLEET_CHOOSES_TIP = ("A head of your fleet may have this machine download and serve another "
                      "model (the split the Models page suggests). Off: only you choose it "
                      "here. It takes effect at once.")
+FLEET_QUOTA = SETTING  # the row a node's refusal names
+FLEET_QUOTA_TIP = ("The disk the models your fleet's heads choose may take here: a size "
+                   "(20G) or a share of the disk that holds the models (50%). Past it, the "
+                   "least used of them are removed; one that still does not fit is refused. "
+                   "Models you chose yourself never count and are never removed. Press Enter "
+                   "to save; it takes effect at once.")
 KEY_NOTE = ("Shown once: copy it now. Once a key exists, every client must send one "
             "(Authorization: Bearer KEY); revoke a key to shut its holder out.")
 
@@ -209,6 +216,13 @@ class SettingsPage(QWidget):
         self.fleet_chooses.setObjectName("fleetChoosesModel")
         self.fleet_chooses.toggled.connect(self._fleet_chooses_changed)
         serving.add(self.fleet_chooses)
+        self.fleet_quota = QLineEdit()
+        self.fleet_quota.setObjectName("fleetModelsQuota")
+        self.fleet_quota.setMaximumWidth(160)
+        self.fleet_quota.editingFinished.connect(self._quota_entered)
+        quota_form = form_layout()
+        quota_form.addRow(FLEET_QUOTA, self.fleet_quota)
+        serving.body.addLayout(quota_form)
         self._budgets: list[Budget] = []
         self._idles: list[float | None] = []
         self._gpu_now = GPU_DEFAULT  # as the node's next start has it
@@ -317,13 +331,17 @@ class SettingsPage(QWidget):
 
     def _show_node(self, node: NodeSettings | None) -> None:
         """How the node will hold its model (as the next start of the node has it)."""
-        for box in (self.budget, self.kv, self.gpu, self.idle, self.fleet_chooses):
+        for box in (self.budget, self.kv, self.gpu, self.idle, self.fleet_chooses,
+                    self.fleet_quota):
             box.setEnabled(node is not None)
             box.setToolTip("" if node is not None else NO_NODE)
         if node is not None:
             self.gpu.setToolTip(GPU_TIP)
             self.fleet_chooses.setToolTip(FLEET_CHOOSES_TIP)
+            self.fleet_quota.setToolTip(FLEET_QUOTA_TIP)
         node = node or NodeSettings()
+        if not self.fleet_quota.isModified():  # left as it is while a person types
+            self.fleet_quota.setText(str(quota_value(node.fleet_models_quota)))
         if self.fleet_chooses.isChecked() != node.fleet_may_choose_model:
             self.fleet_chooses.blockSignals(True)  # shown, not chosen
             self.fleet_chooses.setChecked(node.fleet_may_choose_model)
@@ -394,6 +412,27 @@ class SettingsPage(QWidget):
             self._show_node(self._bridge.shoal.pending.node)  # shown as Shoal holds it
 
         run(self, self._bridge, self._bridge.shoal.update_settings(fleet_may_choose_model=on),
+            done=lambda _change: say(self.node_saved, "Saved."), failed=failed, anytime=True)
+
+    def _quota_entered(self) -> None:
+        """The fleet models' quota typed (Enter, or leaving the box): in force at once."""
+        if not self.fleet_quota.isModified():
+            return
+        self.fleet_quota.setModified(False)
+        say(self.node_saved, "")
+        say(self.node_error, "")
+        shoal = self._bridge.shoal
+
+        def failed(line: str) -> None:
+            say(self.node_error, line)
+            self._show_node(shoal.pending.node)  # shown as Shoal holds it
+
+        try:
+            quota = parse_quota(self.fleet_quota.text())
+        except ValueError as exc:
+            failed(str(exc))
+            return
+        run(self, self._bridge, shoal.update_settings(fleet_models_quota=quota),
             done=lambda _change: say(self.node_saved, "Saved."), failed=failed, anytime=True)
 
     def save_machine(self) -> None:

@@ -42,7 +42,7 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -74,8 +74,9 @@ STATS_INTERVAL_S = 1.0
 PROGRESS_S = 1.0  # how often a head hears how far the prompt (or the model's load) is
 _TOLD_MAX = 1024
 SleepState = Literal["", "asleep", "waking"]
-# the owner's answer to a head asking this node to serve a model: (taken, the line why)
-ServeModelAsked = Callable[[str], tuple[bool, str]]
+# the owner's answer to a head asking this node to serve a model: (taken, the line why),
+# within the head's wait (links.ANSWER_S): it may look at the model's size first
+ServeModelAsked = Callable[[str], Awaitable[tuple[bool, str]]]
 NO_FLEET_MODELS = ("this node does not take models chosen by heads; choose its model on "
                    "that machine")
 
@@ -354,8 +355,9 @@ class NodeAgent:
                 elif isinstance(rec, m.Cancel):
                     if run is not None and run.session == rec.session:
                         run.cancel()
-                elif isinstance(rec, m.ServeModel):
-                    link.send(self.asked_to_serve(rec))
+                elif isinstance(rec, m.ServeModel):  # answered in its own task: the
+                    # owner may take a few seconds, and this link's records go on
+                    self._spawn(self._answer(link, rec), "node-serve-answer")
                 elif isinstance(rec, m.HeadHello):
                     continue
                 else:
@@ -369,7 +371,12 @@ class NodeAgent:
             if not heads.links:
                 self._heads.pop(head_id, None)
 
-    def asked_to_serve(self, ask: m.ServeModel) -> m.ServeModelResult:
+    async def _answer(self, link: Carrier, ask: m.ServeModel) -> None:
+        answer = await self.asked_to_serve(ask)
+        with contextlib.suppress(LinkClosed):  # the head went: it hears nothing
+            link.send(answer)
+
+    async def asked_to_serve(self, ask: m.ServeModel) -> m.ServeModelResult:
         """The answer to a head that asks this node to serve ``ask.spec``: the owner's,
         for a hub id it may take; a refusal naming why otherwise."""
         def answer(accepted: bool, line: str) -> m.ServeModelResult:
@@ -389,7 +396,7 @@ class NodeAgent:
         except ValueError as exc:
             return answer(False, str(exc))
         try:
-            accepted, line = self.serve_model(spec)
+            accepted, line = await self.serve_model(spec)
         except Exception as exc:  # the owner's bug: the head hears it, the node goes on
             log.exception("could not take the model %s a head asked for", spec)
             return answer(False, f"the node could not take it: {exc}")

@@ -23,5 +23,10 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(existing(path)).free
 
 
+def total_bytes(path: Path) -> int:
+    """The size of the filesystem that holds ``path``."""
+    return shutil.disk_usage(existing(path)).total
+
+
 def same_filesystem(a: Path, b: Path) -> bool:
     return os.stat(existing(a)).st_dev == os.stat(existing(b)).st_dev

@@ -66,6 +66,9 @@ class Runtime:
                          ResolvedModel]
     make_engine: Callable[[EngineSpec], Engine]
     load_vocab: Callable[[str], Tokenizer]
+    # it pulls hub models into Shoal's own cache ($SHOAL_HOME/models/hub), where the
+    # quota of the models a fleet's head chose applies
+    keeps_pulls: bool = False
 
 
 # -- llamacpp: a GGUF file from Shoal's model cache ------------------------------------
@@ -179,7 +182,7 @@ _RUNTIMES: dict[str, Runtime] = {
     r.id: r
     for r in (
         Runtime("llamacpp", llamacpp.check_available, _gguf_model, _llamacpp_engine,
-                llamacpp.LlamaCppVocab),
+                llamacpp.LlamaCppVocab, keeps_pulls=True),
         Runtime("mlx", mlx.check_available, _mlx_model, _mlx_engine, mlx.MlxVocab),
         Runtime("mock", _no_check, _mock_model, _mock_engine, _mock_vocab),
         Runtime("llama-server", _no_check, _upstream_model,
@@ -215,6 +218,11 @@ def default_runtime(model: str | None) -> str:
 def pick_runtime(named: str | None, model: str | None) -> str:
     """The runtime named (checked to exist), else the default for ``model``."""
     return get_runtime(named).id if named else default_runtime(model)
+
+
+def keeps_pulls(runtime_id: str) -> bool:
+    """Whether the runtime pulls hub models into Shoal's own cache."""
+    return get_runtime(runtime_id).keeps_pulls
 
 
 def check_runtime(runtime_id: str) -> None:

@@ -197,8 +197,11 @@ class OlderAgent(NodeAgent):
 
 
 async def test_an_older_node_is_not_asked(tmp_path: Path):
+    async def would_pull(spec: str) -> tuple[bool, str]:
+        return True, "would have pulled it"
+
     agent = OlderAgent(MockEngine(model="mock-m", lanes=1), identity="old", psk=None,
-                       serve_model=lambda spec: (True, "would have pulled it"))
+                       serve_model=would_pull)
     async with dialing(tmp_path, agent) as a:
         old = await until(lambda: node_at(a, "old"), "the older node ready")
         with pytest.raises(CommandError) as err:

@@ -126,34 +126,34 @@ def test_the_node_reports_its_machine_its_device_and_its_pull() -> None:
     assert (bare.ram_total, bare.disk_free, bare.pull_model) == (0, 0, "")
 
 
-def test_the_agent_hands_a_hub_id_to_its_owner_and_answers_with_its_word() -> None:
+async def test_the_agent_hands_a_hub_id_to_its_owner_and_answers_with_its_word() -> None:
     asked: list[str] = []
 
-    def owner(spec: str) -> tuple[bool, str]:
+    async def owner(spec: str) -> tuple[bool, str]:
         asked.append(spec)
         return spec.endswith("Q4_K_M"), f"pulling {spec}" if spec.endswith("Q4_K_M") else "no"
 
     agent = NodeAgent(MockEngine(lanes=1), identity="n", psk=None, serve_model=owner)
-    assert agent.asked_to_serve(m.ServeModel(spec="acme/C-GGUF:Q4_K_M", ask=4)) == \
+    assert await agent.asked_to_serve(m.ServeModel(spec="acme/C-GGUF:Q4_K_M", ask=4)) == \
         m.ServeModelResult(accepted=True, message="pulling acme/C-GGUF:Q4_K_M", ask=4)
-    assert agent.asked_to_serve(m.ServeModel(spec="acme/C-GGUF:Q8_0", ask=5)) == \
+    assert await agent.asked_to_serve(m.ServeModel(spec="acme/C-GGUF:Q8_0", ask=5)) == \
         m.ServeModelResult(accepted=False, message="no", ask=5)
     # a name that passes the link's pattern but not the hub's rules is refused here
-    refused = agent.asked_to_serve(m.ServeModel(spec="acme/re..po", ask=6))
+    refused = await agent.asked_to_serve(m.ServeModel(spec="acme/re..po", ask=6))
     assert not refused.accepted and "is not a model id" in refused.message
     assert asked == ["acme/C-GGUF:Q4_K_M", "acme/C-GGUF:Q8_0"]
 
 
-def test_an_agent_without_an_owner_or_with_a_failing_one_refuses() -> None:
+async def test_an_agent_without_an_owner_or_with_a_failing_one_refuses() -> None:
     bare = NodeAgent(MockEngine(lanes=1), identity="n", psk=None)
-    assert bare.asked_to_serve(m.ServeModel(spec="a/b:Q4_0", ask=1)) == m.ServeModelResult(
+    assert await bare.asked_to_serve(m.ServeModel(spec="a/b:Q4_0", ask=1)) == m.ServeModelResult(
         accepted=False, message=NO_FLEET_MODELS, ask=1)
 
-    def broken(spec: str) -> tuple[bool, str]:
+    async def broken(spec: str) -> tuple[bool, str]:
         raise RuntimeError("disk on fire")
 
     agent = NodeAgent(MockEngine(lanes=1), identity="n", psk=None, serve_model=broken)
-    answer = agent.asked_to_serve(m.ServeModel(spec="a/b:Q4_0", ask=2))
+    answer = await agent.asked_to_serve(m.ServeModel(spec="a/b:Q4_0", ask=2))
     assert not answer.accepted and "disk on fire" in answer.message
 
 
