@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import model_store, models
+from engine import model_store, models, service
 from engine.errors import CommandError
 from engine.runtimes import registry
 from engine.service import Shoal
@@ -139,3 +139,23 @@ async def test_a_role_change_goes_on_while_a_model_the_fleet_chose_is_pulled(
                 hub.release.set()  # the pull ends, and the model is swapped in after all
                 await until(lambda: (n := b.snapshot().roles.node) is not None
                             and n.model == A, "b serving A", timeout=30)
+
+
+async def test_a_hub_slow_to_size_the_model_gets_a_yes_and_the_refusal_comes_in_the_stats(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pulling_mock: None):
+    hub = local_hub(tmp_path / "files", hold_infos=True)
+    monkeypatch.setattr(service, "ROOM_S", 0.2)  # the head waits 10 s for the answer
+    async with serving(hub):
+        with pointed_at(monkeypatch, hub.url):
+            async with running(head_settings(tmp_path / "a")) as a, \
+                    running(quota_node(tmp_path / "b")) as b:
+                seen = await joined_fleet(a, b)
+                line = await a.serve_on(seen.key, HUGE)
+                assert line.startswith(f"pulling {HUGE} once the hub says its size")
+                hub.release.set()
+                failed = await until(lambda: (n := node_at(a, "b-node")) is not None
+                                     and n.serve_failed, "b's refusal at a")
+                assert failed.startswith(f"could not serve {HUGE}, which a head of the fleet "
+                                         "chose: fleet models may use ")
+                assert failed.endswith("in Settings on that machine")
+                assert hub.gets == 0 and kept(tmp_path / "b") == set()
