@@ -34,9 +34,10 @@ from app.editors import EditorsPanel
 from app.join import JoinPanel, in_the_app, joined_line
 from app.pages.model_options import ModelOption, ModelOptions, not_offered, welcome_options
 from app.pages.pairing import PairingView
-from app.pages.serve_model import ServeModel, size
+from app.pages.serve_model import ServeModel
 from app.widgets import Card, PageHeader, heading, inline_error, note, run, say
 from engine.service import JoinResult, Pairing
+from engine.sizes import amount
 from engine.snapshot import FleetSnapshot
 
 if TYPE_CHECKING:
@@ -342,7 +343,7 @@ class Welcome(QDialog):
         if option.kind == "other":
             return "Serve this model"
         if option.download:
-            return f"Download and serve ({size(option.download)})"
+            return f"Download and serve ({amount(option.download)})"
         return "Serve it"
 
     def serve_choice(self) -> None:

@@ -125,15 +125,6 @@ def tokens(count: int) -> str:
     return f"{count:,}"
 
 
-def memory(n: int) -> str:
-    """Memory in the binary units Shoal takes (6G is 6 GiB): ``412 MB``, ``1.5 GB``,
-    ``12 GB``."""
-    gib = n / (1 << 30)
-    if gib >= 1:
-        return f"{gib:.0f} GB" if gib >= 10 or round(gib, 1).is_integer() else f"{gib:.1f} GB"
-    return f"{n / (1 << 20):.0f} MB"
-
-
 def millis(ms: float) -> str:
     if ms <= 0:
         return "—"

@@ -14,7 +14,7 @@ from typing import Any
 
 from engine import model_store
 from engine.errors import StartError
-from engine.runtimes.budget import human_bytes
+from engine.sizes import amount
 
 FLEET_TIMEOUT_S = 3.0
 MAX_FLEET_BYTES = 16 << 20
@@ -51,7 +51,7 @@ def main(args: argparse.Namespace, home: Path) -> int:
             gone = model_store.remove(home, args.name)
         except (model_store.ModelInUse, model_store.ModelNotKept) as exc:
             raise StartError(str(exc)) from None
-        print(f"removed {gone.name} ({human_bytes(gone.size)} freed)")
+        print(f"removed {gone.name} ({amount(gone.size)} freed)")
         return 0
     if cmd == "catalog":
         return _catalog(home, fits=args.fits, budget=args.memory_budget)
@@ -104,12 +104,12 @@ def _list(home: Path, head: str) -> int:
     for m in kept:
         fleet = sorted({n for name in _served_names(m) for n in by_name.get(name, [])})
         served = ", ".join([*m.served_by, *fleet]) or "-"
-        rows.append((m.name, human_bytes(m.size), served, _ago(m.last_used, now)))
+        rows.append((m.name, amount(m.size), served, _ago(m.last_used, now)))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3])
     count = f"{len(kept)} model" + ("" if len(kept) == 1 else "s")
-    print(f"{count}, {human_bytes(model_store.total_bytes(kept))} in all")
+    print(f"{count}, {amount(model_store.total_bytes(kept))} in all")
     if note:
         print(note)
     return 0
@@ -151,7 +151,7 @@ def _catalog(home: Path, *, fits: bool, budget: str | None) -> int:
         fitted = {q.quant.name: q for q in results[e.id].quants} if results else {}
         for q in e.quants:
             mark = "*" if q.name == e.default_quant else " "
-            text = f"  {mark} {q.name:<8} {human_bytes(q.size):>8}  {e.spec(q.name)}"
+            text = f"  {mark} {q.name:<8} {amount(q.size):>8}  {e.spec(q.name)}"
             got = fitted.get(q.name)
             if got is not None:
                 text += f"  {got.fit.line}" + ("  (downloaded)" if got.kept else "")

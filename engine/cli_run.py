@@ -20,10 +20,10 @@ from engine.events import Notice, PullProgress, ShoalEvent, Subscription
 from engine.files import write_private
 from engine.process_stamp import PROC, process_stamp, same_process
 from engine.pulls import text as pull_text
-from engine.runtimes.budget import human_bytes
 from engine.service import Shoal
 from engine.serving_gc import pace_for_serving
 from engine.settings import UPSTREAM_RUNTIMES, Settings
+from engine.sizes import amount
 from engine.snapshot import LocalNodeSnapshot
 from engine.tasks import cancel_and_wait
 
@@ -157,10 +157,10 @@ def pool_lines(node: LocalNodeSnapshot) -> list[str]:
     """The KV pool and memory budget, for a runtime that keeps them."""
     if not node.memory_budget:
         return []
-    host = (f", a host prompt cache of up to {human_bytes(node.host_cache_limit)}"
+    host = (f", a host prompt cache of up to {amount(node.host_cache_limit)}"
             if node.host_cache_limit else "")
     return [f"KV pool of {node.kv_cells} cells shared by {node.lanes} lanes{host}, within a "
-            f"memory budget of {human_bytes(node.memory_budget)} (--memory-budget)"]
+            f"memory budget of {amount(node.memory_budget)} (--memory-budget)"]
 
 
 def node_state_path(home: Path) -> Path:

@@ -27,12 +27,11 @@ from typing import Literal
 from engine.runtimes.budget import (
     BudgetTooSmall,
     default_budget_bytes,
-    human_bytes,
     plan_pool,
     wanted_cells,
 )
 from engine.runtimes.offload import Device, DeviceKind, plan_offload
-from engine.sizes import GiB, MiB
+from engine.sizes import MiB, amount
 
 # the node process before its model: the interpreter, llama.cpp and its backends (an
 # estimate; a node measures its own at start)
@@ -124,7 +123,7 @@ def estimate(model: ModelShape, machine: Machine, *, downloaded: bool = False) -
         model.size + 64 * MiB - machine.disk_free, 0)
     where = ("" if off.layers == 0 else
              ", all on the GPU" if off.full else f", {off.layers} of {off.of} layers on the GPU")
-    disk = f"; the disk lacks {human_bytes(disk_short)} for it" if disk_short else ""
+    disk = f"; the disk lacks {amount(disk_short)} for it" if disk_short else ""
     try:
         plan = plan_pool(budget=machine.memory, base=BASE_BYTES, model_bytes=off.ram_weights,
                          overhead=overhead, kv_bytes_per_token=off.ram_kv_per_token,
@@ -132,9 +131,9 @@ def estimate(model: ModelShape, machine: Machine, *, downloaded: bool = False) -
                          device_cells=off.max_cells)
     except BudgetTooSmall:
         need = BASE_BYTES + off.ram_weights + overhead + 512 * max(off.ram_kv_per_token, 1)
-        need_text, budget_text = human_bytes(need), human_bytes(machine.memory)
+        need_text, budget_text = amount(need), amount(machine.memory)
         if need_text == budget_text:  # close: say by how much it misses
-            need_text, budget_text = f"{need / GiB:.2f} GB", f"{machine.memory / GiB:.2f} GB"
+            need_text, budget_text = amount(need, 2), amount(machine.memory, 2)
         return Fit("none", 0, off.layers, off.of, disk_short,
                    f"does not fit: it needs about {need_text} and the budget is "
                    f"{budget_text}{disk}")

@@ -13,7 +13,7 @@ from engine import models
 from engine.fit import Machine
 from engine.pulls import disk
 from engine.runtimes.budget import total_memory_bytes
-from engine.sizes import Budget, budget_bytes
+from engine.sizes import Budget, amount, budget_bytes
 
 
 def disk_free(home: Path) -> int | None:
@@ -53,9 +53,8 @@ def this_machine(home: Path, *, budget: Budget = None, gpu: str = "auto",
     machine = Machine(name or socket.gethostname(), ram_total=total, budget=limit,
                       device_kind=kind, device_total=dev_total,  # type: ignore[arg-type]
                       device_free=dev_free, disk_free=disk_free(home), lanes=lanes)
-    gb = 1 << 30
-    gpu_text = (f"GPU {desc} ({dev_free / gb:.1f} GB free)" if kind else "no GPU used")
+    gpu_text = f"GPU {desc} ({amount(dev_free)} free)" if kind else "no GPU used"
     disk = machine.disk_free
-    line = (f"{total / gb:.1f} GB of RAM, a node budget of {machine.memory / gb:.1f} GB, "
-            f"{gpu_text}" + (f", {disk / gb:.1f} GB of disk free" if disk is not None else ""))
+    line = (f"{amount(total)} of RAM, a node budget of {amount(machine.memory)}, "
+            f"{gpu_text}" + (f", {amount(disk)} of disk free" if disk is not None else ""))
     return machine, line

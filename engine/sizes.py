@@ -39,6 +39,24 @@ _SHARE = re.compile(r"(\d{1,3}(?:\.\d{1,6})?)\s*%")
 _MINUTES = re.compile(r"\d{1,6}(?:\.\d{1,6})?")
 
 
+_SHOWN_UNITS = (("TiB", 1 << 40), ("GiB", GiB), ("MiB", MiB), ("KiB", 1 << 10))
+
+
+def amount(n: float, places: int = 1) -> str:
+    """A size as Shoal shows it everywhere (the window, the tray, the CLI, its messages):
+    binary units with their own names, since budgets are given in them (``6G`` is 6 GiB),
+    at most ``places`` decimals below 100 and none from 100: ``412 MiB``, ``1.5 GiB``,
+    ``11.8 GiB``, ``6 GiB``, ``900 B``."""
+    for unit, scale in _SHOWN_UNITS:
+        if n >= scale:
+            value = n / scale
+            text = f"{value:.{places}f}" if round(value, places) < 100 else f"{value:.0f}"
+            if "." in text:
+                text = text.rstrip("0").rstrip(".")
+            return f"{text} {unit}"
+    return f"{max(int(n), 0)} B"
+
+
 def _shown(text: str) -> str:
     """What was given, quoted on one short line."""
     return repr(text if len(text) <= 40 else text[:39] + "…")

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QItemSelection, Qt
 from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QToolButton, QWidget
 
-from app.pages.serve_model import ServeModel, size
+from app.pages.serve_model import ServeModel
 from app.widgets import Card, Cell, RowsModel, fit_rows, inline_error, note, say, table
 from engine.fit import Fit, tokens_text
+from engine.sizes import amount
 
 if TYPE_CHECKING:  # the catalog and its fits are read when the page asks for them
     from engine.model_choice import EntryFit, QuantFit
@@ -56,7 +57,7 @@ def quant_fit(fitted: EntryFit, quant: str) -> QuantFit:
 
 
 def size_text(q: QuantFit) -> str:
-    return f"{size(q.quant.size)}, downloaded" if q.kept else size(q.quant.size)
+    return f"{amount(q.quant.size)}, downloaded" if q.kept else amount(q.quant.size)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,6 @@ from app.widgets import (
     ago,
     fit_rows,
     heading,
-    memory,
     millis,
     muted,
     note,
@@ -28,6 +27,7 @@ from app.widgets import (
     table,
     tokens,
 )
+from engine.sizes import amount
 from engine.snapshot import FleetSnapshot, HeadSnapshot, NodeSnapshot, offload_text
 
 NODE_COLUMNS = ("Node", "Address", "Link", "State", "Model", "Runtime", "Device", "Context",
@@ -57,8 +57,8 @@ def state_cell(n: NodeSnapshot) -> Cell:
 def memory_cell(n: NodeSnapshot) -> Cell:
     """``412 MB of 12 GB``: what the node uses of its budget (a node that says neither: —)."""
     if n.mem_budget <= 0:
-        return Cell(memory(n.mem_used) if n.mem_used > 0 else "—", right=True)
-    return Cell(f"{memory(n.mem_used)} of {memory(n.mem_budget)}", right=True,
+        return Cell(amount(n.mem_used) if n.mem_used > 0 else "—", right=True)
+    return Cell(f"{amount(n.mem_used)} of {amount(n.mem_budget)}", right=True,
                 tip=f"{100 * n.mem_used / n.mem_budget:.0f}% of the memory budget in use")
 
 

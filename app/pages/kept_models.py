@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 from PySide6.QtWidgets import QHeaderView, QPushButton, QWidget
 
 from app.bridge import ShoalBridge
-from app.pages.serve_model import size
 from app.widgets import (
     Card,
     Cell,
@@ -26,6 +25,7 @@ from app.widgets import (
     say,
     table,
 )
+from engine.sizes import amount
 
 if TYPE_CHECKING:
     from engine.model_store import StoredModel
@@ -38,7 +38,7 @@ SOURCE = {"embedded": "the embedded default", "test": "a test model",
 def kept_row(m: StoredModel, now: float) -> tuple[Cell, ...]:
     served = ", ".join(m.served_by)
     used = "never" if m.last_used is None else ago(now - m.last_used)
-    return (Cell(m.name, tip=SOURCE.get(m.source, m.spec)), Cell(size(m.size), right=True),
+    return (Cell(m.name, tip=SOURCE.get(m.source, m.spec)), Cell(amount(m.size), right=True),
             Cell(served or "—", tone="" if served else "muted"), Cell(used))
 
 
@@ -46,7 +46,7 @@ def total_line(kept: list[StoredModel]) -> str:
     if not kept:
         return "No models are kept on this machine yet."
     models = "1 model" if len(kept) == 1 else f"{len(kept)} models"
-    return f"{models}, {size(sum(m.size for m in kept))} on disk in all."
+    return f"{models}, {amount(sum(m.size for m in kept))} on disk in all."
 
 
 class KeptCard(Card):
@@ -104,7 +104,7 @@ class KeptCard(Card):
 
         def removed(gone: StoredModel) -> None:
             say(self.error, "")
-            say(self.ok, f"Removed {gone.name}: {size(gone.size)} freed.")
+            say(self.ok, f"Removed {gone.name}: {amount(gone.size)} freed.")
             self._changed()
 
         def refused(line: str) -> None:

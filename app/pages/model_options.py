@@ -28,8 +28,8 @@ from PySide6.QtWidgets import (
 
 from app.pages.catalog import good_for
 from app.pages.catalog import same_model as same
-from app.pages.serve_model import size
 from app.widgets import OK_TEXT, note, tone
+from engine.sizes import amount
 
 if TYPE_CHECKING:
     from engine.model_commands import FleetFits
@@ -81,7 +81,7 @@ def welcome_options(fits: FleetFits | None, kept: list[StoredModel],
                 continue
             now = same(serving, pick.spec)
             state = ("serving now" if now else "downloaded" if pick.kept
-                     else f"{size(pick.quant.size)} download")
+                     else f"{amount(pick.quant.size)} download")
             option = ModelOption(
                 key=pick.spec, kind="catalog", title=f"{e.name} · {pick.quant.name}",
                 line=f"{state} · {pick.fit.line} · for {good_for(fitted)}", spec=pick.spec,

@@ -22,15 +22,9 @@ from app.join import in_the_app
 from app.widgets import choose_file, inline_error, note, ok_line, run, say
 from engine.events import PullProgress, ShoalEvent
 from engine.pulls.text import pace
+from engine.sizes import amount
 
 EMBEDDED, FILE, HUB = 0, 1, 2
-
-
-def size(n: int) -> str:
-    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 class ServeModel(QWidget):
@@ -184,9 +178,9 @@ class ServeModel(QWidget):
         if event.total_bytes > 0:
             self.progress.setRange(0, 1000)
             self.progress.setValue(int(1000 * event.done_bytes / event.total_bytes))
-            text = f"{size(event.done_bytes)} of {size(event.total_bytes)}"
+            text = f"{amount(event.done_bytes)} of {amount(event.total_bytes)}"
         else:
-            text = f"{size(event.done_bytes)}" if event.done_bytes else "Starting…"
+            text = f"{amount(event.done_bytes)}" if event.done_bytes else "Starting…"
         text += "".join(f", {part}" for part in pace(event.rate_bps, event.eta_s))
         say(self.progress_text, f"Downloading {event.model}: {text}"
             + (f" — {event.message}" if event.message else ""))

@@ -31,7 +31,6 @@ from app.widgets import (
     CopyField,
     PageHeader,
     inline_error,
-    memory,
     note,
     ok_line,
     page_layout,
@@ -51,7 +50,7 @@ from engine.settings import (
     Settings,
     split_hostport,
 )
-from engine.sizes import Budget, GiB, KvType, Share
+from engine.sizes import Budget, GiB, KvType, Share, amount
 from engine.snapshot import FleetSnapshot
 
 if TYPE_CHECKING:
@@ -88,14 +87,14 @@ def budget_choices(now: Budget, total: int, default: int) -> list[tuple[Budget, 
     """The memory budgets offered: the default share, whole sizes up to this machine's RAM,
     and the one chosen now (from config.toml or the command line) where it is none of
     those."""
-    choices: list[tuple[Budget, str]] = [(None, f"Default: {memory(default)} of "
-                                                f"{memory(total)}")]
-    choices += [(g * GiB, memory(g * GiB)) for g in BUDGET_GIB if g * GiB <= total]
+    choices: list[tuple[Budget, str]] = [(None, f"Default: {amount(default)} of "
+                                                f"{amount(total)}")]
+    choices += [(g * GiB, amount(g * GiB)) for g in BUDGET_GIB if g * GiB <= total]
     if isinstance(now, Share):
         choices.append((now, f"{now} of this machine's RAM "
-                             f"({memory(int(total * now.percent / 100))})"))
+                             f"({amount(int(total * now.percent / 100))})"))
     elif now is not None and now not in (b for b, _ in choices):
-        choices.append((now, memory(now)))
+        choices.append((now, amount(now)))
         choices[1:] = sorted(choices[1:], key=lambda c: c[0] if isinstance(c[0], int) else 0)
     return choices
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from engine.pulls.text import amount
+from engine.sizes import amount
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)  # version 1 used 32-bit counts; llama.cpp reads it no more

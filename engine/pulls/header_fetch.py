@@ -36,7 +36,7 @@ from engine.pulls.errors import ModelMissing, one_line
 from engine.pulls.gguf_header import MAX_HEADER_BYTES, Complete, HeaderError, header_extent
 from engine.pulls.hub import HubUnreachable, RepoInfo, repo_info
 from engine.pulls.plan import body_starts_at
-from engine.pulls.text import amount
+from engine.sizes import amount
 
 FIRST_BYTES = 2 << 20  # a small model's header is under 2 MB; a large vocabulary's, ~20
 TIMEOUT_S = 30.0  # no byte for this long: the hub is taken as gone

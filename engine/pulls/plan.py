@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engine.pulls.text import amount
+from engine.sizes import amount
 
 MARGIN = 64 << 20  # kept free beyond the download: the cache's links, a log, the system
 _CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")

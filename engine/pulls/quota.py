@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from engine.pulls.text import amount
-from engine.sizes import MIN_BUDGET, Share, budget_value, parse_budget
+from engine.sizes import MIN_BUDGET, Share, amount, budget_value, parse_budget
 
 Quota = int | Share  # bytes, or a share of the disk that holds the models folder
 DEFAULT_QUOTA = Share(50.0)

@@ -2,20 +2,7 @@
 
 from __future__ import annotations
 
-_KIB = 1 << 10
-_MIB = 1 << 20
-_GIB = 1 << 30
-
-
-def amount(n: int | float) -> str:
-    """``1.2 GB``, ``412 MB``, ``18 kB`` (binary units, as the rest of Shoal gives them)."""
-    if n >= _GIB:
-        return f"{n / _GIB:.1f} GB"
-    if n >= _MIB:
-        return f"{n / _MIB:.0f} MB"
-    if n >= _KIB:
-        return f"{n / _KIB:.0f} kB"
-    return f"{int(n)} B"
+from engine.sizes import amount
 
 
 def duration(s: float) -> str:
@@ -31,7 +18,7 @@ def duration(s: float) -> str:
 
 
 def pace(rate_bps: float, eta_s: float | None) -> list[str]:
-    """``["12 MB/s", "1 min 20 s left"]``: what is known of a download's pace."""
+    """``["12 MiB/s", "1 min 20 s left"]``: what is known of a download's pace."""
     parts = [f"{amount(rate_bps)}/s"] if rate_bps > 0 else []
     if eta_s is not None:
         parts.append(f"{duration(eta_s)} left")
@@ -39,6 +26,6 @@ def pace(rate_bps: float, eta_s: float | None) -> list[str]:
 
 
 def progress(done: int, total: int, rate_bps: float = 0.0, eta_s: float | None = None) -> str:
-    """``40% of 1.2 GB, 12 MB/s, 1 min 20 s left``; what is known of it."""
+    """``40% of 1.2 GiB, 12 MiB/s, 1 min 20 s left``; what is known of it."""
     head = f"{100 * done // total}% of {amount(total)}" if total > 0 else amount(done)
     return ", ".join([head, *pace(rate_bps, eta_s)])

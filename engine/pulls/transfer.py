@@ -24,7 +24,7 @@ from pathlib import Path
 
 from engine.pulls.errors import CANCELLED, ModelMissing, PullCancelled, one_line
 from engine.pulls.plan import body_starts_at, range_header, resume_offset
-from engine.pulls.text import amount
+from engine.sizes import amount
 
 BLOCK = 1 << 20  # of a part hashed from disk
 TIMEOUT_S = 60.0  # no byte for this long: the connection is taken as broken

@@ -14,8 +14,8 @@ from engine import models
 from engine.errors import StartError
 from engine.head.prompt.model import HeadModel
 from engine.pulls.header_fetch import HeaderFile, fetch_header
-from engine.pulls.text import amount
 from engine.roles.loading import Resolved, load_head_model
+from engine.sizes import amount
 
 READS_HEADERS = ("llamacpp", "mock")  # the runtimes a head learns a model through here
 

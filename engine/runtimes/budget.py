@@ -24,7 +24,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from engine.sizes import GiB, MiB
+from engine.sizes import GiB, amount
 
 MIN_CELLS_PER_LANE = 1024
 POOL_FLOOR = 512  # fewer cells than this cannot hold a chat turn
@@ -36,13 +36,6 @@ DEFAULT_TRAIN_CONTEXT = 4096  # a model that names no trained context
 def default_budget_bytes(total: int) -> int:
     """The share of ``total`` RAM a node uses unless told otherwise (see the module doc)."""
     return max(min(total // 2, total - 4 * GiB), total // 4)
-
-
-def human_bytes(n: int) -> str:
-    """``1.5 GB``, ``412 MB``: for one-line messages (binary units, as budgets are given)."""
-    if n >= GiB:
-        return f"{n / GiB:.1f} GB"
-    return f"{n / MiB:.0f} MB"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,18 +91,18 @@ def plan_pool(
         fit = min(fit, device_cells)
     if fit < POOL_FLOOR:
         raise BudgetTooSmall(
-            f"a memory budget of {human_bytes(budget)} leaves no room for the KV cache "
-            f"(the model takes {human_bytes(model_bytes)}, the process "
-            f"{human_bytes(base + overhead)}); raise --memory-budget or serve a smaller "
+            f"a memory budget of {amount(budget)} leaves no room for the KV cache "
+            f"(the model takes {amount(model_bytes)}, the process "
+            f"{amount(base + overhead)}); raise --memory-budget or serve a smaller "
             "model")
     cells = min(want_cells, fit)
     if cells > CELL_ROUND:
         cells = cells // CELL_ROUND * CELL_ROUND
     if max_context is not None and cells < max_context and pool_cells is None:
         raise BudgetTooSmall(
-            f"--max-context {max_context} needs {human_bytes(max_context * per_token)} of KV "
-            f"cache and the memory budget of {human_bytes(budget)} leaves "
-            f"{human_bytes(max(room, 0))}; lower --max-context, raise --memory-budget or use "
+            f"--max-context {max_context} needs {amount(max_context * per_token)} of KV "
+            f"cache and the memory budget of {amount(budget)} leaves "
+            f"{amount(max(room, 0))}; lower --max-context, raise --memory-budget or use "
             "--kv-type q8_0")
     window = min(want_window, cells)
     kv_bytes = cells * per_token

@@ -39,7 +39,6 @@ from engine.runtimes import llama_log
 from engine.runtimes.base import EngineInfo, EngineStats, RuntimeUnavailable, Sampling
 from engine.runtimes.budget import (
     default_budget_bytes,
-    human_bytes,
     plan_pool,
     process_rss_bytes,
     total_memory_bytes,
@@ -53,7 +52,7 @@ from engine.runtimes.host_cache import MIN_ENTRY, HostCache
 from engine.runtimes.lanes import Lane, LaneWant, common_prefix, pick_lane, plan_batch
 from engine.runtimes.offload import Choice, Offload, choose_device, no_offload, plan_offload
 from engine.runtimes.threaded import ThreadedGeneration
-from engine.sizes import MiB
+from engine.sizes import MiB, amount
 
 RUNTIME_ID = "llamacpp"
 log = logging.getLogger("shoal.node")
@@ -213,8 +212,8 @@ def pool_line(engine: LlamaCppEngine) -> str:
     """What the pool holds and what it fits in, for the start-up lines."""
     return (f"KV pool of {engine.pool_cells} cells ({engine.kv_type}) shared by "
             f"{engine.lanes} lanes, host prompt cache up to "
-            f"{human_bytes(engine.host_cache_limit)}, within a memory budget of "
-            f"{human_bytes(engine.memory_budget_bytes)}")
+            f"{amount(engine.host_cache_limit)}, within a memory budget of "
+            f"{amount(engine.memory_budget_bytes)}")
 
 
 def usable_cpus() -> int:

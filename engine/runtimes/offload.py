@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from engine.sizes import MiB
+from engine.sizes import MiB, amount
 
 DeviceKind = Literal["gpu", "igpu"]
 GPU_CHOICES = ("auto", "off")  # or a device's name
@@ -37,7 +37,7 @@ class Device:
     total: int
 
     def label(self) -> str:
-        return f"{self.name} ({self.description}, {self.free / (1 << 30):.1f} GiB free)"
+        return f"{self.name} ({self.description}, {amount(self.free)} free)"
 
 
 @dataclass(frozen=True, slots=True)

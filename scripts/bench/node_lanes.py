@@ -82,8 +82,8 @@ sys.path.insert(0, str(ROOT))
 from engine.head.prompt.model import HeadModel, load_head_model  # noqa: E402
 from engine.models import ensure_embedded_default  # noqa: E402
 from engine.runtimes.base import GenerationRequest, Sampling  # noqa: E402
-from engine.runtimes.budget import MiB  # noqa: E402
 from engine.runtimes.llamacpp import N_BATCH_MAX, LlamaCppEngine, usable_cpus  # noqa: E402
+from engine.sizes import MiB  # noqa: E402
 from scripts.lib.llama_server import BuildFailed, ensure_llama_server  # noqa: E402
 from tests.llama_server_proc import same_repacking  # noqa: E402
 

@@ -51,7 +51,7 @@ def large_tools() -> dict[str, Any]:
 
 
 def long_arguments() -> dict[str, Any]:
-    # short messages whose tool calls carry about 6 MB of arguments
+    # short messages whose tool calls carry about 6 MiB of arguments
     args = json.dumps({"path": "p" * 60_000})
     messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
     for i in range(100):

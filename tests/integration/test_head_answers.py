@@ -69,7 +69,7 @@ async def test_waiting_for_a_node_is_not_committed_by_keepalives():
 
 
 async def test_a_long_prompt_is_tokenized_off_the_loop(loop_watch: LoopWatch):
-    # 6 MB of text: the mock tokenizer (pure Python) takes seconds over it
+    # 6 MiB of text: the mock tokenizer (pure Python) takes seconds over it
     async with live_head(nodes=1) as live, aiohttp.ClientSession() as http:
         ticks = 0
 

@@ -73,7 +73,7 @@ async def test_a_header_fetch_sends_a_sliver_of_the_file_and_reads_as_the_file(
             again = await asyncio.to_thread(fetch_header, GEMMA, home=home)
     size = gemma_gguf.stat().st_size
     assert got == HeaderFile(got.path, sent, size) and again == dataclasses.replace(got, fetched=0)
-    assert 6_525_112 <= sent < size // 20  # the header (6.2 MB) of a 241 MB file
+    assert 6_525_112 <= sent < size // 20  # the header (6.2 MiB) of a 241 MiB file
     assert hub.sent == sent and hub.infos == 1  # the second found it on disk, unasked
     assert got.path.stat().st_size == size  # llama.cpp checks tensors against this
     assert got.path.stat().st_blocks * 512 < size // 10  # a hole where the tensors were
@@ -166,8 +166,8 @@ async def test_a_head_learns_the_model_it_has_a_fleet_node_serve(
                     assert GEMMA not in await listed(a)
                     line = await a.serve_on(seen.key, GEMMA)
                     assert line.startswith(f"pulling {GEMMA}")
-                    assert f"read the tokenizer and template of {GEMMA} from 8 MB of its " \
-                           "241 MB file" in line
+                    assert f"read the tokenizer and template of {GEMMA} from 8 MiB of its " \
+                           "241 MiB file" in line
                     sent = hub.sent
                     assert 6_525_112 <= sent < gemma_gguf.stat().st_size // 20
                     await until(lambda: (n := node_at(a, "b-node")) is not None

@@ -240,7 +240,7 @@ async def test_wide_and_odd_bodies_never_get_a_500(cluster: Cluster):
     assert_clean_log(head)
     assert statuses[400] > 0 and statuses[413] > 0, statuses
     record("http_wide_odd_json", kind="hostile",
-           tried="wide objects and lists (100k keys or messages), a 1 MB string, NaN, "
+           tried="wide objects and lists (100k keys or messages), a 1 MiB string, NaN, "
                  "1e999, a 400-digit int, lone surrogates, invalid UTF-8, a BOM, duplicate "
                  "keys, non-object bodies, truncated and empty bodies, swapped types, a "
                  f"9 MiB body, on all {len(routes)} routes of /openapi.json that take a "

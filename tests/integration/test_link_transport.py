@@ -137,7 +137,7 @@ async def test_a_receiver_that_fails_drops_the_link_and_hears_its_end(
 
 
 async def test_a_link_nobody_reads_stops_reading_and_the_sender_waits():
-    records = [m.Tokens(ids=[i % 100] * 20_000, index=i) for i in range(300)]  # 6 MB
+    records = [m.Tokens(ids=[i % 100] * 20_000, index=i) for i in range(300)]  # 6 MiB
     async with linked() as (node, head):
         for rec in records:
             node.send(rec)

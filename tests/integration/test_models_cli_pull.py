@@ -45,6 +45,6 @@ async def test_a_catalog_model_is_pulled_with_progress_then_listed(
         listed = await shoal(tmp_path, hub, "list", "--head", "127.0.0.1:9")
     rows = listed.stdout.splitlines()
     assert rows[0].split() == ["NAME", "SIZE", "SERVED", "BY", "LAST", "USED"]
-    assert rows[1].split()[:3] == [f"{REPO}:Q4_1", "94", "MB"]
+    assert rows[1].split()[:3] == [f"{REPO}:Q4_1", "93.8", "MiB"]
     assert rows[1].split()[3:] == ["-", "never"]
-    assert rows[2] == "1 model, 94 MB in all"
+    assert rows[2] == "1 model, 93.8 MiB in all"

@@ -18,8 +18,8 @@ from engine.events import PullProgress, ShoalEvent
 from engine.pulls import disk, shared, transfer
 from engine.pulls.cache import blob_path
 from engine.pulls.plan import MARGIN
-from engine.pulls.text import amount
 from engine.roles import loading
+from engine.sizes import amount
 from tests.e2e.conftest import smollm2_gguf  # noqa: F401  # the real GGUF, cached per machine
 from tests.fakehub import CHUNK, COMMIT, FakeHub, pointed_at, serving
 from tests.waiting import until
@@ -103,7 +103,7 @@ async def assert_installed(home: Path, path: Path, sha: str) -> None:
     assert path == repo_dir / "snapshots" / COMMIT / FILE
     assert path.is_symlink() and path.resolve() == repo_dir / "blobs" / sha
     assert (repo_dir / "refs" / "main").read_text() == COMMIT
-    assert await asyncio.to_thread(_sha256, path) == sha  # off the loop: 100 MB
+    assert await asyncio.to_thread(_sha256, path) == sha  # off the loop: 100 MiB
     assert not part_of(home, sha).exists()
 
 
@@ -230,7 +230,7 @@ async def test_a_disk_too_small_is_refused_before_any_byte(
         tmp_path: Path, gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     size = gguf.stat().st_size
     free = 10 << 20
-    # a mocked free-space figure: 10 MB free wherever the pull would write
+    # a mocked free-space figure: 10 MiB free wherever the pull would write
     monkeypatch.setattr(disk, "free_bytes", lambda _p: free)
     hub = hub_for(gguf)
     async with serving(hub):

@@ -8,9 +8,8 @@ from dataclasses import replace
 import pytest
 
 from app.bridge import ShoalBridge
-from app.pages.fleet import NODE_COLUMNS, FleetPage
-from app.widgets import memory
-from engine.sizes import GiB, MiB
+from app.pages.fleet import NODE_COLUMNS, FleetPage, memory_cell
+from engine.sizes import GiB, MiB, amount
 from tests.ui.test_tray_view import local, node, snap
 
 pytestmark = pytest.mark.timeout(60)
@@ -22,13 +21,12 @@ def sleepy(key: str, *, sleep: str = "", used: int = 0, budget: int = 0, link: s
                    mem_budget=budget, **more)
 
 
-def test_memory_in_binary_units_as_shoal_takes_them() -> None:
-    assert memory(412 * MiB) == "412 MB"
-    assert memory(12 * GiB) == "12 GB"
-    assert memory(3 * GiB // 2) == "1.5 GB"
-    assert memory(GiB) == "1 GB"
-    assert memory(int(12.4 * GiB)) == "12 GB"
-    assert memory(0) == "0 MB"
+def test_memory_in_binary_units_as_the_cli_and_the_welcome_say_it() -> None:
+    # one formatter: the Fleet page's cell reads as the CLI's fit line and the welcome
+    # (it read "12 GB" here and "11.8 GB" there)
+    assert memory_cell(replace(node("a"), mem_used=412 * MiB, mem_budget=int(11.8 * GiB))
+                       ).text == f"412 MiB of {amount(int(11.8 * GiB))}" == "412 MiB of 11.8 GiB"
+    assert amount(3 * GiB // 2) == "1.5 GiB" and amount(GiB) == "1 GiB"
 
 
 async def test_each_node_shows_its_memory_and_whether_its_model_sleeps(bridge: ShoalBridge):
@@ -42,8 +40,8 @@ async def test_each_node_shows_its_memory_and_whether_its_model_sleeps(bridge: S
         page.render(fleet)
         rows = {page.nodes.key_at(r): r for r in range(page.nodes.rowCount())}
         mine, studio, laptop, gone = (rows[k] for k in ("local", "studio", "laptop", "gone"))
-        assert page.nodes.text(mine, "Memory") == "412 MB of 12 GB"
-        assert page.nodes.text(laptop, "Memory") == "1.5 GB of 8 GB"
+        assert page.nodes.text(mine, "Memory") == "412 MiB of 12 GiB"
+        assert page.nodes.text(laptop, "Memory") == "1.5 GiB of 8 GiB"
         assert page.nodes.text(studio, "Memory") == "—"  # a node that says neither
         assert page.nodes.text(mine, "State") == "asleep"
         state = page.nodes.rows[mine][NODE_COLUMNS.index("State")]
@@ -57,7 +55,7 @@ async def test_each_node_shows_its_memory_and_whether_its_model_sleeps(bridge: S
 
         page.render(snap(sleepy("local", link="local", used=GiB, budget=12 * GiB)))
         assert page.nodes.text(0, "State") == "ready"  # awake again
-        assert page.nodes.text(0, "Memory") == "1 GB of 12 GB"
+        assert page.nodes.text(0, "Memory") == "1 GiB of 12 GiB"
         assert page.serving.text() == "Serving m · 8 lanes"
     finally:
         page.deleteLater()

@@ -19,13 +19,13 @@ from PySide6.QtWidgets import QPushButton
 from app.bridge import sentence
 from app.pages.catalog import BASE_COLUMNS, CatalogCard
 from app.pages.models import ModelsPage
-from app.pages.serve_model import size
 from app.prefs import Prefs
 from app.tray import TrayView, menu_entries
 from app.window import MainWindow
 from engine.fit import Fit, tokens_text
 from engine.service import Shoal
 from engine.settings import NodeSettings
+from engine.sizes import amount
 from engine.snapshot import PullSnapshot
 from tests.fakehub import FakeHub, pointed_at, serving
 from tests.ui.running import both, bridged, node_only, ready, running, visible
@@ -72,7 +72,7 @@ def shown_fit(fit: Fit) -> tuple[str, str, str]:
 
 @contextlib.asynccontextmanager
 async def desk_and_laptop(tmp: Path) -> AsyncIterator[tuple[Shoal, Shoal]]:
-    """A small desk (a 1 GB node budget) running the API, and a laptop joined to it. The
+    """A small desk (a 1 GiB node budget) running the API, and a laptop joined to it. The
     desk takes joins on a port of its own choosing, not port 0: when its model changes its
     head starts again, and the laptop links again at the address it joined."""
     desk_settings = both(tmp / "desk", fleet_listen=f"127.0.0.1:{free_port()}")
@@ -129,7 +129,7 @@ async def test_the_catalog_shows_each_models_fit_here_and_on_the_laptop(tmp_path
         pick_quant(card, other.quant.name)
         row = card.catalog.keys.index(gemma.entry.id)
         assert card.catalog.text(row, "Model") == f"{gemma.entry.name} {other.quant.name}"
-        assert card.catalog.text(row, "Size") == size(other.quant.size)
+        assert card.catalog.text(row, "Size") == amount(other.quant.size)
         assert card.fit_line.text().lower() == other.fit.line.lower()
         # a model that fits nowhere here cannot be served here
         too_big = next(f for f in here.fits if not any(q.fit.fits for q in f.quants))
@@ -206,7 +206,7 @@ async def test_a_catalog_model_is_pulled_and_served_and_the_one_before_removed(
                             and kept.rows.text(0, "Served by") == "this machine",
                             "the embedded model kept, and served")
                 one = embedded.stat().st_size
-                assert kept.total.text() == f"1 model, {size(one)} on disk in all."
+                assert kept.total.text() == f"1 model, {amount(one)} on disk in all."
                 kept.select(EMBEDDED)
                 click(qtbot, kept.remove_button)
                 await until(kept.error.isVisible, "the refusal")
@@ -242,15 +242,15 @@ async def test_a_catalog_model_is_pulled_and_served_and_the_one_before_removed(
                 [pulled] = [k for k in kept.rows.keys if k != EMBEDDED]
                 both_sizes = sum(m.size for m in await shoal.models.kept())
                 assert both_sizes > one
-                assert kept.total.text() == f"2 models, {size(both_sizes)} on disk in all."
+                assert kept.total.text() == f"2 models, {amount(both_sizes)} on disk in all."
                 kept.select(EMBEDDED)
                 click(qtbot, kept.remove_button)
                 await until(lambda: kept.rows.keys == [pulled] and kept.ok.isVisible(),
                             "the embedded model gone")
-                assert kept.ok.text() == f"Removed {EMBEDDED}: {size(one)} freed."
+                assert kept.ok.text() == f"Removed {EMBEDDED}: {amount(one)} freed."
                 assert not kept.error.isVisible() and not embedded.exists()
                 assert kept.total.text() == \
-                    f"1 model, {size(both_sizes - one)} on disk in all."
+                    f"1 model, {amount(both_sizes - one)} on disk in all."
 
 
 def test_the_tray_says_how_far_a_pull_is():
@@ -262,7 +262,7 @@ def test_the_tray_says_how_far_a_pull_is():
     view = TrayView(snapshot=replace(snap(), pulls=(pull, done)), prefs=Prefs(welcomed=True))
     lines = [e for e in menu_entries(view) if e.key == "pull"]
     assert [(e.text, e.enabled) for e in lines] == [
-        ("Downloading org/Coder-GGUF:Q4_K_M: 25% of 1.2 GB, 12 MB/s, 1 min 15 s left", False)]
+        ("Downloading org/Coder-GGUF:Q4_K_M: 25% of 1.2 GiB, 12 MiB/s, 1 min 15 s left", False)]
     quiet = TrayView(snapshot=snap(), prefs=Prefs(welcomed=True))
     assert not [e for e in menu_entries(quiet) if e.key == "pull"]
 

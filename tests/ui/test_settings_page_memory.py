@@ -15,10 +15,9 @@ from PySide6.QtWidgets import QComboBox
 
 from app.main import Shell
 from app.pages.settings import NODE_NOTE
-from app.widgets import memory
 from engine.runtimes.mock import MockEngine
 from engine.settings import Settings
-from engine.sizes import GiB, Share
+from engine.sizes import GiB, Share, amount
 from tests.ui.conftest import MODEL, started
 from tests.ui.test_settings_owner import holds, settings_page, stored
 from tests.waiting import until
@@ -43,12 +42,12 @@ async def test_each_choice_lands_in_config_toml_for_the_nodes_next_start(
     shoal = shell.shoal
     mem = shoal.memory
     assert mem.total > mem.default_budget > 0
-    assert page.budget.currentText() == (f"Default: {memory(mem.default_budget)} of "
-                                         f"{memory(mem.total)}")
+    assert page.budget.currentText() == (f"Default: {amount(mem.default_budget)} of "
+                                         f"{amount(mem.total)}")
     assert page.kv.currentText() == "f16 (full quality)"
     assert page.idle.currentText() == "after 15 minutes"
 
-    pick(page.budget, "1 GB")
+    pick(page.budget, "1 GiB")
     await until(lambda: holds(ui_home, "node", "memory_budget", "1GiB"), "the budget kept")
     await until(lambda: page.node_saved.text() == NODE_NOTE, "the note")
     assert shoal.pending.node is not None and shoal.pending.node.memory_budget == GiB
@@ -60,7 +59,7 @@ async def test_each_choice_lands_in_config_toml_for_the_nodes_next_start(
     await until(lambda: holds(ui_home, "node", "idle_unload", "never"), "never unload kept")
     pick(page.idle, "after 5 minutes")
     await until(lambda: holds(ui_home, "node", "idle_unload", 5), "five minutes kept")
-    assert page.budget.currentText() == "1 GB"  # shown again as Shoal holds it
+    assert page.budget.currentText() == "1 GiB"  # shown again as Shoal holds it
     assert page.kv.currentText().startswith("q8_0")
 
     pick(page.budget, page.budget.itemText(0))  # the default share again: nothing to keep
@@ -97,7 +96,7 @@ async def test_a_budget_from_the_file_shows_as_it_was_written(mock_settings: Set
         page = settings_page(app)
         total = app.shoal.memory.total
         assert page.budget.currentText() == \
-            f"50% of this machine's RAM ({memory(total // 2)})"
+            f"50% of this machine's RAM ({amount(total // 2)})"
         assert page.idle.currentText() == "after 45 minutes"
         pick(page.idle, "after 30 minutes")
         await until(lambda: holds(ui_home, "node", "idle_unload", 30), "half an hour kept")

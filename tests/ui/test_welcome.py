@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from PySide6.QtCore import Qt
 
-from app.pages.serve_model import size
 from app.welcome import Welcome
 from engine import service
 from engine.settings import Settings
+from engine.sizes import amount
 from tests.fakehub import FakeHub, pointed_at, serving
 from tests.ui.running import both, bridged, node_only, ready, running, visible
 from tests.waiting import until
@@ -82,7 +82,7 @@ async def test_start_a_fleet_here_then_the_model_then_the_editor(
         first = options[0]
         assert first.suggested and first.spec == mine.candidate.spec
         assert welcome.options.chosen() == first
-        assert welcome.next.text() == f"Download and serve ({size(first.download)})"
+        assert welcome.next.text() == f"Download and serve ({amount(first.download)})"
         assert welcome.model_facts.text() == f"This machine: {fits.facts}."
         fitting = {f.entry.id for f in here.fits if f.best.fit.fits and not f.best.fit.disk_short}
         offered = [o for o in options if o.kind == "catalog"]
@@ -90,7 +90,7 @@ async def test_start_a_fleet_here_then_the_model_then_the_editor(
         assert {by_spec[o.spec][0] for o in offered} == fitting
         assert len(offered) == len(fitting)  # each model once, at one quantisation
         assert all(by_spec[o.spec][1].fit.fits for o in offered)
-        assert first.line.startswith(f"{size(first.download)} download · {mine.fit.line}")
+        assert first.line.startswith(f"{amount(first.download)} download · {mine.fit.line}")
         assert [o.kind for o in options[-3:]] == ["embedded", "current", "other"]
         left_out = len(fits.catalog.entries) - len(fitting)
         assert welcome.left_out.text() == (
@@ -190,7 +190,7 @@ async def test_the_model_step_pulls_the_chosen_model_and_goes_on(
         async with serving(hub):
             with pointed_at(monkeypatch, hub.url):
                 choose(qtbot, welcome, tiny.key)
-                assert welcome.next.text() == f"Download and serve ({size(quant.size)})"
+                assert welcome.next.text() == f"Download and serve ({amount(quant.size)})"
                 click(qtbot, welcome.next)
                 serve = welcome.serve
                 # a loaded machine takes a while from the click to the hub (the catalog's
@@ -235,8 +235,8 @@ async def test_a_hub_error_goes_once_another_model_is_chosen_and_speaks_the_apps
 
 
 @pytest.mark.parametrize(("engine_line", "shown"), [
-    ("the download of acme/m.gguf stopped at 12 MB of 80 MB; run again to resume from there",
-     "the download of acme/m.gguf stopped at 12 MB of 80 MB; choose it again to resume from "
+    ("the download of acme/m.gguf stopped at 12 MiB of 80 MiB; run again to resume from there",
+     "the download of acme/m.gguf stopped at 12 MiB of 80 MiB; choose it again to resume from "
      "there"),
     ("cannot write acme/m.gguf (No space left); free disk space or check the folder, then "
      "run again", "cannot write acme/m.gguf (No space left); free disk space or check the "

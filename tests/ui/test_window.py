@@ -216,7 +216,7 @@ async def test_a_pull_shows_its_progress_and_can_be_cancelled(tmp_path: Path, qt
                                           total_bytes=200 << 20))
         assert serve.progress.value() == 250 and serve.progress.maximum() == 1000
         assert serve.progress_text.text() == \
-            "Downloading org/repo:Q4_K_M: 50.0 MB of 200.0 MB"
+            "Downloading org/repo:Q4_K_M: 50 MiB of 200 MiB"
         click(qtbot, serve.cancel)
         assert cancelled == ["org/repo:Q4_K_M"]
         assert serve.progress_text.text().startswith("Cancelling")

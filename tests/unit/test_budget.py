@@ -11,11 +11,10 @@ from engine.runtimes.budget import (
     HOST_CACHE_MAX,
     MIN_CELLS_PER_LANE,
     BudgetTooSmall,
-    GiB,
-    MiB,
     default_budget_bytes,
     plan_pool,
 )
+from engine.sizes import GiB, MiB
 
 SMOL = dict(base=100 * MiB, model_bytes=100 * MiB, overhead=80 * MiB,
             kv_bytes_per_token=23_040, n_ctx_train=8192)

@@ -34,7 +34,7 @@ def test_fits_judges_each_quantisation_by_the_budget_given(
         home: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["models", "catalog", "--fits", "--memory-budget", "3GiB"]) == 0
     out = capsys.readouterr().out
-    assert "a node budget of 3.0 GB, no GPU used" in out.splitlines()[0]
+    assert "a node budget of 3 GiB, no GPU used" in out.splitlines()[0]
     small = entry_block(out, "smollm2-135m-instruct")
     assert all("fits with its whole 8K window" in line for line in small.splitlines()[1:])
     big = entry_block(out, "qwen2.5-coder-32b-instruct")

@@ -26,19 +26,19 @@ SMOL = ModelShape(size=105 * MiB, layers=30, embedding=576,
 
 
 @pytest.mark.parametrize(("model", "machine", "verdict", "window", "gpu_layers"), [
-    # 16 GB of RAM lends 8: the 7B and its whole window fit on the CPU
+    # 16 GiB of RAM lends 8: the 7B and its whole window fit on the CPU
     (CODER_7B, Machine("desk", ram_total=16 * GiB), "full", 32768, 0),
-    # 8 GB lends 4: the weights alone are more
+    # 8 GiB lends 4: the weights alone are more
     (CODER_7B, Machine("laptop", ram_total=8 * GiB), "none", 0, 0),
     # a budget that holds the weights and part of the pool: a smaller window
     (CODER_7B, Machine("tight", ram_total=64 * GiB, budget=6 * GiB), "reduced", 22016, 0),
-    # a 12 GB GPU takes every layer and the pool; the RAM budget keeps nothing of them
+    # a 12 GiB GPU takes every layer and the pool; the RAM budget keeps nothing of them
     (CODER_7B, Machine("gpu", ram_total=8 * GiB, device_kind="gpu", device_total=12 * GiB,
                        device_free=11 * GiB), "full", 32768, 29),
-    # a 4 GB GPU takes part of the layers, the rest stays in a roomy RAM budget
+    # a 4 GiB GPU takes part of the layers, the rest stays in a roomy RAM budget
     (CODER_7B, Machine("small-gpu", ram_total=32 * GiB, device_kind="gpu",
                        device_total=4 * GiB, device_free=4 * GiB), "full", 32768, 16),
-    # 64 GB lends 32: the 32B fits whole
+    # 64 GiB lends 32: the 32B fits whole
     (CODER_32B, Machine("big", ram_total=64 * GiB), "full", 32768, 0),
     (CODER_32B, Machine("desk", ram_total=16 * GiB), "none", 0, 0),
     # a Mac's GPU shares the RAM: all layers on it, all of it still within the budget
@@ -60,7 +60,7 @@ def test_each_verdict_says_in_one_line_what_it_means() -> None:
     reduced = estimate(CODER_7B, Machine("t", ram_total=64 * GiB, budget=6 * GiB))
     assert reduced.line == "fits with a 21.5K window (of 32K)"
     none = estimate(CODER_7B, Machine("l", ram_total=8 * GiB))
-    assert none.line == "does not fit: it needs about 4.8 GB and the budget is 4.0 GB"
+    assert none.line == "does not fit: it needs about 4.8 GiB and the budget is 4 GiB"
     gpu = estimate(CODER_7B, Machine("g", ram_total=8 * GiB, device_kind="gpu",
                                      device_total=12 * GiB, device_free=11 * GiB))
     assert gpu.line == "fits with its whole 32K window, all on the GPU" and gpu.on_gpu == "GPU"
@@ -70,7 +70,7 @@ def test_each_verdict_says_in_one_line_what_it_means() -> None:
     # a miss by less than the rounding says by how much
     q8 = ModelShape(8_098_525_888, 28, 3584, 57344, 32768)
     assert estimate(q8, Machine("d", ram_total=16 * GiB)).line == \
-        "does not fit: it needs about 8.03 GB and the budget is 8.00 GB"
+        "does not fit: it needs about 8.03 GiB and the budget is 8 GiB"
 
 
 def test_the_disk_a_download_lacks_is_named_unless_the_model_is_already_there() -> None:
@@ -123,12 +123,12 @@ def test_machines_between_serve_the_lead_model_where_it_fits_else_the_largest_th
 
 
 def test_one_machine_gets_an_agent_model_and_a_small_one_what_fits() -> None:
-    # the finest quantisation that fits whole: Q8_0 misses 16 GB's budget of 8
+    # the finest quantisation that fits whole: Q8_0 misses 16 GiB's budget of 8
     assert picks([Machine("desk", ram_total=16 * GiB)]) == [
         ("desk", "coder-7b", "Q4_K_M", "agents")]
     assert picks([Machine("desk", ram_total=32 * GiB)]) == [
         ("desk", "coder-7b", "Q8_0", "agents")]
-    # 4 GB lends 1: only the tiny model, which has no tools, for chat
+    # 4 GiB lends 1: only the tiny model, which has no tools, for chat
     assert picks([Machine("pi", ram_total=4 * GiB)]) == [("pi", "smol", "Q4_K_M", "chat")]
     # nothing fits at all: no suggestion rather than a wrong one
     assert picks([Machine("pi", ram_total=4 * GiB)], (QWEN_32B,)) == []

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.pulls.quota import FleetModel, Room, make_room, parse_quota, quota_bytes
-from engine.pulls.text import amount
-from engine.sizes import GiB, Share
+from engine.sizes import GiB, Share, amount
 
 OLD = FleetModel("acme/Old-GGUF:Q4_K_M", 6 * GiB, last_used=100.0)
 MID = FleetModel("acme/Mid-GGUF:Q4_K_M", 5 * GiB, last_used=200.0)

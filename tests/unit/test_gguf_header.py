@@ -54,7 +54,7 @@ def test_growing_as_the_fetch_does_reaches_the_end_in_a_few_steps(
         have = max(have + found.at_least, 2 * have)  # header_fetch's growth
         asked.append(have)
     assert found.size == KNOWN[name][0] <= have
-    assert len(asked) == (11 if name == "smollm2" else 13)  # 1 kB doubled past the end
+    assert len(asked) == (11 if name == "smollm2" else 13)  # 1 KiB doubled past the end
 
 
 # -- crafted headers --------------------------------------------------------------------

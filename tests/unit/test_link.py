@@ -93,7 +93,7 @@ def test_announced_oversize_record_refused_before_buffering():
     ini_small = LinkConnection(initiator=False, psk=None, max_record=1000)
     ini_small.receive_data(struct.pack(">H", 0))
     drain(ini_small)
-    # a frame that announces a 2 GB record: refused from the 4-byte header alone
+    # a frame that announces a 2 GiB record: refused from the 4-byte header alone
     ini_small.receive_data(struct.pack(">H", 4) + struct.pack(">I", 2_000_000_000))
     with pytest.raises(LinkError) as err:
         drain(ini_small)

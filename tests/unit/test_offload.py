@@ -55,7 +55,7 @@ def test_a_name_that_matches_nothing_runs_on_the_cpu_and_lists_the_devices() -> 
     choice = choose_device([RTX], "Vulkan7")
     assert choice.device is None
     assert choice.why.startswith("the GPU is not used: --gpu Vulkan7 names no device")
-    assert "Vulkan0 (NVIDIA GeForce RTX 4070, 11.0 GiB free)" in choice.why
+    assert "Vulkan0 (NVIDIA GeForce RTX 4070, 11 GiB free)" in choice.why
     assert choice.why.endswith("the model runs on the CPU")
     gone = choose_device([], "Vulkan0", unavailable="no Vulkan driver")
     assert gone.device is None and "(it lists: no Vulkan driver)" in gone.why

@@ -18,13 +18,13 @@ MB = 1 << 20
         ([(0.0, 0)], 1.0, 100 * MB, Reading(0.0, None)),
         # under the shortest span: too early to say
         ([(0.0, 0), (0.2, 2 * MB)], 0.2, 100 * MB, Reading(0.0, None)),
-        # a steady 10 MB/s: 90 MB left is 9 s
+        # a steady 10 MiB/s: 90 MiB left is 9 s
         ([(0.0, 0), (1.0, 10 * MB)], 1.0, 100 * MB, Reading(10.0 * MB, 9.0)),
         ([(0.0, 0), (0.5, 5 * MB), (1.0, 10 * MB)], 1.0, 100 * MB, Reading(10.0 * MB, 9.0)),
         # the window forgets the fast start: only the last 10 s count (anchor at t=10)
         ([(0.0, 0), (10.0, 90 * MB), (20.0, 100 * MB)], 20.0, 200 * MB,
          Reading(1.0 * MB, 100.0)),
-        # a stall lowers the rate: 10 MB over the 2 s since the first sample
+        # a stall lowers the rate: 10 MiB over the 2 s since the first sample
         ([(0.0, 0), (1.0, 10 * MB)], 2.0, 100 * MB, Reading(5.0 * MB, 18.0)),
         # no bytes for a whole window: no rate, no time left
         ([(0.0, 0), (1.0, 10 * MB)], 12.0, 100 * MB, Reading(0.0, None)),
@@ -34,7 +34,7 @@ MB = 1 << 20
         ([(0.0, 0), (1.0, 10 * MB)], 1.0, 0, Reading(10.0 * MB, None)),
         # the count went back (the download started over): the window starts again
         ([(0.0, 0), (1.0, 50 * MB), (2.0, 1 * MB)], 2.0, 100 * MB, Reading(0.0, None)),
-        # a resumed download: only the bytes gained count, not the 60 MB it began at
+        # a resumed download: only the bytes gained count, not the 60 MiB it began at
         ([(5.0, 60 * MB), (6.0, 70 * MB)], 6.0, 100 * MB, Reading(10.0 * MB, 3.0)),
     ],
 )
@@ -59,7 +59,7 @@ def test_reset_forgets_what_came_before() -> None:
 
 def test_a_long_download_keeps_a_bounded_window() -> None:
     meter = Meter()
-    for i in range(10_000):  # ten a second for 1000 s at 1 MB/s
+    for i in range(10_000):  # ten a second for 1000 s at 1 MiB/s
         meter.add(i / 10, i * MB // 10)
     assert len(meter._samples) <= 102
     assert meter.rate(999.9) == pytest.approx(1.0 * MB)

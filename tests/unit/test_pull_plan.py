@@ -77,8 +77,8 @@ def test_shortfall(need: int, free: int, short: int) -> None:
 def test_disk_refusal_names_what_is_missing_and_where() -> None:
     line = disk_refusal("org/repo/m-Q4_K_M.gguf", [Need("/home/u/.shoal/downloads",
                                                         4 * GB, GB)], margin=0)
-    assert line == ("pulling org/repo/m-Q4_K_M.gguf needs 4.0 GB more and "
-                    "/home/u/.shoal/downloads has 1.0 GB free: free 3.0 GB, or pick a "
+    assert line == ("pulling org/repo/m-Q4_K_M.gguf needs 4 GiB more and "
+                    "/home/u/.shoal/downloads has 1 GiB free: free 3 GiB, or pick a "
                     "smaller quantisation")
 
 
@@ -86,7 +86,7 @@ def test_disk_refusal_checks_each_filesystem() -> None:
     roomy, tight = Need("/dl", GB, 10 * GB), Need("/models", 2 * GB, GB)
     assert disk_refusal("x", [roomy]) is None
     line = disk_refusal("x", [roomy, tight], margin=0)
-    assert line is not None and "/models has 1.0 GB free: free 1.0 GB" in line
+    assert line is not None and "/models has 1 GiB free: free 1 GiB" in line
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,8 @@ import pytest
 
 from engine.cli_run import PullLines
 from engine.events import PullProgress
-from engine.pulls.text import amount, duration, progress
+from engine.pulls.text import duration, progress
+from engine.sizes import amount
 
 MB = 1 << 20
 GB = 1 << 30
@@ -15,8 +16,10 @@ GB = 1 << 30
 
 @pytest.mark.parametrize(
     ("n", "text"),
-    [(0, "0 B"), (999, "999 B"), (18 * 1024, "18 kB"), (412 * MB, "412 MB"),
-     (int(1.2 * GB), "1.2 GB"), (12.4 * MB, "12 MB")],
+    [(0, "0 B"), (999, "999 B"), (18 * 1024, "18 KiB"), (412 * MB, "412 MiB"),
+     (int(1.2 * GB), "1.2 GiB"), (12.4 * MB, "12.4 MiB"),
+     (int(11.8 * GB), "11.8 GiB"), (6 * GB, "6 GiB"), (150 * GB, "150 GiB"),
+     (1023 * MB, "1023 MiB")],
 )
 def test_amount(n: float, text: str) -> None:
     assert amount(n) == text
@@ -34,11 +37,12 @@ def test_duration(s: float, text: str) -> None:
 @pytest.mark.parametrize(
     ("args", "text"),
     [
-        ((int(0.4 * GB), int(1.2 * GB), 12 * MB, 80.0), "33% of 1.2 GB, 12 MB/s, 1 min 20 s left"),
-        ((40 * MB, 100 * MB), "40% of 100 MB"),
-        ((40 * MB, 100 * MB, 0.0, None), "40% of 100 MB"),
-        ((40 * MB, 0, 5 * MB, None), "40 MB, 5 MB/s"),
-        ((100 * MB, 100 * MB, 5 * MB, 0.0), "100% of 100 MB, 5 MB/s, 0 s left"),
+        ((int(0.4 * GB), int(1.2 * GB), 12 * MB, 80.0),
+         "33% of 1.2 GiB, 12 MiB/s, 1 min 20 s left"),
+        ((40 * MB, 100 * MB), "40% of 100 MiB"),
+        ((40 * MB, 100 * MB, 0.0, None), "40% of 100 MiB"),
+        ((40 * MB, 0, 5 * MB, None), "40 MiB, 5 MiB/s"),
+        ((100 * MB, 100 * MB, 5 * MB, 0.0), "100% of 100 MiB, 5 MiB/s, 0 s left"),
     ],
 )
 def test_progress(args: tuple[int, int] | tuple[int, int, float, float | None],
@@ -54,7 +58,7 @@ def running(done: int, message: str = "", total: int = 100 * MB, rate: float = 0
 
 def test_the_cli_says_each_step_once_then_every_tenth() -> None:
     lines = PullLines()
-    start = "pulling org/repo/m.gguf (100 MB)"
+    start = "pulling org/repo/m.gguf (100 MiB)"
     said = [
         lines.lines(running(0, start)),
         lines.lines(running(5 * MB, start)),  # the same step, under a tenth: nothing
@@ -67,19 +71,19 @@ def test_the_cli_says_each_step_once_then_every_tenth() -> None:
     assert said == [
         [start],
         [],
-        ["pulling org/repo:Q4_K_M: 12% of 100 MB, 10 MB/s, 9 s left"],
+        ["pulling org/repo:Q4_K_M: 12% of 100 MiB, 10 MiB/s, 9 s left"],
         [],
-        ["pulling org/repo:Q4_K_M: 100% of 100 MB, 10 MB/s, 0 s left"],
+        ["pulling org/repo:Q4_K_M: 100% of 100 MiB, 10 MiB/s, 0 s left"],
         [],
     ]
 
 
 def test_the_cli_says_a_resumed_step_and_a_failure() -> None:
     lines = PullLines()
-    resumed = "resuming org/repo/m.gguf at 50 MB of 100 MB"
+    resumed = "resuming org/repo/m.gguf at 50 MiB of 100 MiB"
     assert lines.lines(running(50 * MB, resumed)) == [resumed]
     assert lines.lines(running(61 * MB, resumed, rate=MB, eta=39.0)) == [
-        "pulling org/repo:Q4_K_M: 61% of 100 MB, 1 MB/s, 39 s left"]
+        "pulling org/repo:Q4_K_M: 61% of 100 MiB, 1 MiB/s, 39 s left"]
     failed = PullProgress(model="org/repo:Q4_K_M", done_bytes=61 * MB, total_bytes=100 * MB,
                           state="failed", message="the download stopped; run again")
     assert lines.lines(failed) == ["the download stopped; run again"]

@@ -36,7 +36,7 @@ FORMS = "6G, 6GiB, 4096M or 512MB (binary units), or a share of this machine's R
 
 @pytest.mark.parametrize(("text", "words"), [
     ("6", FORMS), ("6X", FORMS), ("", FORMS), ("six gigs", FORMS), ("-1G", FORMS),
-    ("1e3G", FORMS), ("6GiBs", FORMS), ("G", FORMS), ("0x10G", FORMS), ("6 GB RAM", FORMS),
+    ("1e3G", FORMS), ("6GiBs", FORMS), ("G", FORMS), ("0x10G", FORMS), ("6 GiB RAM", FORMS),
     ("12345678901G", FORMS),
     ("255M", "a memory budget of 255 MiB cannot hold a model and its KV cache; give at "
      "least 256M"),
