@@ -413,7 +413,7 @@ class Welcome(QDialog):
         if have != [h.address for h in others]:
             self.found.clear()
             for h in others:
-                item = QListWidgetItem(f"{h.head_id} at {h.address}")
+                item = QListWidgetItem(f"{h.name or h.head_id} at {h.address}")
                 item.setData(Qt.ItemDataRole.UserRole, h.address)
                 self.found.addItem(item)
         # the engine reports heads it has met; with none, joining is by code

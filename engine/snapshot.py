@@ -85,6 +85,9 @@ class HeadSnapshot:
     address: str
     linked: bool
     this_machine: bool = False
+    # its machine's host name, told apart from namesakes (observe.unique_names); a head
+    # too old to say it goes by its id
+    name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,9 +103,10 @@ def node_row(n: NodeSnapshot, now: float) -> Row:
 
 
 def head_row(h: HeadSnapshot) -> Row:
-    name = f"{h.head_id} (this machine)" if h.this_machine else h.head_id
+    shown = h.name or "(connecting)"
+    name = f"{shown} (this machine)" if h.this_machine else shown
     link = "this machine" if h.this_machine else "linked" if h.linked else "not linked"
-    return (Cell(name), Cell(h.address or "—"),
+    return (Cell(name, tip=f"head id {h.head_id}" if h.head_id else ""), Cell(h.address or "—"),
             Cell(link, tone="" if h.linked or h.this_machine else "warn"))
 
 
@@ -237,6 +238,6 @@ class FleetPage(QWidget):
         order = sorted(snap.nodes, key=lambda n: (n.link != "local", n.key))
         self.nodes.set_rows([(n.key, node_row(n, snap.at)) for n in order])
         self.empty.setVisible(not snap.nodes)
-        heads = sorted(snap.heads, key=lambda h: (not h.this_machine, h.head_id))
-        self.heads.set_rows([(h.head_id, head_row(h)) for h in heads])
+        heads = sorted(snap.heads, key=lambda h: (not h.this_machine, h.name, h.address))
+        self.heads.set_rows([(h.head_id or h.address, head_row(h)) for h in heads])
         fit_rows(self.head_view, len(heads), least=1, most=4)

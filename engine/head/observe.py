@@ -47,31 +47,37 @@ def node_snapshot(pool: NodePool, *, now: float, wall: float) -> NodeSnapshot:
         connections=pool.conns, error=pool.shown_error(), **pool.pool_report())
 
 
-def unique_names(nodes: tuple[NodeSnapshot, ...]) -> tuple[NodeSnapshot, ...]:
-    """Every machine's name as its user knows it (its host name), made unique: two
-    machines both called "vm" once showed as "vm (local)" twice. This machine keeps its
-    name; a namesake elsewhere is told apart by its address."""
-    def told_apart(nodes: tuple[NodeSnapshot, ...], suffix: Callable[[str], str]
-                   ) -> tuple[NodeSnapshot, ...]:
-        seen = Counter(n.identity for n in nodes)
-        return tuple(replace(n, identity=n.identity + suffix(n.address))
-                     if n.identity and seen[n.identity] > 1 and n.link != "local" else n
-                     for n in nodes)
+def told_apart(named: list[tuple[str, str, bool]]) -> list[str]:
+    """Each machine's name as its user knows it (its host name), made unique: two machines
+    both called "vm" once showed as "vm (local)" twice. ``named``: (name, address, this
+    machine's); this machine keeps its name, a namesake elsewhere gets its address's host,
+    then (two of one machine) its port."""
+    def once(names: list[str], suffix: Callable[[str], str]) -> list[str]:
+        seen = Counter(names)
+        return [name + suffix(address) if name and seen[name] > 1 and not local else name
+                for name, (_, address, local) in zip(names, named, strict=True)]
 
-    by_host = told_apart(nodes, lambda a: f" ({a.rpartition(':')[0] or a})")
-    # namesakes at one address too (two nodes of one machine): the port tells them apart
-    return told_apart(by_host, lambda a: f":{a.rpartition(':')[2]}")
+    by_host = once([n for n, _, _ in named], lambda a: f" ({a.rpartition(':')[0] or a})")
+    return once(by_host, lambda a: f":{a.rpartition(':')[2]}")
+
+
+def unique_names(nodes: tuple[NodeSnapshot, ...]) -> tuple[NodeSnapshot, ...]:
+    names = told_apart([(n.identity, n.address, n.link == "local") for n in nodes])
+    return tuple(replace(n, identity=name) for n, name in zip(nodes, names, strict=True))
 
 
 def heads_snapshot(head: Head) -> tuple[HeadSnapshot, ...]:
-    """This head first, then every head of the fleet it has met or been given."""
+    """This head first, then every head of the fleet it has met or been given, each by its
+    machine's host name (a head too old to say it, by its id)."""
     out = [HeadSnapshot(head_id=head.fleet.head_id, address="", linked=True,
-                        this_machine=True)]
+                        this_machine=True, name=head.fleet.name)]
     if head.peers is not None:
         for peer in head.peers.peers.values():
             out.append(HeadSnapshot(head_id=peer.head_id, address=peer.label,
-                                    linked=peer.link is not None and not peer.link.closed))
-    return tuple(out)
+                                    linked=peer.link is not None and not peer.link.closed,
+                                    name=peer.name))
+    names = told_apart([(h.name or h.head_id, h.address, h.this_machine) for h in out])
+    return tuple(replace(h, name=name) for h, name in zip(out, names, strict=True))
 
 
 def models_snapshot(head: Head) -> tuple[ModelSnapshot, ...]:

@@ -85,6 +85,8 @@ class HeadHello(msgspec.Struct, frozen=True, array_like=True, tag="head_hello", 
     channels: bool = False
     # this head reads Progress records (an older one refuses unknown tags)
     progress: bool = False
+    # its machine's host name, which people know it by (the id is random per process)
+    name: _Name = ""
 
 
 class SamplingParams(msgspec.Struct, frozen=True, array_like=True):

@@ -159,6 +159,7 @@ class HeadRole:
         """Start the head on ``http_sock`` (bound earlier) with ``models`` (loaded)."""
         main = models[0]
         fleet = Fleet(model=main.name, head_id=secrets.token_hex(8), psk=psk,
+                      name=socket.gethostname(),
                       conns_per_node=hs.conns_per_node, also=tuple(m.name for m in models[1:]),
                       clock=clock, emit=emit, probe=head_probe(main.vocab))
         runner = SessionRunner(fleet, policy=hs.policy, pool_high=hs.pool_high,
@@ -204,8 +205,8 @@ class HeadRole:
         fleet has a token, announce this head and look for the fleet's heads and nodes."""
         head, fleet = self.head, self.head.fleet
         host, port = bound_address(sock)
-        head.peers = HeadPeers(head_id=fleet.head_id, model=fleet.model, psk=fleet.psk,
-                               listen_port=port, table=lambda: head.aliases,
+        head.peers = HeadPeers(head_id=fleet.head_id, name=fleet.name, model=fleet.model,
+                               psk=fleet.psk, listen_port=port, table=lambda: head.aliases,
                                on_merged=head.aliases_merged)
         for seed in discovery.seeds:
             shost, sport = parse_address(seed, FLEET_PORT, what="a seed")

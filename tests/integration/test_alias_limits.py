@@ -18,18 +18,13 @@ from aiohttp import web
 
 from engine.api.app import build_app
 from engine.head.access.admin_secret import HEADER
-from engine.head.fleet.joins import JoinListener
-from engine.head.fleet.links import Fleet
-from engine.head.fleet.peers import HeadPeers
-from engine.head.fleet.sessions import SessionRunner
 from engine.head.head import Head
 from engine.head.naming import aliases as al
-from engine.head.prompt.model import load_head_model
 from engine.link.messages import MAX_RECORD
+from tests.integration.fleet_heads import listening, make_head
 from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
-TOKEN = bytes(range(32, 64))
 ADMIN = "ad" * 32
 WIDE = "\U0001d538"  # 4 bytes in UTF-8
 
@@ -48,28 +43,6 @@ def oversized() -> al.AliasTable:
     assert len(json.dumps([e.to_dict() for e in entries], ensure_ascii=False).encode()) \
         > MAX_RECORD
     return al.AliasTable(entries)
-
-
-def make_head(table: al.AliasTable, head_id: str) -> Head:
-    model = load_head_model("mock", "mock-m", name="mock-m")
-    fleet = Fleet(model=model.name, head_id=head_id, psk=TOKEN)
-    head = Head([model], fleet, SessionRunner(fleet), aliases=table)
-    head.peers = HeadPeers(head_id=head_id, model=model.name, psk=TOKEN, listen_port=0,
-                           table=lambda: head.aliases, on_merged=head.aliases_merged)
-    return head
-
-
-@asynccontextmanager
-async def listening(head: Head) -> AsyncIterator[int]:
-    """The head's fleet listener, where another head dials it: its port."""
-    listener = JoinListener(head.fleet, peers=head.peers)
-    sock = socket.create_server(("127.0.0.1", 0))
-    try:
-        await listener.listen_on(sock)
-        yield listener.listen_port
-    finally:
-        await listener.close()
-        sock.close()
 
 
 @asynccontextmanager

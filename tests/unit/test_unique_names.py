@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.head.observe import unique_names
+from engine.head.observe import told_apart, unique_names
 from engine.snapshot import NodeSnapshot
 
 
@@ -29,3 +29,10 @@ def test_two_namesakes_at_one_address_get_their_ports() -> None:
     names = [n.identity for n in shown]
     assert names == ["vm (10.0.0.7):8455", "vm (10.0.0.7):8456"]
     assert len(set(names)) == 2
+
+
+def test_heads_and_nodes_are_told_apart_by_one_rule() -> None:
+    # this machine's, a namesake elsewhere, and a head too old to say its name (by its id)
+    assert told_apart([("vm", "", True), ("vm", "10.0.0.7:8454", False),
+                       ("3fa1c0de", "10.0.0.9:8454", False)]) == \
+        ["vm", "vm (10.0.0.7)", "3fa1c0de"]

@@ -69,7 +69,8 @@ class JoinListener:
                     hello = await exchange_hellos(
                         link, m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
                                           listen_port=self.listen_port,
-                                          probe=self.fleet.probe, progress=True),
+                                          probe=self.fleet.probe, progress=True,
+                                          name=self.fleet.name),
                         responder=True, expect=(m.NodeHello, m.HeadHello), timeout_s=bound)
             finally:
                 self._pending.release(incoming)

@@ -576,7 +576,7 @@ class Fleet:
 
     def __init__(self, *, model: str, head_id: str, psk: bytes | None,
                  conns_per_node: int = 0, handshake_timeout_s: float = 10.0,
-                 also: tuple[str, ...] = (),
+                 also: tuple[str, ...] = (), name: str = "",
                  clock: Callable[[], float] = time.monotonic,
                  emit: ev.Emit = ev.ignore, probe: list[list[int]] | None = None) -> None:
         self.clock = clock
@@ -585,6 +585,7 @@ class Fleet:
         self.model = model  # announced to joining nodes
         self.models = (model, *also)  # every model this head has a tokenizer for
         self.head_id = head_id
+        self.name = name  # its machine's host name, which people know this head by
         self.psk = psk
         self.conns_per_node = conns_per_node
         self.handshake_timeout_s = handshake_timeout_s

@@ -40,6 +40,7 @@ SYNC_LIMIT = m.MAX_RECORD - 1024  # the most an AliasSync's table may hold (mess
 class Peer:
     label: str  # address we dial, or the peer's head id for a peer that dialed us
     head_id: str = ""
+    name: str = ""  # its machine's host name, as its hello says
     link: Link | None = None
     pending: dict[int, asyncio.Future[al.AliasTable]] = field(default_factory=dict)
 
@@ -47,10 +48,12 @@ class Peer:
 class HeadPeers:
     def __init__(self, *, head_id: str, model: str, psk: bytes | None, listen_port: int,
                  table: Callable[[], al.AliasTable], on_merged: Callable[[list[str]], None],
-                 handshake_timeout_s: float = 10.0,
+                 handshake_timeout_s: float = 10.0, name: str = "",
                  clock: Callable[[], float] = time.time) -> None:
-        """``clock``: wall-clock seconds, for the age of removals in a merge."""
+        """``clock``: wall-clock seconds, for the age of removals in a merge; ``name``:
+        this machine's host name, told to the other heads."""
         self.head_id = head_id
+        self.name = name
         self.model = model
         self.listen_port = listen_port
         self.psk = psk
@@ -89,7 +92,7 @@ class HeadPeers:
                                   found=discovered)
                 hello = await exchange_hellos(
                     link, m.HeadHello(head_id=self.head_id, model=self.model,
-                                      listen_port=self.listen_port),
+                                      listen_port=self.listen_port, name=self.name),
                     responder=False, expect=m.HeadHello, timeout_s=self.handshake_timeout_s)
             except (OSError, TimeoutError, LinkError, LinkClosed) as exc:
                 failures += 1
@@ -111,7 +114,7 @@ class HeadPeers:
                 self.peers.pop(label, None)
                 self._self_labels.add(label)
                 return
-            await self.serve(link, hello.head_id, label=label)
+            await self.serve(link, hello.head_id, label=label, name=hello.name)
             await asyncio.sleep(RETRY_S / 10)
 
     def accepted(self, link: Link, hello: m.HeadHello) -> None:
@@ -121,13 +124,14 @@ class HeadPeers:
             return
         host = link.peer.rpartition(":")[0]
         label = f"{host}:{hello.listen_port}" if hello.listen_port else f"id:{hello.head_id}"
-        self._spawn(self.serve(link, hello.head_id, label=label), f"peer-{hello.head_id}")
+        self._spawn(self.serve(link, hello.head_id, label=label, name=hello.name),
+                    f"peer-{hello.head_id}")
 
     # -- one link ------------------------------------------------------------------
 
-    async def serve(self, link: Link, head_id: str, *, label: str) -> None:
+    async def serve(self, link: Link, head_id: str, *, label: str, name: str = "") -> None:
         peer = self.peers.setdefault(label, Peer(label))
-        peer.head_id = head_id
+        peer.head_id, peer.name = head_id, name
         if any(p.head_id == head_id and p.link is not None and not p.link.closed
                for p in self.peers.values()):
             link.close()  # already linked the other way
