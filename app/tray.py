@@ -4,16 +4,22 @@ What the tray shows is a pure function of a `TrayView` (the latest snapshot, the
 prefs, and how the start went): `look` picks the icon, `status_line` the first line of
 the menu and the tooltip (saying when this machine's model sleeps or wakes),
 `menu_entries` the items with their texts and check states.
-`Tray` renders that with Qt: the icon follows every view, the menu is rebuilt from the
-latest view each time it is about to show, and a chosen item comes out as ``chosen(key,
-checked)`` for the app to carry out. Where there is no system tray the same menu goes
-into the window's menu bar.
+`Tray` renders that with Qt: the icon and the menu follow every view (and the menu the
+view as of now each time it is about to show), and a chosen item comes out as
+``chosen(key, checked)`` for the app to carry out. Where there is no system tray the same
+menu goes into the window's menu bar.
+
+The menu's items are made once and changed in place: under a StatusNotifierItem host Qt
+exports the menu over D-Bus (com.canonical.dbusmenu), where every added or removed item
+is a layout change with new item ids. A menu rebuilt on each open made the host re-read
+it every time, show a stale layout on the first open after a change, and drop clicks
+sent to the ids it had just read; now a layout change goes out only when an item does.
 """
 
 from __future__ import annotations
 
 import sys
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -30,6 +36,7 @@ from engine.snapshot import FleetSnapshot, PullSnapshot
 Phase = Literal["starting", "running", "failed", "stopping"]
 Key = Literal["status", "problem", "pull", "retry", "open", "copy_api_url", "join", "pair", "leave",
               "api", "pause", "login", "quit"]
+Slot = tuple[Key, int]  # an item of the menu: its key, and which one of that key
 MAX_LINE = 90  # characters of a menu line; a longer one is cut with an ellipsis
 
 
@@ -159,6 +166,16 @@ def menu_entries(view: TrayView) -> list[Entry]:
     return entries
 
 
+def _update(action: QAction, entry: Entry) -> None:
+    """Set what differs: each change is a message to a D-Bus menu host."""
+    if action.text() != entry.text:
+        action.setText(entry.text)
+    if action.isEnabled() != entry.enabled:
+        action.setEnabled(entry.enabled)
+    if entry.checkable and action.isChecked() != entry.checked:
+        action.setChecked(entry.checked)
+
+
 def _host_port(url: str | None) -> str:
     if not url:
         return ""
@@ -178,7 +195,8 @@ class Tray(QObject):
         self._fresh = fresh  # the view as of now, asked for each time the menu opens
         self.menu = QMenu("&Shoal")
         self.menu.setObjectName("shoal-tray-menu")
-        self.menu.aboutToShow.connect(self._rebuild)
+        self.menu.aboutToShow.connect(self._opening)
+        self._items: dict[Slot, tuple[QAction, QAction | None]] = {}  # the item, its separator
         self.sent: deque[str] = deque(maxlen=20)  # the notifications shown, newest last
         self._look: TrayLook = look(view)
         self._tip = tooltip(view)
@@ -190,7 +208,7 @@ class Tray(QObject):
             self.icon.setToolTip(self._tip)
             self.icon.setContextMenu(self.menu)
             self.icon.activated.connect(self._activated)
-        self._rebuild()
+        self._sync(menu_entries(view))
 
     def show(self) -> None:
         if self.icon is not None:
@@ -213,26 +231,52 @@ class Tray(QObject):
             self._tip = new_tip
             if self.icon is not None:
                 self.icon.setToolTip(new_tip)
+        # kept current, not only on opening: a StatusNotifierItem host shows the layout it
+        # already has while it asks for a new one
+        self._sync(menu_entries(view))
 
-    def _rebuild(self) -> None:
+    def _opening(self) -> None:
         if self._fresh is not None:
-            self.view = self._fresh()
-        self.menu.clear()
-        for entry in menu_entries(self.view):
-            if entry.separator_before:
-                self.menu.addSeparator()
-            action = QAction(entry.text, self.menu)
-            action.setObjectName(entry.key)
-            action.setEnabled(entry.enabled)
-            if entry.checkable:
-                action.setCheckable(True)
-                action.setChecked(entry.checked)
-            action.triggered.connect(lambda checked=False, key=entry.key:
-                                     self.chosen.emit(key, bool(checked)))
-            self.menu.addAction(action)
+            self.render(self._fresh())
+
+    def _sync(self, entries: list[Entry]) -> None:
+        """Make the menu show ``entries``: an item gone is removed, a new one inserted in
+        its place, and the rest keep their QAction with only what changed set on it."""
+        seen: Counter[Key] = Counter()
+        slots: list[tuple[Slot, Entry]] = []
+        for entry in entries:  # the n-th item of a key (downloads share one) is one slot
+            slots.append(((entry.key, seen[entry.key]), entry))
+            seen[entry.key] += 1
+        wanted = {slot for slot, _ in slots}
+        for slot in [s for s in self._items if s not in wanted]:
+            for gone in self._items.pop(slot):
+                if gone is not None:
+                    self.menu.removeAction(gone)
+                    gone.deleteLater()
+        following: QAction | None = None  # back to front: a new item goes before the next
+        for slot, entry in reversed(slots):
+            if slot not in self._items:
+                self._items[slot] = self._add(entry, following)
+            action, separator = self._items[slot]
+            _update(action, entry)
+            following = separator if separator is not None else action
+
+    def _add(self, entry: Entry, before: QAction | None) -> tuple[QAction, QAction | None]:
+        action = QAction(entry.text, self.menu)
+        action.setObjectName(entry.key)
+        action.setCheckable(entry.checkable)
+        action.triggered.connect(lambda checked=False, key=entry.key:
+                                 self.chosen.emit(key, bool(checked)))
+        self.menu.insertAction(before, action)  # type: ignore[arg-type]  # None: at the end
+        separator = None
+        if entry.separator_before:
+            separator = QAction(self.menu)
+            separator.setSeparator(True)
+            self.menu.insertAction(action, separator)
+        return action, separator
 
     def action(self, key: Key) -> QAction:
-        """The menu's item for ``key`` as last built."""
+        """The menu's item for ``key`` (the first, for downloads)."""
         for action in self.menu.actions():
             if action.objectName() == key:
                 return action

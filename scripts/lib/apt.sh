@@ -9,6 +9,9 @@
 # Its tests:
 #   xvfb, trayer            an X server and a real tray host for the tray test
 #   xdotool, xclip, x11-utils   a real click on the icon, the X clipboard, xwininfo
+#   haskell-status-notifier-item-utils, haskell-gtk-sni-tray-utils   a StatusNotifierItem
+#                           host for the tray test over D-Bus (status-notifier-watcher,
+#                           gtk-sni-tray-standalone)
 #   desktop-file-utils      desktop-file-validate checks the autostart entry
 #   nginx                   a real reverse proxy in front of a head (tests/integration/
 #                           test_admin_trust.py); started by the test only, never as a service
@@ -26,7 +29,8 @@ SHOAL_APT_QT="libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-
   libxcb-render-util0 libxcb-shape0 libxcb-xkb1 libxcb-xfixes0 libxcb-sync1 libxcb-shm0
   libx11-xcb1 libxkbcommon-x11-0 libegl1 libgl1 libfontconfig1 libdbus-1-3 libglib2.0-0"
 SHOAL_APT_PACKAGES="cmake build-essential iproute2 dbus gnome-keyring libsecret-tools
-  $SHOAL_APT_QT xvfb trayer xdotool xclip x11-utils desktop-file-utils nginx tmux git
+  $SHOAL_APT_QT xvfb trayer xdotool xclip x11-utils haskell-status-notifier-item-utils
+  haskell-gtk-sni-tray-utils desktop-file-utils nginx tmux git
   glslc libvulkan-dev spirv-headers mesa-vulkan-drivers dpkg-dev zstd binutils"
 
 # ensure_apt [PACKAGES]  (default: everything the suite needs)

@@ -16,17 +16,20 @@ from PySide6.QtWidgets import QDialog, QMessageBox
 
 from app.icons import tray_icon
 from app.main import Shell
+from app.tray import Tray
 from engine.service import Shoal
 from engine.settings import NodeSettings, Settings
 from tests.ui.conftest import (
     MODEL,
     QUIET,
     choose,
+    qapp_instance,
     read_menu,
     settings_for,
     started,
     visible_windows,
 )
+from tests.ui.test_tray_view import local, node, snap, view
 from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
@@ -293,3 +296,41 @@ async def test_a_held_back_notification_is_shown_when_the_gap_has_passed():
     await until(lambda: len(sent) == 2, "the held-back lines")
     assert sent[1] == "c left (and 1 more: Open Shoal to see them)"
     notifier.close()
+
+
+def test_the_menu_changes_its_items_in_place_and_adds_only_the_new_ones():
+    """Under a StatusNotifierItem host each added or removed item is a layout change with
+    new ids (tests/ui/test_tray_sni.py): the same items stay the same QActions."""
+    qapp_instance()
+    running = view(snap(node()))
+    tray = Tray(running, system_tray=False)
+    try:
+        items = tray.menu.actions()
+        changed: list[str] = []
+        for action in items:
+            action.changed.connect(lambda a=action: changed.append(a.objectName()))
+        tray.render(running)
+        tray.menu.aboutToShow.emit()  # opening, with no fresh view to ask for
+        assert kept(tray, items) and changed == []
+        tray.render(view(snap(node(), mine=local("paused"))))
+        assert kept(tray, items)
+        assert sorted(set(changed)) == ["pause", "status"]
+        assert tray.action("pause").isChecked() and tray.action("status").text().endswith(
+            "paused")
+        # a failed start adds its line and Start again where they belong, keeping the rest
+        tray.render(view(snap(node()), phase="failed", problem="port 8453 is in use"))
+        shown = [a.objectName() for a in tray.menu.actions() if not a.isSeparator()]
+        assert shown[:4] == ["status", "problem", "retry", "open"]
+        assert tray.action("problem").text() == "port 8453 is in use"
+        assert all(a in tray.menu.actions() for a in items)
+        assert len(tray.menu.actions()) == len(items) + 2
+        tray.render(running)
+        assert kept(tray, items)
+    finally:
+        tray.close()
+
+
+def kept(tray: Tray, items: list) -> bool:
+    """The menu holds the same QActions as before (not new ones with the same text)."""
+    now = tray.menu.actions()
+    return len(now) == len(items) and all(a is b for a, b in zip(now, items, strict=True))
