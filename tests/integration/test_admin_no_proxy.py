@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import cli_admin
+from engine.cli import admin as cli_admin
 
 
 class _Recorder(BaseHTTPRequestHandler):

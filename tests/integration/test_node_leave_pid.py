@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli_run import _write_state, leave, node_state_path
+from engine.cli.run import _write_state, leave, node_state_path
 from engine.process_stamp import PROC, process_stamp
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +34,7 @@ IDLE = [sys.executable, "-c", "import sys; sys.stdin.read()", "shoal-notes.txt"]
 NODE = """
 import sys
 from pathlib import Path
-from engine.cli_run import _write_state, node_state_path
+from engine.cli.run import _write_state, node_state_path
 home, proc = Path(sys.argv[1]), Path(sys.argv[2])
 _write_state(node_state_path(home), {"heads": [sys.argv[3]]}, proc=proc)
 print("ready", flush=True)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from engine.cli import join_settings, node_settings, serve_settings
-from engine.cli_parser import build_parser
+from engine.cli.parser import build_parser
 from engine.errors import StartError
 from engine.settings import NodeSettings, Settings
 from engine.sizes import IDLE_UNLOAD_DEFAULT_S, GiB, Share

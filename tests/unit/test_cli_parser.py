@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli_argv import secrets_in_argv as _secrets_in_argv
-from engine.cli_argv import without_option
-from engine.cli_parser import build_parser
+from engine.cli.argv import secrets_in_argv as _secrets_in_argv
+from engine.cli.argv import without_option
+from engine.cli.parser import build_parser
 
 
 def parse(*argv: str) -> argparse.Namespace:

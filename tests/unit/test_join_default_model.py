@@ -11,7 +11,7 @@ import pytest
 
 from engine import events as ev
 from engine.cli import _node, join_settings, serve_settings
-from engine.cli_parser import build_parser
+from engine.cli.parser import build_parser
 from engine.errors import StartError
 from engine.models import EMBEDDED_FILE, EMBEDDED_NAME
 from engine.roles.loading import Pulls, resolve

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.cli_run import PullLines
+from engine.cli.run import PullLines
 from engine.events import PullProgress
 from engine.pulls.text import duration, progress
 from engine.sizes import amount

@@ -168,7 +168,7 @@ def _pull(home: Path, model: str) -> int:
     import asyncio
 
     from engine.catalog import CatalogError, load_catalog
-    from engine.cli_run import PullLines
+    from engine.cli.run import PullLines
     from engine.events import PullProgress, ShoalEvent
     from engine.roles.loading import Pulls, resolve
 

@@ -251,8 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(needs PySide6; started by the `shoal` program)")
     _serve_parser(sub)
     node_sub = _node_parser(sub)
-    from engine.cli_admin import add_parsers
-    from engine.cli_models import add_parser as add_models_parser
+    from engine.cli.admin import add_parsers
+    from engine.cli.models import add_parser as add_models_parser
 
     add_parsers(sub)
     add_models_parser(sub)

@@ -1,7 +1,7 @@
 """`shoal`: parse the command line, build `Settings`, and run a `Shoal` or one command.
 
-The CLI holds no fleet logic: it parses (engine.cli_parser), moves secrets out of its
-own command line (engine.cli_argv), prints, and handles signals (engine.cli_run).
+The CLI holds no fleet logic: it parses (engine.cli.parser), moves secrets out of its
+own command line (engine.cli.argv), prints, and handles signals (engine.cli.run).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine import cli_argv
-from engine.cli_parser import build_parser
-from engine.cli_run import leave, node_lines, pool_lines, run, setup_logging, wait_for_window
+from engine.cli import argv as cli_argv
+from engine.cli import run as cli_run  # the module: its `run` would shadow it as engine.cli.run
+from engine.cli.parser import build_parser
+from engine.cli.run import leave, node_lines, pool_lines, setup_logging, wait_for_window
 from engine.config import Config, ConfigError, load_config
 from engine.errors import ShoalError, StartError
 from engine.secrets import TokenError
@@ -202,16 +203,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise StartError("the desktop app starts from the `shoal` program (`shoal app`), "
                              "not from engine.cli; install Shoal with its app to run it")
         if args.command in ("fleet", "alias", "keys"):
-            from engine import cli_admin
+            from engine.cli import admin as cli_admin
 
             return cli_admin.main(args, home)
         if args.command == "models":
-            from engine import cli_models
+            from engine.cli import models as cli_models
 
             return cli_models.main(args, home)
         if args.command == "serve":
             setup_logging("shoal")
-            return asyncio.run(run(serve_settings(args, home), _serve_banner))
+            return asyncio.run(cli_run.run(serve_settings(args, home), _serve_banner))
         if args.command == "node" and args.node_command == "leave":
             for line in leave(home, forget_token=args.forget_token) or ["no joined node here"]:
                 print(f"shoal: {line}")
@@ -226,11 +227,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     code = join_code_from(code)
                 except PairingError as exc:
                     raise StartError(str(exc)) from None
-            return asyncio.run(run(join_settings(args, home, code), _join_banner,
-                                   state=_joined_heads))
+            return asyncio.run(cli_run.run(join_settings(args, home, code), _join_banner,
+                                           state=_joined_heads))
         if args.command == "node":
             setup_logging("shoal-node")
-            return asyncio.run(run(node_settings(args, home), _node_banner))
+            return asyncio.run(cli_run.run(node_settings(args, home), _node_banner))
     except (ShoalError, TokenError) as exc:
         print(f"shoal: {exc}", file=sys.stderr)
         return 2
@@ -238,6 +239,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     return 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())
