@@ -217,6 +217,7 @@ def desktop(tmp_path: Path) -> Iterator[Desktop]:
             bus = lines.readline().strip()
         assert bus.startswith("unix:"), "dbus-daemon did not start (it wrote no address)"
         x.env["DBUS_SESSION_BUS_ADDRESS"] = bus
+        x.env["NO_AT_BRIDGE"] = "1"  # GTK starts no accessibility bus of its own
         watch = Watch(bus)
         watching = threading.Thread(target=watch.run, daemon=True)
         watching.start()
