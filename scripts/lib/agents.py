@@ -40,7 +40,7 @@ class Agent:
 
 
 PINS: tuple[Agent, ...] = (
-    Agent("claude", "npm", "@anthropic-ai/claude-code", "2.1.197", "claude"),
+    Agent("claude", "npm", "@anthropic-ai/claude-code", "2.1.332", "claude"),
     Agent("codex", "npm", "@openai/codex", "0.171.0", "codex"),
     Agent("opencode", "npm", "opencode-ai", "1.18.33", "opencode"),
     Agent("cn", "npm", "@continuedev/cli", "1.5.47", "cn"),

@@ -127,6 +127,7 @@ async def run_real(name: str, served: tuple[Proc, Path, int], binaries: dict[str
     ran = await run_agent(setup, args, timeout=RUN_TIMEOUT_S)
     why = f"{name}: {ran.tail()}\nhead log:\n{head.log_text()[-3000:]}"
     said = ran.stdout + ran.stderr
+    assert "doesn't recognize the model" not in said, why  # Claude Code has the window
     if capped is not None and ran.rc != 0:
         # the agent read every answer to its end and stopped at its own output cap
         lines = [line for line in said.splitlines() if ERRORS[name] in line]

@@ -15,6 +15,7 @@ import re
 import secrets
 import shlex
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,9 @@ class Shell:
     arg: str
     route: str
     extra: tuple[tuple[str, str], ...] = ()  # other arguments the tool requires
+
+    def call(self, command: str) -> dict[str, object]:
+        return {self.arg: command, **dict(self.extra)}
 
 
 SHELLS = {
@@ -107,9 +111,8 @@ class RoundTrip:
             return self.answer
         # the tools template lists each tool as "NAME: description" on a line of its own
         if self.nonce in prompt and f"\n{self.shell.tool}: " in prompt:
-            arguments = {self.shell.arg: self.command, **dict(self.shell.extra)}
-            return "<tool_call>" + json.dumps({"name": self.shell.tool,
-                                               "arguments": arguments}) + "</tool_call>"
+            return "<tool_call>" + json.dumps({"name": self.shell.tool, "arguments":
+                                               self.shell.call(self.command)}) + "</tool_call>"
         return "Shell check"  # a side request (a title, a topic): short and harmless
 
 
@@ -157,6 +160,8 @@ async def test_shell_tool_round_trip(name: str, agent_binaries: dict[str, Path],
     why = f"{name}: {ran.tail()}\nrequests: {bench.recorder.summary()}"
     assert ran.rc == 0, why
     assert model.answer in ran.stdout, why
+    # the snippet gave Claude Code the model's window (else it assumes 1M tokens, and says so)
+    assert "doesn't recognize the model" not in ran.stdout + ran.stderr, why
     proof = setup.project / "proof.txt"
     assert proof.is_file() and proof.read_text().strip() == model.nonce, why
     posts = api_posts(bench, shell.route)
@@ -271,9 +276,22 @@ class Terminal:
         await self.tmux("kill-server")  # this socket's server only: the one we started
 
 
-# what a new user is asked before Claude Code's prompt, each answered with its default
+# what a new user is asked before Claude Code's prompt, answered with its default, except
+# the folder's trust, whose default is now "No, exit": the cursor goes down to "Yes" first
 FIRST_RUN = ("Choose the text style", "Press Enter to continue", "Yes, I trust this folder")
-READY = "? for shortcuts"
+
+
+CURSOR = "\u276f"  # the heavy angle Claude Code marks the chosen answer and its prompt with
+
+
+def distrusts(screen: str) -> bool:
+    """The cursor is on the trust question's "No, exit"."""
+    return any("No, exit" in line and CURSOR in line for line in screen.splitlines())
+
+
+def ready(screen: str) -> bool:
+    """Claude Code's prompt: an empty input line (its "? for shortcuts" hint is gone)."""
+    return any(line.strip() == CURSOR for line in screen.splitlines())
 
 
 async def test_claude_code_interactive_start_up(agent_binaries: dict[str, Path],
@@ -291,16 +309,32 @@ async def test_claude_code_interactive_start_up(agent_binaries: dict[str, Path],
         term = Terminal(setup, tmp_path)
         await term.start()
         try:
+            seen: list[str] = []
+            pressed: dict[str, float] = {}
+
             async def past_first_run() -> bool:
                 screen = await term.screen()
-                if READY in screen:
+                seen[:] = [screen]
+                if ready(screen):
                     return True
-                if any(step in screen for step in FIRST_RUN):
+                # a key a second on the same screen, as a person presses it (a burst of
+                # keys is taken for a paste, and one sent before the question listens is lost)
+                if time.monotonic() - pressed.get(screen, -1.0) < 1.0:
+                    return False
+                if distrusts(screen):
+                    await term.keys("Down")
+                elif any(step in screen for step in FIRST_RUN):
                     await term.keys("Enter")
+                else:
+                    return False
+                pressed[screen] = time.monotonic()
                 return False
 
-            await until(past_first_run, "Claude Code's prompt, past its first-run questions",
-                        timeout=60)
+            try:
+                await until(past_first_run, "Claude Code's prompt, past its first-run "
+                            "questions", timeout=60)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; the screen:\n{''.join(seen)}") from None
             await term.type(f"Say hello, check {nonce}")
             await term.keys("Enter")
             await until(lambda: _shows(term, answer), "the answer on Claude Code's screen",
