@@ -274,22 +274,89 @@ def codex_toml(base_url: str, models: Sequence[Offer], chat: str | None = None) 
                    warning=too_small("Codex", models))
 
 
-def opencode_json(base_url: str, models: Sequence[Offer], chat: str | None = None) -> Snippet:
+def opencode_json(base_url: str, models: Sequence[Offer], chat: str | None = None, *,
+                  client: str = "opencode",
+                  path: str = "~/.config/opencode/opencode.json") -> Snippet:
     """opencode reads providers from ``~/.config/opencode/opencode.json``; an
-    OpenAI-compatible one names the AI SDK package that speaks Chat Completions."""
+    OpenAI-compatible one names the AI SDK package that speaks Chat Completions. The Kilo
+    CLI, opencode's fork, reads the same settings from its own file."""
     first = _pick(models, chat)
     entries = {m.name: {"name": f"{m.label} (Shoal)", "tool_call": m.tools,
                         "limit": {"context": m.window, "output": m.output_room}}
                for m in models}
     doc: dict[str, object] = {
-        "$schema": "https://opencode.ai/config.json",
         "provider": {"shoal": {"npm": "@ai-sdk/openai-compatible", "name": PROVIDER,
                                "options": {"baseURL": base_url, "apiKey": DUMMY_KEY},
                                "models": entries}}}
+    if client == "opencode":
+        doc = {"$schema": "https://opencode.ai/config.json", **doc}
     if first is not None:
         doc["model"] = f"shoal/{first.name}"
-    return Snippet("opencode", "json", "~/.config/opencode/opencode.json (merge into "
-                   "provider)", json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    return Snippet(client, "json", f"{path} (merge into provider)",
+                   json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+
+
+def kilo_json(base_url: str, models: Sequence[Offer], chat: str | None = None) -> Snippet:
+    return opencode_json(base_url, models, chat, client="Kilo CLI",
+                         path="~/.config/kilo/kilo.json")
+
+
+def pi_json(base_url: str, models: Sequence[Offer], chat: str | None = None) -> Snippet:
+    """pi reads providers from ``~/.pi/agent/models.json``; a model's ``contextWindow`` is
+    the window it compacts within. Shoal takes the system prompt as a system message, and
+    asks for no reasoning effort."""
+    first = _pick(models, chat)
+    entries = [{"id": m.name, "name": f"{m.label} (Shoal)", "input": ["text"],
+                "reasoning": False, "contextWindow": m.window, "maxTokens": m.output_room}
+               for m in models]
+    doc = {"providers": {"shoal": {
+        "baseUrl": base_url, "api": "openai-completions", "apiKey": DUMMY_KEY,
+        "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
+        "models": entries}}}
+    run = f"; then run pi --model {shlex.quote('shoal/' + first.name)}" if first else ""
+    return Snippet("pi", "json", f"~/.pi/agent/models.json (merge into providers){run}",
+                   json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+
+
+# the Cline CLI's settings file wants when a provider was set; any time will do
+CLINE_SET_AT = "2026-01-01T00:00:00.000Z"
+
+
+def cline_cli_json(base_url: str, models: Sequence[Offer], chat: str | None = None
+                   ) -> Snippet:
+    """The Cline CLI keeps its provider in ``~/.cline/data/settings/providers.json`` (what
+    ``cline auth`` writes, which has no option for the window)."""
+    first = _pick(models, chat)
+    settings: dict[str, object] = {"provider": "openai-compatible", "apiKey": DUMMY_KEY,
+                                   "baseUrl": base_url}
+    if first is not None:
+        settings |= {"model": first.name, "contextWindow": first.window,
+                     "maxTokens": first.output_room}
+    doc = {"version": 1, "lastUsedProvider": "openai-compatible", "modes": {},
+           "providers": {"openai-compatible": {"settings": settings,
+                                               "updatedAt": CLINE_SET_AT,
+                                               "tokenSource": "manual"}}}
+    return Snippet("Cline CLI", "json", "~/.cline/data/settings/providers.json (merge into "
+                   "providers); then run cline", json.dumps(doc, indent=2) + "\n")
+
+
+def qwen_json(base_url: str, models: Sequence[Offer], chat: str | None = None) -> Snippet:
+    """Qwen Code reads ``~/.qwen/settings.json``: models of the ``openai`` auth type with a
+    base URL, the key from the environment variable ``envKey`` names, and each model's
+    window as ``contextWindowSize``."""
+    first = _pick(models, chat)
+    key = f"{PROVIDER.upper()}_API_KEY"
+    entries = [{"id": m.name, "name": f"{m.label} (Shoal)", "envKey": key,
+                "baseUrl": base_url,
+                "generationConfig": {"contextWindowSize": m.window,
+                                     "samplingParams": {"max_tokens": m.output_room}}}
+               for m in models]
+    doc: dict[str, object] = {"env": {key: DUMMY_KEY}, "modelProviders": {"openai": entries},
+                              "security": {"auth": {"selectedType": "openai"}}}
+    if first is not None:
+        doc["model"] = {"name": first.name}
+    return Snippet("Qwen Code", "json", "~/.qwen/settings.json (merge into it); then run "
+                   "qwen", json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
 
 
 def clients_shell(base_url: str) -> Snippet:
@@ -307,6 +374,8 @@ def snippets(base_url: str, models: Sequence[Offer], chat: str | None = None) ->
             jetbrains_fields(base_url, models, chat), cline_fields(base_url, models, chat),
             aider_shell(base_url, models, chat), claude_code_shell(base_url, models, chat),
             codex_toml(base_url, models, chat), opencode_json(base_url, models, chat),
+            pi_json(base_url, models, chat), cline_cli_json(base_url, models, chat),
+            kilo_json(base_url, models, chat), qwen_json(base_url, models, chat),
             clients_shell(base_url)]
 
 

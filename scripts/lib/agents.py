@@ -3,7 +3,8 @@
     python scripts/lib/agents.py            install what is missing; print each binary
     python scripts/lib/agents.py --check    print what is installed; install nothing
 
-The npm agents (Claude Code, Codex, opencode, the Continue CLI) go into one npm prefix
+The npm agents (Claude Code, Codex, opencode, the Continue CLI, pi, the Cline CLI, the Kilo
+CLI, Qwen Code) go into one npm prefix
 named after the pins, aider into a virtual environment of its own (its dependencies pin
 versions that Shoal's would fight with). Both live in pip's cache folder (like the
 llama-server build: scripts/lib/llama_server.py), so CI on a machine that has them
@@ -44,6 +45,11 @@ PINS: tuple[Agent, ...] = (
     Agent("codex", "npm", "@openai/codex", "0.171.0", "codex"),
     Agent("opencode", "npm", "opencode-ai", "1.18.33", "opencode"),
     Agent("cn", "npm", "@continuedev/cli", "1.5.47", "cn"),
+    Agent("pi", "npm", "@mariozechner/pi-coding-agent", "0.73.1", "pi"),
+    Agent("cline", "npm", "cline", "3.0.65", "cline"),
+    # 7.8.1 is out, but not its platform packages (@kilocode/cli-linux-x64 stops at 7.7.9)
+    Agent("kilo", "npm", "@kilocode/cli", "7.7.7", "kilo"),
+    Agent("qwen", "npm", "@qwen-code/qwen-code", "0.24.4", "qwen"),
     Agent("aider", "pypi", "aider-chat", "0.86.2", "aider"),
 )
 BY_NAME = {a.name: a for a in PINS}

@@ -36,9 +36,13 @@ from app.editors import (
     Snippet,
     aider_shell,
     claude_code_shell,
+    cline_cli_json,
     codex_toml,
     continue_yaml,
+    kilo_json,
     opencode_json,
+    pi_json,
+    qwen_json,
 )
 from engine.api.app import build_app
 from scripts.lib.agents import BY_NAME
@@ -54,7 +58,8 @@ _SECRET_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "cookie"})
 SnippetFor = Callable[[str, Sequence[Offer]], Snippet]
 SNIPPETS: dict[str, SnippetFor] = {
     "claude": claude_code_shell, "codex": codex_toml, "opencode": opencode_json,
-    "cn": continue_yaml, "aider": aider_shell}
+    "cn": continue_yaml, "aider": aider_shell, "pi": pi_json, "cline": cline_cli_json,
+    "kilo": kilo_json, "qwen": qwen_json}
 
 
 # -- the recorder ---------------------------------------------------------------------
@@ -216,6 +221,9 @@ def base_env(home: Path) -> dict[str, str]:
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_ERROR_REPORTING": "1",
            "OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_SHARE": "1",
            "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+           "KILO_DISABLE_AUTOUPDATE": "1", "KILO_DISABLE_MODELS_FETCH": "1",
+           "KILO_DISABLE_LSP_DOWNLOAD": "1", "KILO_TELEMETRY_LEVEL": "off",
+           "PI_OFFLINE": "1", "PI_TELEMETRY": "0",
            "CONTINUE_TELEMETRY_ENABLED": "0", "AIDER_CHECK_UPDATE": "false",
            "AIDER_ANALYTICS": "false", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     (home / "tmp").mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,7 @@ import pytest
 
 from tests.agent_fixtures import offered_tools, text_of, tool_results
 from tests.integration.real_agents import (
+    MODEL,
     Bench,
     Recorded,
     Setup,
@@ -47,9 +48,10 @@ class Shell:
     arg: str
     route: str
     extra: tuple[tuple[str, str], ...] = ()  # other arguments the tool requires
+    many: bool = False  # the argument is a list of commands
 
     def call(self, command: str) -> dict[str, object]:
-        return {self.arg: command, **dict(self.extra)}
+        return {self.arg: [command] if self.many else command, **dict(self.extra)}
 
 
 SHELLS = {
@@ -58,6 +60,11 @@ SHELLS = {
     "opencode": Shell("bash", "command", "/v1/chat/completions",
                       extra=(("description", "write the proof file"),)),
     "cn": Shell("Bash", "command", "/v1/chat/completions"),
+    "pi": Shell("bash", "command", "/v1/chat/completions"),
+    "cline": Shell("run_commands", "commands", "/v1/chat/completions", many=True),
+    "kilo": Shell("bash", "command", "/v1/chat/completions",
+                  extra=(("description", "write the proof file"),)),
+    "qwen": Shell("run_shell_command", "command", "/v1/chat/completions"),
 }
 
 
@@ -71,6 +78,14 @@ def args_for(name: str, prompt: str) -> list[str]:
         return ["run", prompt]
     if name == "cn":
         return ["-p", prompt, "--allow", "Bash"]
+    if name == "pi":  # its snippet says which model to run
+        return ["--model", f"shoal/{MODEL}", "-p", prompt]
+    if name == "cline":  # a prompt runs headless, its tools approved
+        return [prompt]
+    if name == "kilo":
+        return ["run", prompt]
+    if name == "qwen":
+        return ["-p", prompt, "--yolo"]
     raise AssertionError(name)
 
 

@@ -154,6 +154,53 @@ def test_opencode_json_names_an_openai_compatible_provider():
     assert "model" not in json.loads(editors.opencode_json(BASE, []).text)
 
 
+def test_kilo_json_is_opencode_s_provider_in_kilo_s_own_file():
+    s = editors.kilo_json(BASE, [PLAIN, ODD], ODD.name)
+    doc = json.loads(s.text)
+    assert s.where.startswith("~/.config/kilo/kilo.json ") and "$schema" not in doc
+    assert doc["model"] == f"shoal/{ODD.name}"
+    assert doc["provider"]["shoal"]["models"][PLAIN.name]["limit"] == {"context": 8192,
+                                                                       "output": 2048}
+
+
+def test_pi_models_json_gives_each_model_its_window():
+    s = editors.pi_json(BASE, [PLAIN, ODD], ODD.name)
+    provider = json.loads(s.text)["providers"]["shoal"]
+    assert provider["baseUrl"] == BASE and provider["api"] == "openai-completions"
+    assert provider["compat"] == {"supportsDeveloperRole": False,
+                                  "supportsReasoningEffort": False}
+    assert [(m["id"], m["contextWindow"], m["maxTokens"]) for m in provider["models"]] == [
+        (PLAIN.name, 8192, 2048), (ODD.name, editors.DEFAULT_WINDOW, 1024)]
+    assert s.where.startswith("~/.pi/agent/models.json ")
+    assert s.where.endswith(f"pi --model {shlex.quote('shoal/' + ODD.name)}")
+
+
+def test_cline_cli_providers_json_names_the_model_and_its_window():
+    s = editors.cline_cli_json(BASE, [PLAIN, CHAT], CHAT.name)
+    doc = json.loads(s.text)
+    assert doc["version"] == 1 and doc["lastUsedProvider"] == "openai-compatible"
+    entry = doc["providers"]["openai-compatible"]
+    assert entry["tokenSource"] == "manual" and entry["updatedAt"].endswith("Z")
+    assert entry["settings"] == {"provider": "openai-compatible", "apiKey": "shoal",
+                                 "baseUrl": BASE, "model": CHAT.name,
+                                 "contextWindow": 32768, "maxTokens": 4096}
+    assert s.where.startswith("~/.cline/data/settings/providers.json ")
+
+
+def test_qwen_settings_json_gives_each_model_its_window():
+    s = editors.qwen_json(BASE, [PLAIN, ODD], ODD.name)
+    doc = json.loads(s.text)
+    assert doc["model"] == {"name": ODD.name}
+    assert doc["security"]["auth"]["selectedType"] == "openai"
+    assert doc["env"] == {"SHOAL_API_KEY": "shoal"}
+    models = doc["modelProviders"]["openai"]
+    assert [m["id"] for m in models] == [PLAIN.name, ODD.name]
+    assert all(m["baseUrl"] == BASE and m["envKey"] == "SHOAL_API_KEY" for m in models)
+    assert models[0]["generationConfig"] == {"contextWindowSize": 8192,
+                                             "samplingParams": {"max_tokens": 2048}}
+    assert "model" not in json.loads(editors.qwen_json(BASE, []).text)
+
+
 @pytest.mark.parametrize(("agent", "build"), [("Claude Code", editors.claude_code_shell),
                                               ("Codex", editors.codex_toml)])
 def test_the_agents_warn_when_no_model_has_room_for_their_prompt(agent: str, build: Any):
@@ -171,7 +218,8 @@ def test_the_agents_warn_when_no_model_has_room_for_their_prompt(agent: str, bui
 def test_every_client_has_a_snippet_naming_the_url():
     got = snippets(BASE, [CHAT])
     assert [s.client for s in got] == ["Continue", "Zed", "JetBrains AI Assistant", "Cline",
-                                      "Aider", "Claude Code", "Codex", "opencode",
+                                      "Aider", "Claude Code", "Codex", "opencode", "pi",
+                                      "Cline CLI", "Kilo CLI", "Qwen Code",
                                       "OpenAI or Ollama client"]
     for s in got:
         assert BASE.removesuffix("/v1") in s.text and s.where

@@ -323,7 +323,7 @@ def structured(body: dict[str, Any]) -> bool:
 
 def test_every_pinned_agent_has_recorded_requests():
     assert {p.parent.name.rsplit("-", 1)[0] for p in AGENT_FIXTURES} == \
-        {"claude", "codex", "opencode", "cn", "aider"}
+        {"claude", "codex", "opencode", "cn", "aider", "pi", "cline", "kilo", "qwen"}
 
 
 @pytest.mark.parametrize("path", AGENT_FIXTURES, ids=fixture_id)
