@@ -4,15 +4,19 @@ models, generated from the fleet's live model and alias list, and the panel that
 The builders are pure (text in, text out) so a test can parse each snippet in its own
 format: Continue's ``config.yaml`` (YAML), Zed's ``settings.json`` (JSON), the fields of
 JetBrains AI Assistant and Cline (``Field: value`` lines), shell lines for Aider, Claude
-Code and any OpenAI or Ollama client, Codex's ``config.toml`` (TOML) and opencode's
-``opencode.json`` (JSON). Formats as
+Code and any OpenAI or Ollama client, Codex's ``config.toml`` (TOML), and the JSON files
+of opencode, the Kilo CLI, pi, the Cline CLI and Qwen Code. Formats as
 documented by each client: Continue's config.yaml reference (``provider: openai`` with
 ``apiBase``, ``roles``), Zed's
 ``language_models.openai_compatible`` with ``available_models``, Aider's
 ``OPENAI_API_BASE`` with ``--model openai/NAME``, Ollama's ``OLLAMA_HOST``, Claude Code's
 ``ANTHROPIC_BASE_URL`` (Anthropic Messages), Codex's ``model_providers`` with
 ``wire_api = "responses"`` (the Responses API), opencode's ``provider`` with the
-``@ai-sdk/openai-compatible`` package.
+``@ai-sdk/openai-compatible`` package, pi's ``models.json``, Qwen Code's ``modelProviders``.
+
+Every agent is given each model's window in its own setting: an agent that does not know
+the window guesses (Claude Code assumes 1M tokens) and compacts its conversation only once
+the fleet has refused a prompt too long for the model.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from scripts.lib.agents import npm_prefix
 from tests.agent_fixtures import offered_tools, text_of, tool_results
 from tests.integration.real_agents import (
     MODEL,
@@ -155,11 +156,12 @@ def results(req: Recorded) -> list[str]:
 
 async def record(name: str, what: str, bench: Bench, tmp: Path) -> None:
     """The requests as fixtures (with SHOAL_RECORD_AGENTS=1), this run's folder (also as
-    Claude Code's folder slug) and port written as fixed ones."""
+    Claude Code's folder slug), port and agents' install folder (pi names its own docs)
+    written as fixed ones."""
     fixed = "/tmp/agent-test"
     await asyncio.to_thread(record_fixtures, name, what, bench.recorder.requests, {
         str(tmp): fixed, re.sub(r"[^A-Za-z0-9]", "-", str(tmp)): re.sub(r"\W", "-", fixed),
-        f"127.0.0.1:{bench.port}": "127.0.0.1:8453"})
+        f"127.0.0.1:{bench.port}": "127.0.0.1:8453", str(npm_prefix()): "/opt/agents"})
 
 
 @pytest.mark.parametrize("name", sorted(SHELLS))
