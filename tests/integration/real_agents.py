@@ -50,6 +50,7 @@ from tests.agent_fixtures import RECORD_ENV
 from tests.agent_fixtures import fixture_dir as _fixture_dir
 from tests.integration.agents import TOOLS_TEMPLATE, Script, ScriptedEngine
 from tests.integration.test_api_surface import MODEL, Live, live_head, mock_model
+from tests.waiting import until
 
 # Claude Code's prompt is ~85 KB, and the mock tokenizer is byte-level: ~85k tokens
 WINDOW = 262_144
@@ -224,6 +225,9 @@ def base_env(home: Path) -> dict[str, str]:
            "KILO_DISABLE_AUTOUPDATE": "1", "KILO_DISABLE_MODELS_FETCH": "1",
            "KILO_DISABLE_LSP_DOWNLOAD": "1", "KILO_TELEMETRY_LEVEL": "off",
            "PI_OFFLINE": "1", "PI_TELEMETRY": "0",
+           # cline runs its session in process: by default it starts a hub daemon that
+           # leaves the agent's process group and outlives the test
+           "CLINE_SESSION_BACKEND_MODE": "local",
            "CONTINUE_TELEMETRY_ENABLED": "0", "AIDER_CHECK_UPDATE": "false",
            "AIDER_ANALYTICS": "false", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     (home / "tmp").mkdir(parents=True, exist_ok=True)
@@ -309,7 +313,27 @@ async def run_agent(setup: Setup, args: Sequence[str], *,
             await proc.wait()
     # whatever the agent left running in its group (a shell it spawned) ends with it
     _kill_group(proc)
+    # and nothing of it lives on outside its group (cline's hub daemon once did)
+    try:
+        await until(lambda: not left_running(setup.project),
+                    f"no process of {setup.binary.name} left running in {setup.project}",
+                    timeout=10)
+    finally:
+        for pid in left_running(setup.project):  # the test's own, started by the agent
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     return Ran(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+def left_running(project: Path) -> list[int]:
+    """Live processes whose command line names ``project`` (a zombie's names nothing)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if str(project).encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+    return found
 
 
 # -- fixtures of what the agents sent ------------------------------------------------------
