@@ -13,7 +13,8 @@ most SmolLM2 prompts they part within the first few tokens (measured on five cha
 equal for 11 tokens on one, apart after 0, 3, 4 and 20 on the others): lavapipe has no
 integer dot product, so ggml computes the Q4_1 matrix products in floating point where
 the CPU backend quantizes the activations to 8 bits, and a 135M model's greedy choice is
-often a near-tie. There the test asks only for a sensible answer ("Paris"). The failover
+often a near-tie. (A second prompt on lavapipe, for a sensible answer alone, cost 40 s
+at about 6 s a token on one CPU; it left.) The failover
 test moves a session while both backends still agree (its prompt's first 20 tokens).
 """
 
@@ -38,7 +39,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 LAVAPIPE_ICDS = ("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",
                  "/usr/share/vulkan/icd.d/lvp_icd.aarch64.json")
 VK_START = 300.0  # s: lavapipe compiles every pipeline the warm-up uses
-FRANCE = "What is the capital of France?"
 SUM = "What is 2 + 2?"
 BICYCLE = "Tell me about the history of the bicycle."
 ANSWER = 24  # tokens; lavapipe and the CPU agree on this prompt's first 20
@@ -164,14 +164,12 @@ async def test_a_vulkan_node_offloads_answers_as_the_cpu_is_placed_and_failed_ov
     text = on_vk["choices"][0]["message"]["content"]
     assert "4" in text and text == on_cpu["choices"][0]["message"]["content"], text
     assert on_vk["usage"]["completion_tokens"] == on_cpu["usage"]["completion_tokens"] > 0
-    france = await chat(head, name, FRANCE, 16, host="vk")
-    assert "Paris" in france["choices"][0]["message"]["content"], france
 
     reference = await chat(head, name, BICYCLE, ANSWER)
     after = {n["address"]: n for n in (await fleet_state(head))["nodes"]}
     # the pinned ones above, then the first free choice: the fast node
     assert after[fast.address]["sessions_total"] == 2
-    assert after[vk.address]["sessions_total"] == 2
+    assert after[vk.address]["sessions_total"] == 1
 
     fast.signal(signal.SIGKILL)
     await until_result(lambda: fleet_state(head),
