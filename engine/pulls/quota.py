@@ -84,7 +84,6 @@ def parse_quota(text: str) -> Quota:
                          f"{QUOTA_FORMS}") from None
 
 
-
 def quota_value(quota: Quota) -> str | int:
     """The quota as ``config.toml`` keeps it (read back by `parse_quota`, or as bytes)."""
     if isinstance(quota, Share) or quota >= MIN_BUDGET:
