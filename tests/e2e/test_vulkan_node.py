@@ -14,8 +14,9 @@ equal for 11 tokens on one, apart after 0, 3, 4 and 20 on the others): lavapipe 
 integer dot product, so ggml computes the Q4_1 matrix products in floating point where
 the CPU backend quantizes the activations to 8 bits, and a 135M model's greedy choice is
 often a near-tie. (A second prompt on lavapipe, for a sensible answer alone, cost 40 s
-at about 6 s a token on one CPU; it left.) The failover
-test moves a session while both backends still agree (its prompt's first 20 tokens).
+at about 6 s a token on one CPU; it left.) The failover test moves a session of the same
+prompt, whose answer the two backends agree on whole, and whose prefill the Vulkan node
+finds in its lane from the compared answer.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ LAVAPIPE_ICDS = ("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json",
                  "/usr/share/vulkan/icd.d/lvp_icd.aarch64.json")
 VK_START = 300.0  # s: lavapipe compiles every pipeline the warm-up uses
 SUM = "What is 2 + 2?"
-BICYCLE = "Tell me about the history of the bicycle."
-ANSWER = 24  # tokens; lavapipe and the CPU agree on this prompt's first 20
+# tokens: "The answer to this classic math problem is 4" (the greedy answer, 11 tokens, ends
+# with "."): each token on lavapipe costs about 6 s on one CPU
+SUM_TOKENS = 10
+ANSWER = 16  # the failover's answer: SUM's whole, to its end of generation
 
 needs_lavapipe = pytest.mark.skipif(
     vulkan_library() is None or not any(os.path.exists(p) for p in LAVAPIPE_ICDS),
@@ -159,13 +162,14 @@ async def test_a_vulkan_node_offloads_answers_as_the_cpu_is_placed_and_failed_ov
     assert vk_seen["gpu_layers"] == vk_seen["model_layers"] > 0
 
     # the same greedy answer from the GPU as from the CPU
-    on_cpu = await chat(head, name, SUM, 16, host="cpu")
-    on_vk = await chat(head, name, SUM, 16, host="vk")
+    on_cpu = await chat(head, name, SUM, SUM_TOKENS, host="cpu")
+    on_vk = await chat(head, name, SUM, SUM_TOKENS, host="vk")
     text = on_vk["choices"][0]["message"]["content"]
     assert "4" in text and text == on_cpu["choices"][0]["message"]["content"], text
     assert on_vk["usage"]["completion_tokens"] == on_cpu["usage"]["completion_tokens"] > 0
 
-    reference = await chat(head, name, BICYCLE, ANSWER)
+    reference = await chat(head, name, SUM, ANSWER)
+    assert reference["choices"][0]["finish_reason"] == "stop", reference
     after = {n["address"]: n for n in (await fleet_state(head))["nodes"]}
     # the pinned ones above, then the first free choice: the fast node
     assert after[fast.address]["sessions_total"] == 2
@@ -179,7 +183,7 @@ async def test_a_vulkan_node_offloads_answers_as_the_cpu_is_placed_and_failed_ov
     join = f"127.0.0.1:{cluster.join_port(head)}"
     body = {"model": name, "max_tokens": ANSWER, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": BICYCLE}]}
+            "messages": [{"role": "user", "content": SUM}]}
     raw: list[str] = []
     back: list[Proc] = []
     async with aiohttp.ClientSession() as http, \
