@@ -63,6 +63,9 @@ RUNTIME_DEPENDS = [
 # is loaded by the node at run time and is optional, so it is left out of dpkg-shlibdeps'
 # scan, which would make its libvulkan1 a hard dependency.
 RECOMMENDS = ["libvulkan1", "mesa-vulkan-drivers"]
+# the .tar.zst's zstd level: a release packs at 10 (8 % smaller than 1, about 9 s of CPU for
+# the 275 MB bundle against 1.3 s); the installer's tests, which unpack it once, ask for 1
+TAR_ZSTD_LEVEL = "SHOAL_TAR_ZSTD_LEVEL"
 
 
 class PackageError(Exception):
@@ -313,7 +316,8 @@ def build_tar(bundle_dir: Path, out_dir: Path, version: str) -> Path:
         """))
     tar = out_dir / f"{name}.tar.zst"
     tar.unlink(missing_ok=True)
-    _run(["tar", "--owner=0", "--group=0", "--numeric-owner", "-I", "zstd -T0 -10",
+    level = int(os.environ.get(TAR_ZSTD_LEVEL) or 10)
+    _run(["tar", "--owner=0", "--group=0", "--numeric-owner", "-I", f"zstd -T0 -{level}",
           "-cf", str(tar), "-C", str(out_dir), name])
     shutil.rmtree(stage, ignore_errors=True)
     return tar
