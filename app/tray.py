@@ -30,7 +30,7 @@ from PySide6.QtWidgets import QMenu, QSystemTrayIcon
 
 from app.icons import TrayLook, tray_icon
 from app.prefs import Prefs
-from engine.pulls.text import progress
+from engine.models.pulls.text import progress
 from engine.snapshot import FleetSnapshot, PullSnapshot
 
 Phase = Literal["starting", "running", "failed", "stopping"]

@@ -41,8 +41,8 @@ from engine.sizes import amount
 from engine.snapshot import FleetSnapshot
 
 if TYPE_CHECKING:
-    from engine.model_commands import FleetFits
-    from engine.model_store import StoredModel
+    from engine.models.commands import FleetFits
+    from engine.models.store import StoredModel
 
 STEPS = ("choose", "start", "join", "model", "editor")
 SIZE = (860, 680)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from engine import nesting
-from engine.pulls.quota import QUOTA_FORMS, parse_quota, quota_value
+from engine.models.pulls.quota import QUOTA_FORMS, parse_quota, quota_value
 from engine.settings import (
     GPU_DEFAULT,
     DiscoveryMode,

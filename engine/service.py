@@ -34,8 +34,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from engine import model_store, pairing
-from engine import models as model_ids
+from engine import pairing
 from engine import secrets as tokens
 from engine.config import (
     MODES,
@@ -62,14 +61,17 @@ from engine.head.commands import AliasCommands
 from engine.head.fleet.links import NotAsked
 from engine.head.observe import fleet_snapshot
 from engine.head.prompt.model import HeadModel
-from engine.model_commands import ModelCommands
+from engine.models import cache as model_cache
+from engine.models import ids
+from engine.models import store as model_store
+from engine.models.commands import ModelCommands
+from engine.models.learn import READS_HEADERS, learn_model
+from engine.models.loading import Pulls, Resolved, load_head_model, resolve
+from engine.models.pulls.quota import Quota
 from engine.node.join import HeadAddress
 from engine.node.machine import DiskFree, MachineFacts
-from engine.pulls.quota import Quota
 from engine.roles.fleet_models import Made, room_for
-from engine.roles.head_models import READS_HEADERS, learn_model
 from engine.roles.head_role import HeadRole
-from engine.roles.loading import Pulls, Resolved, load_head_model, resolve
 from engine.roles.local_node import LocalNode
 from engine.roles.membership import Membership, locate
 from engine.roles.sockets import parse_address
@@ -747,8 +749,8 @@ class Shoal:
             return f"this machine serves {name}"
         spec = spec.strip()
         try:
-            model_ids.parse_model_id(spec)
-            if model_ids.looks_like_path(spec):
+            ids.parse_model_id(spec)
+            if ids.looks_like_path(spec):
                 raise ValueError(f"{spec!r} names a file on this machine")
         except ValueError as exc:
             raise CommandError(f"{exc}; a fleet node pulls its model from the hub, so give "
@@ -844,7 +846,7 @@ class Shoal:
         loop = asyncio.get_running_loop()
         room: asyncio.Future[str | None] = loop.create_future()
         self._chosen = loop.create_task(
-            self._serve_chosen(model_ids.HubId(spec), node.runtime, node.fleet_models_quota,
+            self._serve_chosen(model_cache.HubId(spec), node.runtime, node.fleet_models_quota,
                                room), name="shoal-fleet-model")
         try:
             async with asyncio.timeout(ROOM_S):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from engine.pulls.quota import DEFAULT_QUOTA, Quota
+from engine.models.pulls.quota import DEFAULT_QUOTA, Quota
 from engine.sizes import IDLE_UNLOAD_DEFAULT_S, Budget, KvType
 
 Policy = Literal["load-aware", "least-loaded", "round-robin"]

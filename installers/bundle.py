@@ -19,10 +19,10 @@ BUNDLE_ID = "org.shoal.Shoal"  # the LaunchAgent label of the app's start at log
 # the icon sizes the desktop entry installs into hicolor (rendered by the app's scripts/icons.py)
 ICON_SIZES = (16, 22, 24, 32, 48, 64, 128, 256)
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# where the model sits inside the bundle; engine.models.bundled_models_dir() looks there
+# where the model sits inside the bundle; engine.models.embedded.bundled_models_dir() looks there
 MODEL_DEST = "resources/models"
 ICONS_DEST = "resources/icons"
-CATALOG_DEST = "resources"  # the model catalog, where engine.catalog finds it
+CATALOG_DEST = "resources"  # the model catalog, where engine.models.catalog finds it
 
 # x86-64 variants llama.cpp's GGML_CPU_ALL_VARIANTS builds; the loader scores each one on the
 # machine it runs on and keeps the best (x64 runs anywhere)
@@ -244,7 +244,7 @@ def desktop_entry() -> Path:
 
 
 def catalog_file() -> Path:
-    """The model catalog, resources/catalog.toml; engine.catalog.bundled_catalog_path()
+    """The model catalog, resources/catalog.toml; engine.models.catalog.bundled_catalog_path()
     looks for it under resources/ in the bundle."""
     catalog = ROOT / CATALOG_DEST / "catalog.toml"
     if not catalog.is_file():

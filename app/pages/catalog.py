@@ -16,12 +16,12 @@ from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QToolButton, QWidg
 
 from app.pages.serve_model import ServeModel
 from app.widgets import Card, Cell, RowsModel, fit_rows, inline_error, note, say, table
-from engine.fit import Fit, tokens_text
+from engine.models.fit import Fit, tokens_text
 from engine.sizes import amount
 
 if TYPE_CHECKING:  # the catalog and its fits are read when the page asks for them
-    from engine.model_choice import EntryFit, QuantFit
-    from engine.model_commands import FleetFits, MachineFits
+    from engine.models.choice import EntryFit, QuantFit
+    from engine.models.commands import FleetFits, MachineFits
 
 BASE_COLUMNS = ("Model", "Good for", "Size", "Window")
 USES = {"small": "small machines"}  # the catalog's uses, as a line reads them

@@ -17,12 +17,12 @@ from PySide6.QtWidgets import QPushButton, QWidget
 from app.bridge import ShoalBridge
 from app.pages.catalog import same_model as same
 from app.widgets import Card, Cell, RowsModel, fit_rows, inline_error, note, run, say, table
-from engine.pulls.text import progress
+from engine.models.pulls.text import progress
 from engine.snapshot import FleetSnapshot
 
 if TYPE_CHECKING:
-    from engine.fit import Suggestion
-    from engine.model_commands import FleetFits
+    from engine.models.commands import FleetFits
+    from engine.models.fit import Suggestion
 
 SPLIT_COLUMNS = ("Machine", "Model", "For", "Fit", "Now")
 ROLE = {"agents": "agents and chat", "autocomplete": "editor autocomplete", "chat": "chat"}

@@ -28,7 +28,7 @@ from app.widgets import (
 from engine.sizes import amount
 
 if TYPE_CHECKING:
-    from engine.model_store import StoredModel
+    from engine.models.store import StoredModel
 
 KEPT_COLUMNS = ("Model", "Size", "Served by", "Last used")
 SOURCE = {"embedded": "the embedded default", "test": "a test model",

@@ -32,8 +32,8 @@ from app.widgets import OK_TEXT, note, tone
 from engine.sizes import amount
 
 if TYPE_CHECKING:
-    from engine.model_commands import FleetFits
-    from engine.model_store import StoredModel
+    from engine.models.commands import FleetFits
+    from engine.models.store import StoredModel
 
 Kind = Literal["catalog", "embedded", "current", "other"]
 SHOWN_ROWS = 3  # catalog rows seen at least; the list takes what room the step has

@@ -50,8 +50,8 @@ from engine.events import PullProgress, ShoalEvent
 from engine.snapshot import AliasSnapshot, FleetSnapshot, ModelSnapshot
 
 if TYPE_CHECKING:
-    from engine.model_commands import FleetFits
-    from engine.model_store import StoredModel
+    from engine.models.commands import FleetFits
+    from engine.models.store import StoredModel
 
 T = TypeVar("T")
 MODEL_COLUMNS = ("Model", "Serving", "Context", "Tools", "Fill-in-the-middle")

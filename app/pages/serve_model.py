@@ -21,7 +21,7 @@ from app.bridge import ShoalBridge
 from app.join import in_the_app
 from app.widgets import choose_file, inline_error, note, ok_line, run, say
 from engine.events import PullProgress, ShoalEvent
-from engine.pulls.text import pace
+from engine.models.pulls.text import pace
 from engine.sizes import amount
 
 EMBEDDED, FILE, HUB = 0, 1, 2

@@ -39,7 +39,7 @@ from app.widgets import (
 )
 from engine.config import NodeMemory
 from engine.events import RolesChanged, SettingsChanged, ShoalEvent
-from engine.pulls.quota import SETTING, parse_quota, quota_value
+from engine.models.pulls.quota import SETTING, parse_quota, quota_value
 from engine.settings import (
     FLEET_PORT,
     GPU_DEFAULT,

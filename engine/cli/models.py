@@ -1,6 +1,6 @@
 """`shoal models list|rm|catalog|pull`: the models kept on this machine, the catalog with
 the fit for this machine, and a pull with progress. Parses and prints only: the work is
-:mod:`engine.model_store`, :mod:`engine.catalog` and :mod:`engine.model_choice`."""
+:mod:`engine.models.store`, :mod:`engine.models.catalog` and :mod:`engine.models.choice`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from engine import model_store
 from engine.errors import StartError
+from engine.models import store as model_store
 from engine.sizes import amount
 
 FLEET_TIMEOUT_S = 3.0
@@ -116,7 +116,7 @@ def _list(home: Path, head: str) -> int:
 
 
 def _catalog(home: Path, *, fits: bool, budget: str | None) -> int:
-    from engine.catalog import CatalogError, load_catalog
+    from engine.models.catalog import CatalogError, load_catalog
 
     try:
         catalog, line = load_catalog(home)
@@ -128,8 +128,8 @@ def _catalog(home: Path, *, fits: bool, budget: str | None) -> int:
     results = None
     if fits:
         from engine.config import ConfigError, machine_settings
-        from engine.machine_facts import this_machine
-        from engine.model_choice import fits_for
+        from engine.models.choice import fits_for
+        from engine.models.machine import this_machine
         from engine.sizes import parse_budget
 
         try:
@@ -167,10 +167,10 @@ def _pull(home: Path, model: str) -> int:
     Interrupted (Ctrl-C, the network), it resumes from where it stopped on the next try."""
     import asyncio
 
-    from engine.catalog import CatalogError, load_catalog
     from engine.cli.run import PullLines
     from engine.events import PullProgress, ShoalEvent
-    from engine.roles.loading import Pulls, resolve
+    from engine.models.catalog import CatalogError, load_catalog
+    from engine.models.loading import Pulls, resolve
 
     spec = model
     try:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from engine.events import Notice, PullProgress, ShoalEvent, Subscription
 from engine.files import write_private
+from engine.models.pulls import text as pull_text
 from engine.process_stamp import PROC, process_stamp, same_process
-from engine.pulls import text as pull_text
 from engine.service import Shoal
 from engine.serving_gc import pace_for_serving
 from engine.settings import UPSTREAM_RUNTIMES, Settings

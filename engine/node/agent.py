@@ -46,13 +46,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from engine import models
 from engine.link import messages as m
 from engine.link.admission import FIRST_MESSAGE_S, PRE_HELLO_S, PendingHandshakes
 from engine.link.connection import LinkError
 from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.mux import Carrier, Channel, Mux
 from engine.link.transport import Incoming, Link, LinkClosed, accept, serve
+from engine.models import ids as model_ids
 from engine.node import leases
 from engine.node.machine import MachineFacts
 from engine.runtimes.base import (
@@ -389,8 +389,8 @@ class NodeAgent:
             return answer(False, "the node is shutting down")
         spec = ask.spec.strip()
         try:
-            models.parse_model_id(spec)
-            if models.looks_like_path(spec):
+            model_ids.parse_model_id(spec)
+            if model_ids.looks_like_path(spec):
                 raise ValueError(f"{spec!r} names a file; a head names a model by its hub id "
                                  "(org/repo:QUANT)")
         except ValueError as exc:

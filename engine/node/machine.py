@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.pulls import disk
+from engine.models.pulls import disk
 
 DISK_EVERY_S = 5.0
 

@@ -1,5 +1,5 @@
 """Room on this machine's disk for a model a head of the fleet chose: sized on the hub,
-weighed against the owner's quota (engine.pulls.quota decides), and the fleet models that
+weighed against the owner's quota (engine.models.pulls.quota decides), and the fleet models that
 must go removed. Blocking file and network IO: run it off the event loop."""
 
 from __future__ import annotations
@@ -8,9 +8,12 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import model_store, models
-from engine.pulls import disk
-from engine.pulls.quota import FleetModel, Quota, make_room, quota_bytes
+from engine.models import cache as model_cache
+from engine.models import errors as model_errors
+from engine.models import ids
+from engine.models import store as model_store
+from engine.models.pulls import disk
+from engine.models.pulls.quota import FleetModel, Quota, make_room, quota_bytes
 from engine.runtimes import registry
 from engine.runtimes.base import RuntimeUnavailable
 
@@ -37,8 +40,8 @@ def room_for(spec: str, *, home: Path, offline: bool, quota: Quota, runtime: str
     except RuntimeUnavailable:
         return Made()  # the pull says so, in its own words
     try:
-        need = models.pull_size(spec, home=home, offline=offline)
-    except models.ModelMissing as exc:
+        need = model_cache.pull_size(spec, home=home, offline=offline)
+    except model_errors.ModelMissing as exc:
         return Made(refusal=str(exc))
     if need == 0:
         return Made()
@@ -51,7 +54,7 @@ def room_for(spec: str, *, home: Path, offline: bool, quota: Quota, runtime: str
             continue  # removed by the owner meanwhile: it takes nothing
         fleet.append(FleetModel(name, m.size, m.last_used or pulled,
                                 serving=bool(m.served_by) or name.lower() == serving.lower()))
-    folder = models.models_dir(home)
+    folder = ids.models_dir(home)
     room = make_room(fleet, quota_bytes(quota, disk.total_bytes(folder)), need, spec)
     if room.refusal is not None:
         return Made(need, room.refusal)

@@ -12,13 +12,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine import model_store
 from engine.discovery.service import announce_node
 from engine.errors import StartError
 from engine.link.transport import is_loopback
+from engine.models import store as model_store
+from engine.models.loading import Resolved, load_engine
 from engine.node.agent import NodeAgent, ServeModelAsked
 from engine.node.machine import MachineFacts
-from engine.roles.loading import Resolved, load_engine
 from engine.roles.sockets import bind, bound_address, parse_address
 from engine.runtimes.base import Engine
 from engine.runtimes.upstream.engine import UpstreamEngine

@@ -11,7 +11,7 @@ default for every model spec today); ``mock`` only when named. ``llama-server`` 
 
 Errors carry one line naming the cause and the fix: :class:`UnknownRuntime`
 (an id not in the table), :class:`~engine.runtimes.base.RuntimeUnavailable`
-(it cannot run here), and, when finding a model, ``engine.models.ModelMissing``.
+(it cannot run here), and, when finding a model, ``engine.models.errors.ModelMissing``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from engine.runtimes.upstream.dialect import Dialect
 from engine.runtimes.upstream.engine import UpstreamEngine
 
 if TYPE_CHECKING:
-    from engine.models import Cancel, Progress
+    from engine.models.cache import Progress
+    from engine.models.errors import Cancel
 
 DEFAULT_RUNTIME = "llamacpp"
 log = logging.getLogger("shoal")
@@ -77,15 +78,17 @@ class Runtime:
 def _gguf_model(spec: str | None, home: Path, offline: bool, progress: Progress | None,
                 cancel: Cancel | None) -> ResolvedModel:
     """A path as it is, an ``org/repo[:QUANT]`` pulled, no spec: the embedded default."""
-    from engine import models
+    from engine.models import cache as model_cache
+    from engine.models import embedded as model_embedded
+    from engine.models import ids as model_ids
 
     if spec is None:
-        path = models.ensure_embedded_default(home, offline=offline, progress=progress,
+        path = model_embedded.ensure_embedded_default(home, offline=offline, progress=progress,
                                               cancel=cancel)
-        return ResolvedModel(str(path), models.EMBEDDED_NAME)
-    path = models.resolve_model(spec, home=home, offline=offline, progress=progress,
+        return ResolvedModel(str(path), model_embedded.EMBEDDED_NAME)
+    path = model_cache.resolve_model(spec, home=home, offline=offline, progress=progress,
                                 cancel=cancel)
-    return ResolvedModel(str(path), models.model_name(spec))
+    return ResolvedModel(str(path), model_ids.model_name(spec))
 
 
 def _llamacpp_engine(spec: EngineSpec) -> Engine:
@@ -106,12 +109,13 @@ def _ignores_gpu(runtime: str, spec: EngineSpec, where: str) -> None:
 
 def _mlx_model(spec: str | None, home: Path, offline: bool, progress: Progress | None,
                cancel: Cancel | None) -> ResolvedModel:
-    from engine import models
+    from engine.models import errors as model_errors
+    from engine.models import ids as model_ids
 
     if spec is None:
-        raise models.ModelMissing("runtime mlx has no embedded default model; give an MLX "
+        raise model_errors.ModelMissing("runtime mlx has no embedded default model; give an MLX "
                                   "model folder or repo id, or use --runtime llamacpp")
-    return ResolvedModel(spec, models.model_name(spec))
+    return ResolvedModel(spec, model_ids.model_name(spec))
 
 
 def _mlx_engine(spec: EngineSpec) -> Engine:

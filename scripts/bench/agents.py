@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from app.editors import Offer, claude_code_shell  # noqa: E402
-from engine.models import ensure_test_gemma  # noqa: E402
+from engine.models.embedded import ensure_test_gemma  # noqa: E402
 from scripts.bench.head_overhead import replace_section  # noqa: E402
 from scripts.lib import agents  # noqa: E402
 

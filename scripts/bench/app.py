@@ -188,7 +188,7 @@ def free_port() -> int:
 def prepared_home(root: Path, name: str, port: int) -> Path:
     """A SHOAL_HOME with the embedded model in place and this machine's settings."""
     from engine.config import save_machine_settings
-    from engine.models import ensure_embedded_default
+    from engine.models.embedded import ensure_embedded_default
     from engine.settings import DiscoverySettings, HeadSettings, NodeSettings, Settings
 
     source = ensure_embedded_default(CACHE / "home")

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from smoke import scratch, verdict  # noqa: E402
 
-from engine.models import ensure_test_gemma  # noqa: E402
+from engine.models.embedded import ensure_test_gemma  # noqa: E402
 from engine.runtimes.base import GenerationRequest, Sampling  # noqa: E402
 from engine.runtimes.llamacpp import LlamaCppEngine  # noqa: E402
 

@@ -80,7 +80,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from engine.head.prompt.model import HeadModel, load_head_model  # noqa: E402
-from engine.models import ensure_embedded_default  # noqa: E402
+from engine.models.embedded import ensure_embedded_default  # noqa: E402
 from engine.runtimes.base import GenerationRequest, Sampling  # noqa: E402
 from engine.runtimes.llamacpp import N_BATCH_MAX, LlamaCppEngine, usable_cpus  # noqa: E402
 from engine.sizes import MiB  # noqa: E402

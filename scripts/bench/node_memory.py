@@ -66,7 +66,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from engine.head.prompt.model import HeadModel, load_head_model  # noqa: E402
-from engine.models import ensure_test_gemma  # noqa: E402
+from engine.models.embedded import ensure_test_gemma  # noqa: E402
 from engine.runtimes.llamacpp import LlamaCppVocab, usable_cpus  # noqa: E402
 from engine.sizes import GiB, MiB  # noqa: E402
 from scripts.bench import node_lanes as nl  # noqa: E402

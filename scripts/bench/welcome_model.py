@@ -242,8 +242,8 @@ class HubThread:
 
 def tiny_repos(home: Path) -> dict[str, dict[str, Path]]:
     """The catalog's tiny entries, each quantisation's files served from a test GGUF."""
-    from engine.catalog import load_catalog
-    from engine.models import ensure_embedded_default
+    from engine.models.catalog import load_catalog
+    from engine.models.embedded import ensure_embedded_default
 
     catalog, _ = load_catalog(home)
     smollm2 = ensure_embedded_default(CACHE / "home")
@@ -265,7 +265,7 @@ def tiny_repos(home: Path) -> dict[str, dict[str, Path]]:
 
 
 def hub_specs(home: Path, repos: dict[str, dict[str, Path]]) -> list[str]:
-    from engine.catalog import load_catalog
+    from engine.models.catalog import load_catalog
 
     catalog, _ = load_catalog(home)
     return [e.spec(q.name) for e in catalog.entries if e.gguf_repo in repos for q in e.quants]
@@ -320,9 +320,9 @@ def walk(home: Path, display: Display | None, hub: HubThread, specs: list[str],
 
 def default_suggestion(home: Path) -> str:
     """What the step suggests at this machine's own budget, for people."""
-    from engine.catalog import load_catalog
-    from engine.machine_facts import this_machine
-    from engine.model_choice import fleet_split
+    from engine.models.catalog import load_catalog
+    from engine.models.choice import fleet_split
+    from engine.models.machine import this_machine
 
     catalog, _ = load_catalog(home)
     machine, _ = this_machine(home, name="this machine")

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from engine.models import ensure_embedded_default, ensure_test_gemma
+from engine.models.embedded import ensure_embedded_default, ensure_test_gemma
 from tests.e2e.conftest import CACHE
 
 ROOT = Path(__file__).resolve().parents[2]

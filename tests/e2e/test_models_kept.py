@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import models
 from engine.errors import CommandError
+from engine.models import embedded, ids
 from engine.settings import NodeSettings
 from tests.integration.test_service import both, ready, running
 
@@ -31,7 +31,7 @@ async def cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def put_embedded(home: Path, source: Path) -> Path:
     """The embedded default in ``home``'s cache, as the first run leaves it."""
-    target = models.models_dir(home) / "embedded" / models.EMBEDDED_FILE
+    target = ids.models_dir(home) / "embedded" / embedded.EMBEDDED_FILE
     target.parent.mkdir(parents=True)
     shutil.copyfile(source, target)
     shutil.copyfile(source.with_name(source.name + ".sha256"),
@@ -49,23 +49,23 @@ async def test_a_served_model_is_kept_until_the_node_serves_another(
     async with running(settings) as shoal:
         await ready(shoal)
         kept = {m.name: m for m in await shoal.models.kept()}
-        served = kept[models.EMBEDDED_NAME]
+        served = kept[embedded.EMBEDDED_NAME]
         assert served.served_by == ("this machine",) and served.last_used is not None
         assert served.size == target.stat().st_size
         with pytest.raises(CommandError, match=r"is being served on this machine") as refused:
-            await shoal.models.remove(models.EMBEDDED_NAME)
+            await shoal.models.remove(embedded.EMBEDDED_NAME)
         assert refused.value.code == "model_in_use" and target.exists()
         # another process, the CLI, sees the same and says so in one line
-        out = await cli(home, "rm", models.EMBEDDED_NAME)
+        out = await cli(home, "rm", embedded.EMBEDDED_NAME)
         assert out.returncode == 2 and target.exists()
-        assert out.stderr.startswith(f"shoal: {models.EMBEDDED_NAME} is being served on this "
+        assert out.stderr.startswith(f"shoal: {embedded.EMBEDDED_NAME} is being served on this "
                                      f"machine (pid {os.getpid()}); switch")
         listed = await cli(home, "list", "--head", "127.0.0.1:9")
         assert listed.returncode == 0
         assert f"pid {os.getpid()}" in listed.stdout.splitlines()[1]
         await shoal.set_model("mock-m", runtime="mock")
         assert (await shoal.models.kept())[0].served_by == ()
-        gone = await cli(home, "rm", models.EMBEDDED_NAME)
+        gone = await cli(home, "rm", embedded.EMBEDDED_NAME)
         assert gone.returncode == 0 and gone.stdout.startswith(
-            f"removed {models.EMBEDDED_NAME} (")
+            f"removed {embedded.EMBEDDED_NAME} (")
         assert not target.exists() and await shoal.models.kept() == []

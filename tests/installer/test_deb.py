@@ -118,7 +118,7 @@ def test_the_bundle_carries_the_model_icons_desktop_entry_and_catalog(built: Bui
     assert {p.name for p in (res / "icons").glob("shoal-*.png")} == {
         f"shoal-{s}.png" for s in bundle.ICON_SIZES}
     assert (res / "shoal.desktop").is_file()
-    # engine.catalog.bundled_catalog_path() reads it there in a frozen bundle
+    # engine.models.catalog.bundled_catalog_path() reads it there in a frozen bundle
     assert (res / "catalog.toml").read_bytes() == bundle.catalog_file().read_bytes()
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.catalog import bundled_catalog_path
+from engine.models.catalog import bundled_catalog_path
 from tests.integration.test_service import both, running
 
 pytestmark = pytest.mark.timeout(60)

@@ -17,7 +17,7 @@ import pytest
 
 from engine.errors import CommandError
 from engine.link import messages as m
-from engine.models import HubId
+from engine.models.cache import HubId
 from engine.node.agent import NO_FLEET_MODELS, NodeAgent
 from engine.runtimes import registry
 from engine.runtimes.mock import MockEngine

@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from engine import model_store, models, service
+from engine import service
 from engine.errors import CommandError
+from engine.models import cache as model_cache
+from engine.models import ids as model_ids
+from engine.models import store as model_store
 from engine.runtimes import registry
 from engine.service import Shoal
 from engine.settings import NodeSettings, Settings
@@ -36,10 +39,10 @@ def hub_pulls(spec: str | None, home: Path, offline: bool, progress: object,
     """The mock runtime's model lookup, pulling a hub id as llama.cpp's does."""
     if spec is None or "/" not in spec:
         return registry.ResolvedModel(spec or "mock", spec or "mock")
-    path = models.resolve_model(spec, home=home, offline=offline,
+    path = model_cache.resolve_model(spec, home=home, offline=offline,
                                 progress=progress,  # type: ignore[arg-type]
                                 cancel=cancel)  # type: ignore[arg-type]
-    return registry.ResolvedModel(str(path), models.model_name(spec))
+    return registry.ResolvedModel(str(path), model_ids.model_name(spec))
 
 
 @pytest.fixture

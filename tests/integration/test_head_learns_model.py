@@ -14,11 +14,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from engine import model_store, models
 from engine.config import machine_settings
 from engine.head.prompt.model import HeadModel, load_head_model
-from engine.pulls import header_fetch
-from engine.pulls.header_fetch import HeaderFile, NoRange, fetch_header, headers_dir
+from engine.models import cache as model_cache
+from engine.models import errors as model_errors
+from engine.models import store as model_store
+from engine.models.pulls import header_fetch
+from engine.models.pulls.header_fetch import HeaderFile, NoRange, fetch_header, headers_dir
 from engine.runtimes.mock import MockTokenizer
 from engine.service import Shoal
 from engine.settings import HeadSettings, Settings
@@ -84,8 +86,8 @@ async def test_a_header_fetch_sends_a_sliver_of_the_file_and_reads_as_the_file(
     assert_reads_the_same(learnt, full)
     await free(learnt, full)
     # never taken for the model: no pull finds it, no list of kept models shows it
-    with pytest.raises(models.ModelMissing):
-        models.resolve_model(GEMMA, home=home, offline=True)
+    with pytest.raises(model_errors.ModelMissing):
+        model_cache.resolve_model(GEMMA, home=home, offline=True)
     assert await asyncio.to_thread(model_store.kept_models, home) == []
 
 
@@ -119,7 +121,7 @@ async def test_no_header_is_fetched_where_files_cannot_be_sparse(
     hub = hub_of(smollm2_gguf, gemma_gguf)
     home = tmp_path / "home"
     async with serving(hub):
-        with pointed_at(monkeypatch, hub.url), pytest.raises(models.ModelMissing) as refused:
+        with pointed_at(monkeypatch, hub.url), pytest.raises(model_errors.ModelMissing) as refused:
             await asyncio.to_thread(fetch_header, GEMMA, home=home)
     line = str(refused.value)
     assert "without sparse files" in line and "pull the model on this machine" in line

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from engine import models
 from engine.events import PullProgress, ShoalEvent
-from engine.pulls import disk, shared, transfer
-from engine.pulls.cache import blob_path
-from engine.pulls.plan import MARGIN
-from engine.roles import loading
+from engine.models import cache as model_cache
+from engine.models import errors as model_errors
+from engine.models import ids, loading
+from engine.models.pulls import disk, shared, transfer
+from engine.models.pulls.cache import blob_path
+from engine.models.pulls.plan import MARGIN
 from engine.sizes import amount
 from tests.e2e.conftest import smollm2_gguf  # noqa: F401  # the real GGUF, cached per machine
 from tests.fakehub import CHUNK, COMMIT, FakeHub, pointed_at, serving
@@ -57,24 +58,24 @@ def hub_for(gguf: Path, **kw: object) -> FakeHub:
                    **kw)  # type: ignore[arg-type]
 
 
-async def pull(home: Path, *, cancel: models.Cancel | None = None,
+async def pull(home: Path, *, cancel: model_errors.Cancel | None = None,
                seen: list[tuple[str, int, int]] | None = None) -> Path:
     def progress(line: str, done: int, total: int) -> None:
         if seen is not None:
             seen.append((line, done, total))
 
     async with asyncio.timeout(TIMEOUT_S):
-        return await asyncio.to_thread(models.resolve_model, SPEC, home=home, offline=False,
+        return await asyncio.to_thread(model_cache.resolve_model, SPEC, home=home, offline=False,
                                        progress=progress, cancel=cancel)
 
 
 def key_of(home: Path, sha: str) -> str:
     """What the shared registry keys a download by: the blob it fills in that home."""
-    return str(blob_path(models.models_dir(home) / "hub", REPO, sha))
+    return str(blob_path(ids.models_dir(home) / "hub", REPO, sha))
 
 
 async def two_pulls(home: Path, hub: FakeHub, sha: str, *,
-                    cancel: models.Cancel | None = None,
+                    cancel: model_errors.Cancel | None = None,
                     seen: tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]] = ([], []),
                     ) -> tuple[asyncio.Task[Path], asyncio.Task[Path]]:
     """A pull the hub holds part-way (``cancel`` is its flag), and a second of the same
@@ -188,7 +189,7 @@ async def test_an_interrupted_pull_is_resumed_by_the_next_one_after_a_restart(
     hub = hub_for(gguf, cut_after=size // 2, cuts=1)
     async with serving(hub):
         with pointed_at(monkeypatch, hub.url):
-            with pytest.raises(models.ModelMissing) as failed:
+            with pytest.raises(model_errors.ModelMissing) as failed:
                 await pull(tmp_path)
             line = str(failed.value)
             assert line.startswith(f"the download of {REPO}/{FILE} stopped at ")
@@ -215,7 +216,7 @@ async def test_bytes_that_do_not_match_the_hub_sha256_are_refused_and_removed(
     size = gguf.stat().st_size
     hub = hub_for(gguf, corrupt=True)
     async with serving(hub):
-        with pointed_at(monkeypatch, hub.url), pytest.raises(models.ModelMissing) as refused:
+        with pointed_at(monkeypatch, hub.url), pytest.raises(model_errors.ModelMissing) as refused:
             await pull(tmp_path)
     line = str(refused.value)
     assert line.startswith(f"{REPO}/{FILE} came out with sha256 ")
@@ -234,7 +235,7 @@ async def test_a_disk_too_small_is_refused_before_any_byte(
     monkeypatch.setattr(disk, "free_bytes", lambda _p: free)
     hub = hub_for(gguf)
     async with serving(hub):
-        with pointed_at(monkeypatch, hub.url), pytest.raises(models.ModelMissing) as refused:
+        with pointed_at(monkeypatch, hub.url), pytest.raises(model_errors.ModelMissing) as refused:
             await pull(tmp_path)
     assert str(refused.value) == (
         f"pulling {REPO}/{FILE} needs {amount(size + MARGIN)} more and "
@@ -248,13 +249,13 @@ async def cancelled_half_way(tmp_path: Path, hub: FakeHub, sha: str, *,
                              keep_part: bool) -> None:
     """A pull that ``hub`` holds half-way, cancelled once its part is being written
     (``keep_part``: as Shoal.stop cancels a fleet-chosen pull)."""
-    cancel = models.Cancel()
+    cancel = model_errors.Cancel()
     task = asyncio.create_task(pull(tmp_path, cancel=cancel))
     await asyncio.wait_for(hub.held.wait(), TIMEOUT_S)
     await until(lambda: part_of(tmp_path, sha).exists(), "the part being written")
     cancel.set(keep_part=keep_part)
     hub.release.set()
-    with pytest.raises(models.PullCancelled):
+    with pytest.raises(model_errors.PullCancelled):
         await task
 
 
@@ -307,12 +308,12 @@ async def test_two_pulls_of_one_file_share_one_download(
 async def test_one_of_two_pulls_cancelled_leaves_the_other_its_download(
         tmp_path: Path, held: FakeHub, sha: str, monkeypatch: pytest.MonkeyPatch) -> None:
     hub = held
-    cancel = models.Cancel()
+    cancel = model_errors.Cancel()
     async with serving(hub):
         with pointed_at(monkeypatch, hub.url):
             a, b = await two_pulls(tmp_path, hub, sha, cancel=cancel)
             cancel.set()
-            with pytest.raises(models.PullCancelled):
+            with pytest.raises(model_errors.PullCancelled):
                 await a  # at once, while the download is still held
             assert not b.done() and shared.REGISTRY.callers(key_of(tmp_path, sha)) == 1
             hub.release.set()
@@ -330,8 +331,8 @@ async def test_offline_finds_the_pulled_model(
             again = await pull(tmp_path)  # in the cache: asked about, not downloaded again
     assert again == path and hub.gets == 1 and hub.infos == 2
     # the hub is gone: --offline reads the cache alone
-    found = await asyncio.to_thread(models.resolve_model, SPEC, home=tmp_path, offline=True)
+    found = await asyncio.to_thread(model_cache.resolve_model, SPEC, home=tmp_path, offline=True)
     assert found == path and await asyncio.to_thread(_sha256, found) == sha
-    with pytest.raises(models.ModelMissing, match="not in the cache"):
-        await asyncio.to_thread(models.resolve_model, f"{REPO}:Q2_K", home=tmp_path,
+    with pytest.raises(model_errors.ModelMissing, match="not in the cache"):
+        await asyncio.to_thread(model_cache.resolve_model, f"{REPO}:Q2_K", home=tmp_path,
                                 offline=True)

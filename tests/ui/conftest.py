@@ -226,7 +226,7 @@ async def shell(mock_settings: Settings) -> AsyncIterator[Shell]:
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """SmolLM2-135M-Instruct Q4_1, the embedded default model (cached across runs)."""
-    from engine.models import ensure_embedded_default
+    from engine.models.embedded import ensure_embedded_default
     from tests.e2e.conftest import CACHE
 
     return ensure_embedded_default(CACHE / "home")

@@ -22,7 +22,7 @@ from app.pages.models import ModelsPage
 from app.prefs import Prefs
 from app.tray import TrayView, menu_entries
 from app.window import MainWindow
-from engine.fit import Fit, tokens_text
+from engine.models.fit import Fit, tokens_text
 from engine.service import Shoal
 from engine.settings import NodeSettings
 from engine.sizes import amount

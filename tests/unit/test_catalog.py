@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 import tomli_w
 
-from engine import catalog as cat
-from engine import models
-from engine.catalog import CatalogError, load_catalog, parse_catalog
+from engine.models import catalog as cat
+from engine.models import embedded as model_embedded
+from engine.models import ids as model_ids
+from engine.models.catalog import CatalogError, load_catalog, parse_catalog
 
 BUNDLED = Path(__file__).resolve().parents[2] / "resources" / "catalog.toml"
 
@@ -57,7 +58,7 @@ def test_ids_and_repositories_are_unique_and_valid_hub_ids(shipped: cat.Catalog)
     assert len(set(ids)) == len(ids)
     assert len(set(repos)) == len(repos)
     for e in shipped.entries:
-        assert models.parse_model_id(e.gguf_repo).quant is None
+        assert model_ids.parse_model_id(e.gguf_repo).quant is None
         if e.mlx_repo is not None:
             assert e.mlx_repo.startswith("mlx-community/"), e.id
 
@@ -90,7 +91,7 @@ def test_the_two_test_models_are_small_entries_with_the_files_the_tests_serve(
     assert smol is not None and gemma is not None
     assert smol.uses == ("small",) and gemma.uses == ("small",)
     # the embedded default is this repository's Q4_1 file, byte for byte
-    assert smol.quant().files == (models.EMBEDDED_FILE,)
+    assert smol.quant().files == (model_embedded.EMBEDDED_FILE,)
     assert smol.quant().size == 98_362_432
     assert gemma.quant("Q4_K_M").files == ("gemma-3-270m-it-Q4_K_M.gguf",)
 
@@ -103,7 +104,7 @@ def test_spec_and_by_spec_round_trip_for_every_quant(shipped: cat.Catalog) -> No
         for q in e.quants:
             spec = e.spec(q.name)
             assert spec == f"{e.gguf_repo}:{q.name}"
-            assert models.parse_model_id(spec) == models.ModelId(e.gguf_repo, q.name)
+            assert model_ids.parse_model_id(spec) == model_ids.ModelId(e.gguf_repo, q.name)
             assert shipped.by_spec(spec) == (e, q)
             assert shipped.by_spec(spec.upper()) == (e, q)
             assert shipped.by_spec(spec.lower()) == (e, q)

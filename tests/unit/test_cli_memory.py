@@ -109,8 +109,8 @@ def test_the_budget_kv_type_and_gpu_reach_llama_cpp_and_the_mock_ignores_them(
 
 async def test_the_nodes_gpu_reaches_its_engine(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.roles import loading
-    from engine.roles.loading import Resolved
+    from engine.models import loading
+    from engine.models.loading import Resolved
     from engine.roles.local_node import LocalNode
     from engine.runtimes import registry
 
@@ -135,7 +135,7 @@ async def test_the_nodes_gpu_reaches_its_engine(tmp_path: Path,
 
 
 async def test_a_share_too_small_for_this_machine_is_refused_at_the_load() -> None:
-    from engine.roles.loading import Resolved, load_engine
+    from engine.models.loading import Resolved, load_engine
 
     with pytest.raises(StartError) as err:
         await load_engine(Resolved("m", "m", "mock"), name="m", lanes=1, max_context=None,
@@ -150,7 +150,7 @@ async def test_a_share_too_small_for_this_machine_is_refused_at_the_load() -> No
 ])
 async def test_the_idle_unload_reaches_the_nodes_agent(tmp_path: Path, flags: tuple[str, ...],
                                                        want: float | None) -> None:
-    from engine.roles.loading import Resolved
+    from engine.models.loading import Resolved
     from engine.roles.local_node import LocalNode
 
     ns = settings(tmp_path, "node", "--model", "m", "--runtime", "mock", *flags).node

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import ConfigError, machine_settings, parse_config, save_machine_settings
-from engine.pulls.quota import Quota
+from engine.models.pulls.quota import Quota
 from engine.settings import HeadSettings, NodeSettings, Settings
 from engine.sizes import GiB, MiB, Share
 

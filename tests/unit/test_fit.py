@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.fit import (
+from engine.models.fit import (
     AGENT_WINDOW,
     Candidate,
     Machine,

@@ -1,11 +1,11 @@
 """The quota of the models a fleet's head chose for a node (issue 30, item 4): what goes to
-make room for another, and when it is refused (engine/pulls/quota.py, pure)."""
+make room for another, and when it is refused (engine/models/pulls/quota.py, pure)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.pulls.quota import FleetModel, Room, make_room, parse_quota, quota_bytes
+from engine.models.pulls.quota import FleetModel, Room, make_room, parse_quota, quota_bytes
 from engine.sizes import GiB, Share, amount
 
 OLD = FleetModel("acme/Old-GGUF:Q4_K_M", 6 * GiB, last_used=100.0)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.pulls import gguf_header
-from engine.pulls.gguf_header import Complete, HeaderError, NeedMore, header_extent
+from engine.models.pulls import gguf_header
+from engine.models.pulls.gguf_header import Complete, HeaderError, NeedMore, header_extent
 from tests.e2e.conftest import gemma_gguf, smollm2_gguf  # noqa: F401  # cached per machine
 
 # where each header ends and its tensor data begins, as llama.cpp's gguf reader finds them

@@ -1,5 +1,5 @@
 """`shoal node join` without --model serves the embedded default, as `shoal serve` and
-the app do: the same settings (model None) and the same resolver (engine.roles.loading)
+the app do: the same settings (model None) and the same resolver (engine.models.loading)
 that turn it into the embedded GGUF. `shoal node` (heads dial it) still asks for one."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from engine import events as ev
 from engine.cli import _node, join_settings, serve_settings
 from engine.cli.parser import build_parser
 from engine.errors import StartError
-from engine.models import EMBEDDED_FILE, EMBEDDED_NAME
-from engine.roles.loading import Pulls, resolve
+from engine.models.embedded import EMBEDDED_FILE, EMBEDDED_NAME
+from engine.models.loading import Pulls, resolve
 
 GGUF = b"GGUF" + bytes(range(256)) * 16
 

@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from engine import model_store as ms
-from engine import models
+from engine.models import embedded as model_embedded
+from engine.models import ids
+from engine.models import store as ms
 
 
 def hub_file(home: Path, repo: str, name: str, data: bytes, *, sha: str) -> Path:
     """A file laid out as a hub pull leaves it: a blob and a snapshot link to it."""
-    repo_dir = models.models_dir(home) / "hub" / ("models--" + repo.replace("/", "--"))
+    repo_dir = ids.models_dir(home) / "hub" / ("models--" + repo.replace("/", "--"))
     blob = repo_dir / "blobs" / sha
     blob.parent.mkdir(parents=True, exist_ok=True)
     blob.write_bytes(data)
@@ -34,7 +35,7 @@ def home(tmp_path: Path) -> Path:
     for i in (1, 2):
         hub_file(tmp_path, "org/Big-GGUF", f"Big-Q4_K_M-0000{i}-of-00002.gguf", b"c" * 3000,
                  sha=str(2 + i) * 64)
-    embedded = models.models_dir(tmp_path) / "embedded" / models.EMBEDDED_FILE
+    embedded = ids.models_dir(tmp_path) / "embedded" / model_embedded.EMBEDDED_FILE
     embedded.parent.mkdir(parents=True)
     embedded.write_bytes(b"e" * 100)
     part = ms.downloads_dir(tmp_path) / ("9" * 64 + ".part")
@@ -49,7 +50,7 @@ def test_every_kept_model_is_listed_by_the_name_a_user_types_with_its_disk(home:
         ("org/Coder-GGUF:Q8_0", 7000, "hub"),
         ("org/Big-GGUF:Q4_K_M", 6000, "hub"),  # both shards, listed once
         ("org/Coder-GGUF:Q4_K_M", 4000, "hub"),
-        (models.EMBEDDED_NAME, 100, "embedded"),
+        (model_embedded.EMBEDDED_NAME, 100, "embedded"),
         ("partial download 999999999999", 50, "partial"),
     ]
     assert ms.total_bytes(kept) == 17150
@@ -84,7 +85,7 @@ def test_a_model_served_here_is_refused_removal_with_why_then_removed_after(home
 
 def test_removing_a_repositorys_last_model_removes_its_folder(home: Path) -> None:
     ms.remove(home, "org/Big-GGUF")  # the repo alone names it: one quant kept
-    assert not (models.models_dir(home) / "hub" / "models--org--Big-GGUF").exists()
+    assert not (ids.models_dir(home) / "hub" / "models--org--Big-GGUF").exists()
     ms.remove(home, "partial download 999999999999")
     assert not any(ms.downloads_dir(home).iterdir())
 

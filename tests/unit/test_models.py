@@ -7,19 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.models import (
-    ModelChoiceError,
-    ModelId,
-    ModelMissing,
+from engine.models.cache import resolve_model
+from engine.models.embedded import (
     _install_stream,
     _verified,
     ensure_embedded_default,
     ensure_test_gemma,
-    parse_model_id,
-    pick_gguf,
-    resolve_model,
-    shards_of,
 )
+from engine.models.errors import ModelMissing
+from engine.models.ids import ModelChoiceError, ModelId, parse_model_id, pick_gguf, shards_of
 from engine.settings import default_home
 
 
@@ -235,7 +231,8 @@ def test_install_refuses_a_wrong_checksum(tmp_path: Path) -> None:
 def test_a_name_from_the_fleet_is_never_a_path_here(tmp_path, monkeypatch) -> None:
     """`etc/hostname` has the shape of org/repo: a head must not make a node load a file of
     its machine by naming it."""
-    from engine.models import HubId, ModelMissing, resolve_model
+    from engine.models.cache import HubId, resolve_model
+    from engine.models.errors import ModelMissing
 
     (tmp_path / "etc").mkdir()
     (tmp_path / "etc" / "hostname").write_text("box\n")

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from engine import models
-from engine.models import (
+from engine.models import embedded as model_embedded
+from engine.models.embedded import (
     EMBEDDED_FILE,
-    ModelMissing,
     _verified,
     bundled_models_dir,
     ensure_embedded_default,
 )
+from engine.models.errors import ModelMissing
 
 GGUF = b"GGUF" + bytes(range(256)) * 64
 
@@ -27,7 +27,7 @@ def _no_pip(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the bundled model must be used without pip")
 
-    monkeypatch.setattr(models, "_pip_download", refuse)
+    monkeypatch.setattr(model_embedded, "_pip_download", refuse)
     monkeypatch.delenv("SHOAL_BUNDLED_MODELS", raising=False)
 
 

@@ -1,6 +1,6 @@
-"""The hub cache layout a pull installs into (engine/pulls/cache.py): a blob named by its
+"""The hub cache layout a pull installs into (engine/models/pulls/cache.py): a blob named by its
 sha256, a relative link to it in the commit's snapshot, refs/main; and --offline reading
-it (engine.models.resolve_model)."""
+it (engine.models.cache.resolve_model)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import models
-from engine.pulls import cache
+from engine.models import cache as model_cache
+from engine.models import errors as model_errors
+from engine.models.pulls import cache
 
 SHA = "ab" * 32
 COMMIT = "1" * 40
@@ -33,7 +34,7 @@ def test_a_blob_goes_in_whole_and_its_snapshot_links_to_it(tmp_path: Path) -> No
     assert snap.read_bytes() == b"GGUF model"
     assert cache.main_commit(hub, REPO) == COMMIT
     assert cache.link(hub, REPO, COMMIT, "sub/m-Q4_K_M.gguf", SHA) == snap  # idempotent
-    got = models.resolve_model(f"{REPO}:Q4_K_M", home=tmp_path, offline=True)
+    got = model_cache.resolve_model(f"{REPO}:Q4_K_M", home=tmp_path, offline=True)
     assert got == snap
 
 
@@ -68,5 +69,5 @@ def test_the_same_file_in_another_repository_is_linked_not_fetched(tmp_path: Pat
 def test_a_snapshot_whose_blob_is_gone_is_not_in_the_cache(tmp_path: Path) -> None:
     hub = tmp_path / "models" / "hub"
     cache.link(hub, REPO, COMMIT, "m-Q4_K_M.gguf", SHA)  # a link to no blob
-    with pytest.raises(models.ModelMissing, match="not in the cache"):
-        models.resolve_model(f"{REPO}:Q4_K_M", home=tmp_path, offline=True)
+    with pytest.raises(model_errors.ModelMissing, match="not in the cache"):
+        model_cache.resolve_model(f"{REPO}:Q4_K_M", home=tmp_path, offline=True)

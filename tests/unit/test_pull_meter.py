@@ -1,11 +1,11 @@
 """The pull meter: bytes and a monotonic time in, the rate over a sliding window and the
-time left out (engine/pulls/meter.py), as tables."""
+time left out (engine/models/pulls/meter.py), as tables."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.pulls.meter import Meter, Reading
+from engine.models.pulls.meter import Meter, Reading
 
 MB = 1 << 20
 

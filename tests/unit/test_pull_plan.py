@@ -1,13 +1,13 @@
-"""The pure decisions of a download (engine/pulls/plan.py): where it resumes, what a
+"""The pure decisions of a download (engine/models/pulls/plan.py): where it resumes, what a
 response to a ranged request means, and how much disk is missing; and what a repository
-file name may be before it names a path (engine/pulls/hub.py)."""
+file name may be before it names a path (engine/models/pulls/hub.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.pulls.hub import safe_name
-from engine.pulls.plan import (
+from engine.models.pulls.hub import safe_name
+from engine.models.pulls.plan import (
     MARGIN,
     Need,
     body_starts_at,

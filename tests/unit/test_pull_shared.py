@@ -1,4 +1,4 @@
-"""One download per blob in a process (engine/pulls/shared.py): callers share a transfer,
+"""One download per blob in a process (engine/models/pulls/shared.py): callers share a transfer,
 hear its progress and get its result or its error; a cancel lets one caller go, and
 stops the transfer only when every caller has cancelled. Threads and events, no sockets."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.pulls.errors import Cancel, ModelMissing, PullCancelled
-from engine.pulls.shared import Handle, Shared
+from engine.models.errors import Cancel, ModelMissing, PullCancelled
+from engine.models.pulls.shared import Handle, Shared
 
 WAIT_S = 10.0
 KEY = "ab" * 32

@@ -1,4 +1,4 @@
-"""How a pull reads (engine/pulls/text.py), and what the CLI prints of its events: a
+"""How a pull reads (engine/models/pulls/text.py), and what the CLI prints of its events: a
 line per step, then one at every tenth with the rate and the time left."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from engine.cli.run import PullLines
 from engine.events import PullProgress
-from engine.pulls.text import duration, progress
+from engine.models.pulls.text import duration, progress
 from engine.sizes import amount
 
 MB = 1 << 20

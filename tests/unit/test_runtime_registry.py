@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.models import ModelMissing
+from engine.models.errors import ModelMissing
 from engine.runtimes import registry
 from engine.runtimes.base import GenerationRequest, RuntimeUnavailable, Sampling
 from engine.runtimes.llamacpp import LlamaCppEngine

@@ -6,8 +6,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from engine.catalog import Catalog, CatalogEntry, CatalogQuant
-from engine.fit import Candidate, Fit, Machine, ModelShape, Suggestion, estimate, suggest_split
+from engine.models.catalog import Catalog, CatalogEntry, CatalogQuant
+from engine.models.fit import (
+    Candidate,
+    Fit,
+    Machine,
+    ModelShape,
+    Suggestion,
+    estimate,
+    suggest_split,
+)
 
 
 def shape_of(entry: CatalogEntry, quant: CatalogQuant, kv_type: str = "f16") -> ModelShape:

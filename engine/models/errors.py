@@ -1,5 +1,5 @@
-"""What a pull raises, and the flag that cancels one (below `engine.models`, which
-re-exports them)."""
+"""What a pull raises, and the flag that cancels one (the leaf below every module of
+`engine.models`)."""
 
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from engine.pulls.errors import CANCELLED, Cancel, ModelMissing, PullCancelled, one_line
-from engine.pulls.transfer import Report
+from engine.models.errors import CANCELLED, Cancel, ModelMissing, PullCancelled, one_line
+from engine.models.pulls.transfer import Report
 
 log = logging.getLogger("shoal.pulls")
 

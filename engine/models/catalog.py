@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import nesting
-from engine.models import parse_model_id
+from engine.models.ids import parse_model_id
 
 CATALOG_FILE = "catalog.toml"
 # the sizes a catalog may be read at: a larger file is not a catalog
@@ -375,7 +375,7 @@ def bundled_catalog_path() -> Path:
     """resources/catalog.toml beside the engine package, or inside a frozen bundle
     (PyInstaller's ``sys._MEIPASS``)."""
     base = getattr(sys, "_MEIPASS", None)
-    root = Path(base) if getattr(sys, "frozen", False) and base else Path(__file__).parents[1]
+    root = Path(base) if getattr(sys, "frozen", False) and base else Path(__file__).parents[2]
     return root / "resources" / CATALOG_FILE
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engine.pulls.errors import ModelMissing, one_line
+from engine.models.errors import ModelMissing, one_line
 
 INFO_TIMEOUT_S = 30.0
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")

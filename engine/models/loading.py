@@ -3,7 +3,7 @@ cancel), check its runtime, load an engine for a node or a vocabulary for a head
 
 Every slow step runs in a worker thread; progress comes back to the loop as
 `PullProgress` events, a few a second while bytes come or stall, with the rate and the
-time left measured where the bytes arrive (engine.pulls.meter).
+time left measured where the bytes arrive (engine.models.pulls.meter).
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine import models
 from engine.errors import StartError
 from engine.events import Emit, PullProgress
 from engine.head.prompt.model import HeadModel
 from engine.head.prompt.model import load_head_model as _load_head_model
 from engine.head.prompt.templates import TemplateError
-from engine.pulls.meter import Meter, Reading
+from engine.models import embedded as model_embedded
+from engine.models import errors as model_errors
+from engine.models.pulls.meter import Meter, Reading
 from engine.runtimes import registry
 from engine.runtimes.base import Engine, RuntimeUnavailable
 from engine.runtimes.budget import total_memory_bytes
@@ -44,7 +45,7 @@ class Pulls:
 
     running: dict[str, PullProgress] = field(default_factory=dict)
     # one flag per resolve under way: two of one model (a head's and a node's) both stop
-    cancels: dict[str, list[models.Cancel]] = field(default_factory=dict)
+    cancels: dict[str, list[model_errors.Cancel]] = field(default_factory=dict)
 
     def cancel(self, model: str, *, keep_part: bool = False) -> bool:
         """Stop the pulls of ``model``; ``keep_part``: for the next start (quitting)."""
@@ -55,10 +56,10 @@ class Pulls:
             flag.set(keep_part=keep_part)
         return True
 
-    def add(self, model: str, flag: models.Cancel) -> None:
+    def add(self, model: str, flag: model_errors.Cancel) -> None:
         self.cancels.setdefault(model, []).append(flag)
 
-    def remove(self, model: str, flag: models.Cancel) -> bool:
+    def remove(self, model: str, flag: model_errors.Cancel) -> bool:
         """Forget ``flag``; True when it was the last resolve of ``model``."""
         flags = self.cancels.get(model, [])
         if flag in flags:
@@ -76,8 +77,8 @@ async def resolve(spec: str | None, runtime: str | None, *, home: Path, offline:
         await asyncio.to_thread(registry.check_runtime, rt)
     except RuntimeUnavailable as exc:
         raise StartError(str(exc), code="runtime_unavailable") from None
-    label = spec or models.EMBEDDED_NAME
-    cancel = models.Cancel()
+    label = spec or model_embedded.EMBEDDED_NAME
+    cancel = model_errors.Cancel()
     loop = asyncio.get_running_loop()
     latest = _Latest()
 
@@ -105,11 +106,11 @@ async def resolve(spec: str | None, runtime: str | None, *, home: Path, offline:
         path, name = await asyncio.to_thread(
             registry.resolve_model, rt, spec, home=home, offline=offline, progress=progress,
             cancel=cancel)
-    except models.PullCancelled as exc:
+    except model_errors.PullCancelled as exc:
         if pulls.remove(label, cancel):
             _finish(label, "cancelled", str(exc), emit, pulls)
         raise StartError(str(exc), code="pull_cancelled") from None
-    except (models.ModelMissing, RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
+    except (model_errors.ModelMissing, RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
         if pulls.remove(label, cancel):
             _finish(label, "failed", str(exc), emit, pulls)
         raise StartError(str(exc), code="model_missing") from None

@@ -30,12 +30,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from engine import models
-from engine.pulls.cache import fsync_dir, repo_dir
-from engine.pulls.errors import ModelMissing, one_line
-from engine.pulls.gguf_header import MAX_HEADER_BYTES, Complete, HeaderError, header_extent
-from engine.pulls.hub import HubUnreachable, RepoInfo, repo_info
-from engine.pulls.plan import body_starts_at
+from engine.models import ids
+from engine.models.errors import ModelMissing, one_line
+from engine.models.pulls.cache import fsync_dir, repo_dir
+from engine.models.pulls.gguf_header import MAX_HEADER_BYTES, Complete, HeaderError, header_extent
+from engine.models.pulls.hub import HubUnreachable, RepoInfo, repo_info
+from engine.models.pulls.plan import body_starts_at
 from engine.sizes import amount
 
 FIRST_BYTES = 2 << 20  # a small model's header is under 2 MB; a large vocabulary's, ~20
@@ -56,7 +56,7 @@ class HeaderFile:
 
 
 def headers_dir(home: Path) -> Path:
-    return models.models_dir(home) / "headers"
+    return ids.models_dir(home) / "headers"
 
 
 def header_path(home: Path, repo: str, commit: str, name: str) -> Path:
@@ -68,7 +68,7 @@ def fetch_header(spec: str, *, home: Path, offline: bool = False) -> HeaderFile:
     """The header file of the hub model ``spec`` (org/repo[:QUANT]), fetched unless it is
     here already. ModelMissing (one line) when it cannot be had."""
     try:
-        mid = models.parse_model_id(spec)
+        mid = ids.parse_model_id(spec)
     except ValueError as exc:
         raise ModelMissing(str(exc)) from None
     if offline:
@@ -79,16 +79,16 @@ def fetch_header(spec: str, *, home: Path, offline: bool = False) -> HeaderFile:
         info = repo_info(mid.repo)
     except HubUnreachable as exc:
         return _on_disk(mid, home, why=f"the hub is unreachable ({exc})")
-    chosen = models.pick_gguf(info.names, mid.quant)
+    chosen = ids.pick_gguf(info.names, mid.quant)
     fetched = 0
-    names = models.shards_of(info.names, chosen)
+    names = ids.shards_of(info.names, chosen)
     for name in names:
         fetched += _one(info, name, home)
     return HeaderFile(header_path(home, info.repo, info.commit, chosen), fetched,
                       sum(info.file(n).size for n in names))
 
 
-def _on_disk(mid: models.ModelId, home: Path, *, why: str) -> HeaderFile:
+def _on_disk(mid: ids.ModelId, home: Path, *, why: str) -> HeaderFile:
     """A header fetched before, when the hub cannot be asked."""
     folder = repo_dir(headers_dir(home), mid.repo)
     commits = sorted(folder.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True) \
@@ -96,8 +96,8 @@ def _on_disk(mid: models.ModelId, home: Path, *, why: str) -> HeaderFile:
     for commit in commits:
         names = [p.name[len(PREFIX):] for p in commit.glob(PREFIX + "*") if p.is_file()]
         try:
-            chosen = models.pick_gguf(names, mid.quant)
-        except models.ModelChoiceError:
+            chosen = ids.pick_gguf(names, mid.quant)
+        except ids.ModelChoiceError:
             continue
         path = commit / (PREFIX + chosen)
         return HeaderFile(path, 0, path.stat().st_size)

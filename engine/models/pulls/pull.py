@@ -11,13 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.filelock import exclusive
-from engine.pulls import disk, shared
-from engine.pulls.cache import blob_path, has_blob, install_blob, link
-from engine.pulls.errors import CANCELLED, Cancel, ModelMissing, PullCancelled
-from engine.pulls.hub import RepoInfo
-from engine.pulls.plan import Need, disk_refusal, resume_offset
-from engine.pulls.shared import Handle, Shared
-from engine.pulls.transfer import Wanted, fetch, part_path
+from engine.models.errors import CANCELLED, Cancel, ModelMissing, PullCancelled
+from engine.models.pulls import disk, shared
+from engine.models.pulls.cache import blob_path, has_blob, install_blob, link
+from engine.models.pulls.hub import RepoInfo
+from engine.models.pulls.plan import Need, disk_refusal, resume_offset
+from engine.models.pulls.shared import Handle, Shared
+from engine.models.pulls.transfer import Wanted, fetch, part_path
 
 Progress = Callable[[str, int, int], None]
 

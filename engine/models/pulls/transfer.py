@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.pulls.errors import CANCELLED, ModelMissing, PullCancelled, one_line
-from engine.pulls.plan import body_starts_at, range_header, resume_offset
+from engine.models.errors import CANCELLED, ModelMissing, PullCancelled, one_line
+from engine.models.pulls.plan import body_starts_at, range_header, resume_offset
 from engine.sizes import amount
 
 BLOCK = 1 << 20  # of a part hashed from disk

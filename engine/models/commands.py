@@ -13,15 +13,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine import model_store
 from engine.errors import CommandError
-from engine.fit import Machine, Suggestion
+from engine.models import store as model_store
+from engine.models.fit import Machine, Suggestion
 from engine.settings import Settings
 from engine.snapshot import FleetSnapshot, NodeSnapshot
 
 if TYPE_CHECKING:  # imported when first used: the catalog is read only when asked for
-    from engine.catalog import Catalog
-    from engine.model_choice import EntryFit
+    from engine.models.catalog import Catalog
+    from engine.models.choice import EntryFit
 
 MACHINE_TTL_S = 10.0  # how long this machine's figures (free GPU memory, disk) are reused
 
@@ -73,7 +73,7 @@ class ModelCommands:
     async def catalog(self) -> tuple[Catalog, str]:
         """The catalog (a newer one the user dropped in, else the bundled one), read once."""
         if self._catalog is None:
-            from engine.catalog import CatalogError, load_catalog
+            from engine.models.catalog import CatalogError, load_catalog
 
             try:
                 self._catalog = await asyncio.to_thread(load_catalog, self._home)
@@ -111,7 +111,7 @@ class ModelCommands:
         now = self._clock()
         if self._machine is not None and now - self._machine[0] < MACHINE_TTL_S:
             return self._machine[1], self._machine[2]
-        from engine.machine_facts import this_machine
+        from engine.models.machine import this_machine
 
         node = self._settings().node
         machine, facts = await asyncio.to_thread(
@@ -123,7 +123,7 @@ class ModelCommands:
 
     async def fits(self) -> FleetFits:
         """Every catalog model's fit on every machine the fleet knows, and a split."""
-        from engine.model_choice import fits_for, fleet_split
+        from engine.models.choice import fits_for, fleet_split
 
         catalog, note = await self.catalog()
         machine, facts = await self.this_machine()

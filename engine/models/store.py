@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from engine import models
+from engine.models import embedded as model_embedded
+from engine.models import ids
+from engine.models.pulls.pull import downloads_dir
 from engine.process_stamp import process_stamp, same_process
-from engine.pulls.pull import downloads_dir
 
 IN_USE = "in-use"
 LAST_USED = "last-used.json"
@@ -74,7 +75,7 @@ def quant_of(file_name: str) -> str | None:
 
 def kept_models(home: Path) -> list[StoredModel]:
     """Every model kept on this machine, largest first, with what serves it here."""
-    last = _read_json(models.models_dir(home) / LAST_USED)
+    last = _read_json(ids.models_dir(home) / LAST_USED)
     serving = serving_paths(home)
     out = [*_hub_models(home), *_single_models(home), *_partials(home)]
     result: list[StoredModel] = []
@@ -134,11 +135,11 @@ def serving(home: Path, path: Path | str, *, pid: int | None = None) -> Iterator
     """Mark ``path`` served by this process (``pid``) while the block runs, and record
     when it was last used at both ends."""
     pid = os.getpid() if pid is None else pid
-    folder = models.models_dir(home) / IN_USE
+    folder = ids.models_dir(home) / IN_USE
     folder.mkdir(parents=True, exist_ok=True)
     marker = folder / f"{pid}-{abs(hash(str(path))) % 10**8}.json"
     record = {"pid": pid, "stamp": process_stamp(pid), "path": str(Path(path))}
-    models._atomic_write_text(marker, json.dumps(record))
+    model_embedded._atomic_write_text(marker, json.dumps(record))
     note_used(home, path)
     try:
         yield
@@ -151,7 +152,7 @@ def serving(home: Path, path: Path | str, *, pid: int | None = None) -> Iterator
 
 def serving_paths(home: Path) -> dict[str, set[str]]:
     """Real path -> the live processes serving it ("pid 1234"); stale markers are removed."""
-    folder = models.models_dir(home) / IN_USE
+    folder = ids.models_dir(home) / IN_USE
     out: dict[str, set[str]] = {}
     if not folder.is_dir():
         return out
@@ -170,17 +171,17 @@ def serving_paths(home: Path) -> dict[str, set[str]]:
 
 def note_used(home: Path, path: Path | str, *, now: float | None = None) -> None:
     """Record that ``path`` was used now (wall-clock)."""
-    file = models.models_dir(home) / LAST_USED
+    file = ids.models_dir(home) / LAST_USED
     file.parent.mkdir(parents=True, exist_ok=True)
     table = _read_json(file)
     table[_key(path)] = time.time() if now is None else now
-    models._atomic_write_text(file, json.dumps(table, indent=1, sort_keys=True))
+    model_embedded._atomic_write_text(file, json.dumps(table, indent=1, sort_keys=True))
 
 
 def fleet_chosen(home: Path) -> dict[str, float]:
     """The models pulled here because a head of the fleet chose them (the owner never used
     them since), with when each was pulled (wall-clock)."""
-    table = _read_json(models.models_dir(home) / FLEET_CHOSEN)
+    table = _read_json(ids.models_dir(home) / FLEET_CHOSEN)
     return {k: float(v) for k, v in table.items()
             if isinstance(v, int | float) and not isinstance(v, bool)}
 
@@ -202,16 +203,16 @@ def forget_fleet_chosen(home: Path, spec: str) -> None:
 
 
 def _write_fleet_chosen(home: Path, table: dict[str, float]) -> None:
-    file = models.models_dir(home) / FLEET_CHOSEN
+    file = ids.models_dir(home) / FLEET_CHOSEN
     file.parent.mkdir(parents=True, exist_ok=True)
-    models._atomic_write_text(file, json.dumps(table, indent=1, sort_keys=True))
+    model_embedded._atomic_write_text(file, json.dumps(table, indent=1, sort_keys=True))
 
 
 def _forget_last_used(home: Path, path: Path) -> None:
-    file = models.models_dir(home) / LAST_USED
+    file = ids.models_dir(home) / LAST_USED
     table = _read_json(file)
     if table.pop(_key(path), None) is not None:
-        models._atomic_write_text(file, json.dumps(table, indent=1, sort_keys=True))
+        model_embedded._atomic_write_text(file, json.dumps(table, indent=1, sort_keys=True))
 
 
 def _key(path: Path | str) -> str:
@@ -238,7 +239,7 @@ def _read_json(path: Path) -> dict[str, object]:
 
 
 def _hub_models(home: Path) -> Iterator[StoredModel]:
-    cache = models.models_dir(home) / "hub"
+    cache = ids.models_dir(home) / "hub"
     if not cache.is_dir():
         return
     for repo_dir in sorted(cache.glob("models--*--*")):
@@ -250,22 +251,22 @@ def _hub_models(home: Path) -> Iterator[StoredModel]:
             files = sorted(p.relative_to(snap).as_posix() for p in snap.rglob("*.gguf")
                            if p.is_file())
             for name in files:
-                if not models.is_first_or_whole(name):
+                if not ids.is_first_or_whole(name):
                     continue  # a later shard: listed with its first
                 yield _hub_model(repo, snap, files, name)
 
 
 def _hub_model(repo: str, snap: Path, files: list[str], name: str) -> StoredModel:
-    parts = models.shards_of(files, name)
+    parts = ids.shards_of(files, name)
     links = [snap / p for p in parts]
     blobs = [link.resolve() for link in links]
     quant = quant_of(name)
     spec = f"{repo}:{quant}" if quant else str(snap / name)
     if quant:
         try:
-            if models.pick_gguf(files, quant) != name:
+            if ids.pick_gguf(files, quant) != name:
                 spec = str(snap / name)
-        except models.ModelChoiceError:
+        except ids.ModelChoiceError:
             spec = str(snap / name)
     label = spec if quant and spec.startswith(repo) else f"{repo}/{name}"
     size = sum(b.stat().st_size for b in blobs if b.is_file())
@@ -273,10 +274,10 @@ def _hub_model(repo: str, snap: Path, files: list[str], name: str) -> StoredMode
 
 
 def _single_models(home: Path) -> Iterator[StoredModel]:
-    root = models.models_dir(home)
+    root = ids.models_dir(home)
     singles: tuple[tuple[Path, Source, str], ...] = (
-        (root / "embedded", "embedded", models.EMBEDDED_NAME),
-        (root / models.GEMMA_DIR, "test", models.GEMMA_DIR))
+        (root / "embedded", "embedded", model_embedded.EMBEDDED_NAME),
+        (root / model_embedded.GEMMA_DIR, "test", model_embedded.GEMMA_DIR))
     for folder, source, name in singles:
         if not folder.is_dir():
             continue
@@ -299,7 +300,7 @@ def _prune_hub_repo(home: Path, target: StoredModel) -> None:
     """Remove a hub repository's folder once it keeps no model file."""
     if target.source != "hub":
         return
-    cache = (models.models_dir(home) / "hub").resolve()
+    cache = (ids.models_dir(home) / "hub").resolve()
     repo_dir = target.path
     while repo_dir.parent != repo_dir and repo_dir.parent.resolve() != cache:
         repo_dir = repo_dir.parent

@@ -1,4 +1,4 @@
-"""This machine's figures for the fit estimate (:mod:`engine.fit`): RAM, the node's
+"""This machine's figures for the fit estimate (:mod:`engine.models.fit`): RAM, the node's
 memory budget, the GPU llama.cpp would choose, and the disk free where models go.
 
 IO (it may load llama.cpp's GPU backend to list devices): call it off the event loop.
@@ -9,9 +9,9 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from engine import models
-from engine.fit import Machine
-from engine.pulls import disk
+from engine.models import ids
+from engine.models.fit import Machine
+from engine.models.pulls import disk
 from engine.runtimes.budget import total_memory_bytes
 from engine.sizes import Budget, amount, budget_bytes
 
@@ -19,7 +19,7 @@ from engine.sizes import Budget, amount, budget_bytes
 def disk_free(home: Path) -> int | None:
     """Bytes free on the filesystem that holds ``home``'s models (None: cannot tell)."""
     try:
-        return disk.free_bytes(models.models_dir(home))
+        return disk.free_bytes(ids.models_dir(home))
     except OSError:
         return None
 

@@ -1,0 +1,152 @@
+"""A model spec made a file on this machine: a path as it is, a hub id found in the cache
+``$SHOAL_HOME/models/hub`` (the hub's own layout, which ``--offline`` reads) or pulled
+into it by :mod:`engine.models.pulls`: checked against the hub's sha256, resumable, shared.
+
+Every expected failure is a :class:`ModelMissing` whose message is one line naming the
+cause and the fix, so the CLI can print it without a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from engine.models.errors import Cancel, ModelMissing
+from engine.models.ids import (
+    ModelChoiceError,
+    ModelId,
+    looks_like_path,
+    models_dir,
+    parse_model_id,
+    pick_gguf,
+    shards_of,
+)
+from engine.models.pulls.cache import main_commit, repo_dir, snapshot_path
+from engine.models.pulls.hub import HubUnreachable, repo_info
+from engine.models.pulls.pull import pull_files, wanted_files
+
+Progress = Callable[[str, int, int], None]
+"""What a pull reports: a line for people, and bytes done and in all (0 when unknown)."""
+
+
+# --- resolving a model spec -------------------------------------------------
+
+
+class HubId(str):
+    """A model name that came over a fleet link: a hub id, never a path on this machine
+    (``etc/hostname`` has the shape of org/repo)."""
+
+    __slots__ = ()
+
+
+def resolve_model(
+    spec: str, *, home: Path, offline: bool, progress: Progress | None = None,
+    cancel: Cancel | None = None,
+) -> Path:
+    """A local file or directory as it is (unless ``spec`` is a :class:`HubId`); a hub id
+    pulled (or found in the cache)."""
+    local = Path(spec).expanduser()
+    if not isinstance(spec, HubId) and local.exists():
+        return local
+    if looks_like_path(spec):
+        raise ModelMissing(
+            f"model file {local} does not exist; check the path, or give a Hugging Face "
+            "id such as org/repo:Q4_K_M"
+        )
+    try:
+        mid = parse_model_id(spec)
+    except ValueError as exc:
+        raise ModelMissing(f"{exc}, or a path to an existing .gguf file") from None
+    cache = models_dir(home) / "hub"
+    if offline or _hub_offline_env():
+        found = _from_cache(mid, cache)
+        if found is None:
+            raise ModelMissing(
+                f"model {mid} is not in the cache at {cache}; run once without --offline to pull it"
+            )
+        return found
+    return _pull(mid, cache, progress, cancel)
+
+
+def _hub_offline_env() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "on", "yes", "true"}
+
+
+def _snapshot_files(mid: ModelId, cache: Path) -> list[str]:
+    """Files of the cached snapshot that ``main`` points at (hub cache layout)."""
+    commit = main_commit(cache, mid.repo)
+    if commit is None:
+        return []
+    snap = repo_dir(cache, mid.repo) / "snapshots" / commit
+    if not snap.is_dir():
+        return []
+    # is_file follows the links to the blobs: a link whose blob is gone is no file
+    return sorted(p.relative_to(snap).as_posix() for p in snap.rglob("*") if p.is_file())
+
+
+def _from_cache(mid: ModelId, cache: Path) -> Path | None:
+    """The model's first file in the snapshot ``refs/main`` names, every shard there."""
+    files = _snapshot_files(mid, cache)
+    try:
+        chosen = pick_gguf(files, mid.quant)
+    except ModelChoiceError:
+        return None
+    commit = main_commit(cache, mid.repo)
+    assert commit is not None  # there are files
+    return snapshot_path(cache, mid.repo, commit, chosen)
+
+
+def _pull(mid: ModelId, cache: Path, progress: Progress | None,
+          cancel: Cancel | None = None) -> Path:
+    """The model's files pulled through engine.models.pulls (checked, resumable, shared)."""
+    try:
+        import huggingface_hub  # noqa: F401  # only to say so when it is missing
+    except ImportError:
+        raise ModelMissing(
+            f"pulling {mid} needs huggingface-hub, which is not installed; "
+            "run: pip install 'shoal[hub]'"
+        ) from None
+    try:
+        info = repo_info(mid.repo)
+    except HubUnreachable as exc:
+        # the network is down: a model pulled earlier still serves
+        found = _from_cache(mid, cache)
+        if found is not None:
+            say(progress, f"hub unreachable ({exc}); using the cached {found.name}")
+            return found
+        raise ModelMissing(
+            f"could not reach the Hugging Face hub to pull {mid} ({exc}); "
+            "check the network, then run again"
+        ) from None
+    chosen = pick_gguf(info.names, mid.quant)
+    wanted = wanted_files(info, shards_of(info.names, chosen))
+    # the cache is <home>/models/hub
+    paths = pull_files(wanted, home=cache.parent.parent, cache=cache,
+                       what=f"{mid.repo}/{chosen}", progress=progress, cancel=cancel)
+    return paths[0]
+
+
+def pull_size(spec: str, *, home: Path, offline: bool) -> int:
+    """The bytes the hub model ``spec`` takes on disk once pulled; 0 when it is in the cache
+    already (or offline, where nothing is pulled). Asks the hub: blocking. ModelMissing
+    (one line) when the hub cannot say."""
+    try:
+        mid = parse_model_id(spec)
+    except ValueError as exc:
+        raise ModelMissing(str(exc)) from None
+    cache = models_dir(home) / "hub"
+    if offline or _hub_offline_env() or _from_cache(mid, cache) is not None:
+        return 0
+    try:
+        info = repo_info(mid.repo)
+    except HubUnreachable as exc:
+        raise ModelMissing(f"could not reach the Hugging Face hub to size {mid} ({exc}); "
+                           "check the network, then ask again") from None
+    chosen = pick_gguf(info.names, mid.quant)
+    return sum(info.file(name).size for name in shards_of(info.names, chosen))
+
+
+def say(progress: Progress | None, line: str) -> None:
+    if progress is not None:
+        progress(line, 0, 0)
