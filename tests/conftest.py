@@ -72,7 +72,7 @@ def llama_server_binary() -> Path:
     found = find_llama_server()
     if found is None:
         pytest.fail(f"llama-server is not built at {binary_path()}; run scripts/test, which "
-                    "builds it once for this machine (about 30 minutes on 2 cores)",
+                    "builds it once for this machine (2 to 13 minutes on 2 cores)",
                     pytrace=False)
     return found
 

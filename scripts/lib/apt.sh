@@ -1,6 +1,7 @@
 # Sourced by scripts/test and scripts/run: the Debian packages Shoal needs on a fresh machine.
-#   cmake, build-essential  build llama.cpp (llama-cpp-python from source, and llama-server
-#                           for the tests: scripts/lib/llama_server.py; tar is Python's own)
+#   cmake, ninja-build, build-essential  build llama.cpp (llama-cpp-python from source, and
+#                           llama-server for the tests over the wheel's tree, whose generator
+#                           must outlive pip's build: scripts/lib/llama_server.py)
 #   iproute2                network namespaces for the multi-host tests
 #   dbus, gnome-keyring, libsecret-tools   a real Secret Service for the keychain tests
 # The desktop app (Qt's xcb platform plugin; PySide6's wheels bring Qt, not these):
@@ -28,7 +29,7 @@
 SHOAL_APT_QT="libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0
   libxcb-render-util0 libxcb-shape0 libxcb-xkb1 libxcb-xfixes0 libxcb-sync1 libxcb-shm0
   libx11-xcb1 libxkbcommon-x11-0 libegl1 libgl1 libfontconfig1 libdbus-1-3 libglib2.0-0"
-SHOAL_APT_PACKAGES="cmake build-essential iproute2 dbus gnome-keyring libsecret-tools
+SHOAL_APT_PACKAGES="cmake ninja-build build-essential iproute2 dbus gnome-keyring libsecret-tools
   $SHOAL_APT_QT xvfb trayer xdotool xclip x11-utils haskell-status-notifier-item-utils
   haskell-gtk-sni-tray-utils desktop-file-utils nginx tmux git
   glslc libvulkan-dev spirv-headers mesa-vulkan-drivers dpkg-dev zstd binutils"

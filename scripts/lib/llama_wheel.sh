@@ -54,11 +54,21 @@ llama_wheel_dir() {
     echo "${SHOAL_WHEEL_CACHE:-${PIP_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/pip}/shoal-wheels}/portable-$key"
 }
 
+# llama_wheel_tree PYTHON: the folder that keeps the wheel's CMake tree (src/ and build/)
+# after the build, so scripts/lib/llama_server.py builds llama-server over the objects the
+# wheel has just compiled instead of compiling llama.cpp a second time. A fixed path: a CMake
+# tree cannot be moved. llama_server.py deletes it once the server is built.
+llama_wheel_tree() {
+    local variants
+    variants="$(llama_variants "$1")" || return 1
+    echo "$(llama_wheel_dir "$variants").tree"
+}
+
 # ensure_llama_wheel PYTHON: print the portable wheel's path, building it first if needed.
-# The build goes to a temporary folder that is renamed into place only when it is checked,
+# The wheel goes to a temporary folder that is renamed into place only when it is checked,
 # so an interrupted build is never reused.
 ensure_llama_wheel() {
-    local py="$1" dir tmp wheel args variants source every
+    local py="$1" dir tmp tree wheel args variants every
     variants="$(llama_variants "$py")" || return 1
     dir="$(llama_wheel_dir "$variants")"
     wheel="$(ls "$dir"/llama_cpp_python-"$SHOAL_LLAMA_VERSION"-*.whl 2>/dev/null | head -n1)"
@@ -68,30 +78,30 @@ ensure_llama_wheel() {
     fi
     args="$(llama_portable_cmake_args)"
     tmp="$dir.tmp.$$"
-    rm -rf "$tmp"
-    mkdir -p "$tmp"
+    tree="$dir.tree"
+    rm -rf "$tmp" "$tree"
+    mkdir -p "$tmp" "$tree/src" "$tree/sdist"
     echo "shoal: building llama.cpp once for this machine into $dir" \
-        "(CPU variants: ${variants:-none}; about 7 minutes on 2 cores, 20 with every variant)" >&2
-    source="llama-cpp-python==$SHOAL_LLAMA_VERSION"
+        "(CPU variants: ${variants:-none}; about 8 minutes on 2 cores, 20 with every variant)" >&2
+    # the sdist unpacked at a path that stays (the kept tree points at it), and ggml's list
+    # of CPU variants edited there when fewer than all are wanted
     every="$(PYTHONPATH="$shoal_root" "$py" -m installers.bundle variants all)"
-    if [ -n "$variants" ] && [ "$variants" != "$every" ]; then
-        # fewer variants: ggml's list edited in the sdist's own source, built from that folder
-        source="$tmp/src"
-        mkdir -p "$source" "$tmp/sdist"
-        if ! "$py" -m pip download --quiet --no-deps --no-binary :all: --no-cache-dir \
-            -d "$tmp/sdist" "llama-cpp-python==$SHOAL_LLAMA_VERSION" >"$tmp/build.log" 2>&1 ||
-            ! tar -xzf "$tmp"/sdist/llama_cpp_python-*.tar.gz -C "$source" --strip-components=1 ||
+    if ! "$py" -m pip download --quiet --no-deps --no-binary :all: --no-cache-dir \
+        -d "$tree/sdist" "llama-cpp-python==$SHOAL_LLAMA_VERSION" >"$tmp/build.log" 2>&1 ||
+        ! tar -xzf "$tree"/sdist/llama_cpp_python-*.tar.gz -C "$tree/src" --strip-components=1 ||
+        { [ -n "$variants" ] && [ "$variants" != "$every" ] &&
             ! PYTHONPATH="$shoal_root" "$py" -m installers.bundle keep-variants \
-                "$source/vendor/llama.cpp/ggml/src/CMakeLists.txt" $variants; then
-            tail -n 5 "$tmp/build.log" >&2
-            echo "shoal: could not get llama.cpp's source (see above); check the network" \
-                "and run again" >&2
-            return 1
-        fi
+                "$tree/src/vendor/llama.cpp/ggml/src/CMakeLists.txt" $variants; }; then
+        tail -n 5 "$tmp/build.log" >&2
+        echo "shoal: could not get llama.cpp's source (see above); check the network" \
+            "and run again" >&2
+        return 1
     fi
+    rm -rf "$tree/sdist"
     if ! CMAKE_ARGS="$args" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(llama_jobs)}" \
         "$py" -m pip wheel --no-cache-dir --no-deps --no-binary llama-cpp-python \
-        --progress-bar off -w "$tmp" "$source" >>"$tmp/build.log" 2>&1; then
+        --config-settings=build-dir="$tree/build" \
+        --progress-bar off -w "$tmp" "$tree/src" >>"$tmp/build.log" 2>&1; then
         tail -n 30 "$tmp/build.log" >&2
         echo "shoal: building llama.cpp failed (log above, whole log in $tmp/build.log);" \
             "install a C++ compiler and cmake (apt install build-essential cmake) and run again" >&2
@@ -101,7 +111,7 @@ ensure_llama_wheel() {
     llama_wheel_check "$py" "$wheel" "$variants" || return 1
     printf '%s\n' "$args" >"$tmp/CMAKE_ARGS"
     printf '%s\n' "$variants" >"$tmp/VARIANTS"
-    rm -rf "$tmp/src" "$tmp/sdist"
+    printf '%s\n' "$SHOAL_LLAMA_VERSION" >"$tree/VERSION"  # the tree is whole
     rm -rf "$dir"
     mv "$tmp" "$dir"
     echo "$dir/$(basename "$wheel")"
