@@ -19,8 +19,8 @@ from engine.cli import run as cli_run  # the module: its `run` would shadow it a
 from engine.cli.parser import build_parser
 from engine.cli.run import leave, node_lines, pool_lines, setup_logging, wait_for_window
 from engine.config import Config, ConfigError, load_config
+from engine.credentials.tokens import TokenError
 from engine.errors import ShoalError, StartError
-from engine.secrets import TokenError
 from engine.service import Shoal
 from engine.settings import (
     LANES_DEFAULT,
@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             setup_logging("shoal-node")
             code = cli_argv.read_stdin_code() if args.code == "-" else args.code
             if code is not None:
-                from engine.pairing import PairingError, join_code_from
+                from engine.credentials.codes import PairingError, join_code_from
 
                 try:
                     code = join_code_from(code)

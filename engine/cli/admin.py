@@ -181,7 +181,7 @@ async def run_fleet(args: argparse.Namespace, home: Path) -> int:
                      "On the new machine, scan this code, or run and paste it:",
                      "  shoal node join --code - --model MODEL"]
             if args.png is not None:
-                from engine.pairing import PairingError, save_qr_png
+                from engine.credentials.codes import PairingError, save_qr_png
 
                 try:
                     await asyncio.to_thread(save_qr_png, pairing.url, args.png)

@@ -208,7 +208,7 @@ def leave(home: Path, *, forget_token: bool, proc: Path = PROC) -> list[str]:
             path.unlink()
         done.append("forgot the head")
     if forget_token:
-        from engine.secrets import forget_token as forget
+        from engine.credentials.tokens import forget_token as forget
 
         for place in forget(home):
             done.append(f"removed the fleet token from {place}")

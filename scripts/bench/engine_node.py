@@ -52,10 +52,10 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from engine.credentials.tokens import ensure_token, token_path  # noqa: E402
 from engine.head.prompt.model import HeadModel, load_head_model  # noqa: E402
 from engine.models.embedded import ensure_embedded_default  # noqa: E402
 from engine.runtimes.llamacpp import usable_cpus  # noqa: E402
-from engine.secrets import ensure_token, token_path  # noqa: E402
 from scripts.bench import node_lanes  # noqa: E402
 from scripts.bench.node_lanes import (  # noqa: E402
     DEFAULT_CACHE,

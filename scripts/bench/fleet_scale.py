@@ -111,9 +111,9 @@ class Stamps:
 def node_group(args: argparse.Namespace) -> None:
     import inspect
 
+    from engine.credentials.tokens import read_token
     from engine.node.agent import NodeAgent
     from engine.runtimes.mock import MockEngine
-    from engine.secrets import read_token
 
     if "observer" not in inspect.signature(NodeAgent).parameters:
         raise SystemExit("this engine's NodeAgent takes no observer (it is older than the "
@@ -424,7 +424,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "SHOAL_HOME": str(home),
            "PYTHONPATH": str(root) + os.environ.get("FLEET_SCALE_EXTRA_PATH", "")}
     sys.path.insert(0, str(ROOT))
-    from engine.secrets import ensure_token, token_path
+    from engine.credentials.tokens import ensure_token, token_path
 
     token = token_path(home)
     ensure_token(token)

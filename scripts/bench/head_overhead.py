@@ -49,9 +49,9 @@ import aiohttp
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from engine.credentials.tokens import ensure_token, token_path  # noqa: E402
 from engine.runtimes.base import GenerationRequest, Sampling  # noqa: E402
 from engine.runtimes.mock import MockEngine, MockTokenizer  # noqa: E402
-from engine.secrets import ensure_token, token_path  # noqa: E402
 
 LEVELS = (1, 16, 64)
 NODES = 4

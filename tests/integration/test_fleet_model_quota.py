@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from engine import service
 from engine.errors import CommandError
 from engine.models import cache as model_cache
 from engine.models import ids as model_ids
 from engine.models import store as model_store
 from engine.runtimes import registry
 from engine.service import Shoal
+from engine.service import shoal as service
 from engine.settings import NodeSettings, Settings
 from tests.fakehub import FakeHub, pointed_at, serving
 from tests.integration.test_fleet_chooses_model import head_settings, joined_fleet, node_at

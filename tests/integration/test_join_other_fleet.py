@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import secrets as tokens
+from engine.credentials import tokens
 from engine.discovery.fleet_id import fleet_id
 from engine.service import Shoal
 from engine.settings import DiscoverySettings, NodeSettings, Settings

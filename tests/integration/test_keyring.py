@@ -25,7 +25,7 @@ from pathlib import Path
 import keyrings.alt.file
 import pytest
 
-from engine import secrets as sec
+from engine.credentials import tokens as sec
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 60

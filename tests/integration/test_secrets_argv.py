@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from engine.pairing import join_url
+from engine.credentials.codes import join_url
 from tests.integration.conftest import SHOAL, Cluster, Proc
 from tests.integration.test_join import joinless_head, wait_node
 

@@ -14,9 +14,9 @@ from PySide6.QtWidgets import QDialog, QMessageBox
 
 from app.main import Shell, main
 from app.prefs import Prefs, load
-from engine import service
 from engine.config import save_machine_settings
 from engine.service import Pairing, Shoal
+from engine.service import shoal as service
 from tests.ui.conftest import choose, read_menu, settings_for, started, visible_windows
 from tests.waiting import until
 

@@ -16,8 +16,8 @@ from PySide6.QtWidgets import QMessageBox
 
 from app.pages.settings import SettingsPage
 from app.prefs import load
-from engine import service
 from engine.config import save_machine_settings
+from engine.service import shoal as service
 from tests.ui.conftest import choose, read_menu, settings_for, started, visible_windows
 from tests.waiting import until
 

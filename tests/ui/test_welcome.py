@@ -13,7 +13,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.welcome import Welcome
-from engine import service
+from engine.service import shoal as service
 from engine.settings import Settings
 from engine.sizes import amount
 from tests.fakehub import FakeHub, pointed_at, serving

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from engine import pairing
-from engine.pairing import (
+from engine.credentials import codes as pairing
+from engine.credentials.codes import (
     JoinCode,
     PairingError,
     join_url,

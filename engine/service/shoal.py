@@ -23,19 +23,16 @@ Nothing here prints, reads argv or handles signals, and nothing slow runs on the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets as pysecrets
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any
 
-from engine import pairing
-from engine import secrets as tokens
 from engine.config import (
     MODES,
     ConfigError,
@@ -45,6 +42,9 @@ from engine.config import (
     check_app_table,
     with_port,
 )
+from engine.credentials import codes as pairing
+from engine.credentials import tokens
+from engine.credentials.fleet_name import load_fleet_name, save_fleet_name
 from engine.discovery.fleet_id import fleet_id
 from engine.discovery.mdns import local_addresses
 from engine.errors import CommandError, JoinError, ShoalError, StartError
@@ -56,7 +56,6 @@ from engine.events import (
     ShoalEvent,
     Subscription,
 )
-from engine.head.access import keys as keyfiles
 from engine.head.commands import AliasCommands
 from engine.head.fleet.links import NotAsked
 from engine.head.observe import fleet_snapshot
@@ -76,6 +75,8 @@ from engine.roles.local_node import LocalNode
 from engine.roles.membership import Membership, locate
 from engine.roles.sockets import parse_address
 from engine.runtimes.budget import default_budget_bytes, total_memory_bytes
+from engine.service.keys import KeyCommands
+from engine.service.results import JoinResult, MachineMemory, Pairing, SettingsChange
 from engine.settings import (
     FLEET_PORT,
     HTTP_DEFAULT,
@@ -100,77 +101,10 @@ from engine.snapshot import FleetSnapshot, PullSnapshot, Roles
 from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal")
-T = TypeVar("T")
 
 DEFAULT_FLEET_LISTEN = f"0.0.0.0:{FLEET_PORT}"  # other machines join here
 ROOM_S = 8.0  # how long a node sizes a model a head chose before answering (links.ANSWER_S)
 LOCAL_KEYS = ("local", "this machine")  # serve_on's names of this machine's own node
-FLEET_NAME_FILE = "name"
-
-
-@dataclass(frozen=True, slots=True)
-class Pairing:
-    """What a new machine needs to join this fleet: the join URL (it holds the token: show
-    it only to the user), its QR code as PNG bytes and as terminal text."""
-
-    url: str
-    fleet: str
-    head: str
-    png: bytes
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class SettingsChange:
-    """What `Shoal.update_settings` did: the settings for the next start, and whether
-    some of them wait for it (the running parts keep their ports until then)."""
-
-    pending: Settings
-    restart_needed: bool
-
-
-@dataclass(frozen=True, slots=True)
-class MachineMemory:
-    """This machine's RAM, and the share of it a node uses unless told otherwise."""
-
-    total: int  # bytes
-    default_budget: int  # bytes
-
-
-@dataclass(frozen=True, slots=True)
-class JoinResult:
-    fleet: str
-    heads: tuple[str, ...]
-    model: str  # the model the head announced
-
-
-class KeyCommands:
-    """Stateless API keys (`shoal keys ...`): files a running head watches."""
-
-    def __init__(self, home: Path) -> None:
-        self._home = home
-
-    async def issue(self, name: str) -> str:
-        def run() -> str:
-            secret = keyfiles.load_or_make_secret(keyfiles.secret_path(self._home))
-            return keyfiles.issue_key(secret, name)
-        return await self._off_loop(run)
-
-    async def revoke(self, name: str) -> bool:
-        """True when the key was live and is revoked now (False: it already was)."""
-        return await self._off_loop(
-            lambda: keyfiles.revoke(keyfiles.revoked_path(self._home), name))
-
-    async def rotate(self) -> None:
-        """A new keys secret: every key issued so far stops working."""
-        await self._off_loop(lambda: keyfiles.rotate_secret(keyfiles.secret_path(self._home)))
-
-    @staticmethod
-    async def _off_loop(work: Callable[[], T]) -> T:
-        try:
-            return await asyncio.to_thread(work)
-        except keyfiles.KeysError as exc:
-            raise CommandError(str(exc), code="bad_key") from None
 
 
 class Shoal:
@@ -275,7 +209,7 @@ class Shoal:
                 host, port = parse_address(s.join.head, s.join.head_port, what="the head")
                 given = HeadAddress(host, port, "given")
         if self._fleet_name is None:  # a name in the settings stands in until one is kept
-            self._fleet_name = await asyncio.to_thread(_load_fleet_name, s.home) \
+            self._fleet_name = await asyncio.to_thread(load_fleet_name, s.home) \
                 or s.fleet_name
         # bind every listener before any slow work, so a port in use fails at once
         http_sock = HeadRole.bind_http(s.head) if s.head is not None else None
@@ -1096,7 +1030,7 @@ class Shoal:
     async def _set_fleet_name(self, name: str) -> None:
         self._fleet_name = name
         self.settings = replace(self.settings, fleet_name=name)
-        await asyncio.to_thread(_save_fleet_name, self.settings.home, name)
+        await asyncio.to_thread(save_fleet_name, self.settings.home, name)
 
     def _apply_psk(self, psk: bytes | None) -> None:
         self._psk = psk
@@ -1171,18 +1105,3 @@ async def _parse_code(code: str) -> pairing.JoinCode:
 
 def _read_code_image(path: str) -> str:
     return pairing.read_qr_image(Path(path).expanduser())
-
-
-def _load_fleet_name(home: Path) -> str | None:
-    try:
-        text = (home / "fleet" / FLEET_NAME_FILE).read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    return text[:pairing.MAX_FLEET_CHARS] or None
-
-
-def _save_fleet_name(home: Path, name: str) -> None:
-    from engine.files import write_private
-
-    with contextlib.suppress(OSError):
-        write_private(home / "fleet" / FLEET_NAME_FILE, name.encode("utf-8"))
