@@ -30,18 +30,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
-from engine.config import (
-    MODES,
-    ConfigError,
-    ConfigFile,
-    NextStart,
-    NodeMemory,
-    check_app_table,
-    with_port,
-)
 from engine.credentials import codes as pairing
 from engine.credentials import tokens
 from engine.credentials.fleet_name import load_fleet_name, save_fleet_name
@@ -75,34 +65,27 @@ from engine.roles.local_node import LocalNode
 from engine.roles.membership import Membership, locate
 from engine.roles.sockets import parse_address
 from engine.runtimes.budget import default_budget_bytes, total_memory_bytes
+from engine.service import configuration
+from engine.service.configuration import Ask, Configuration
 from engine.service.keys import KeyCommands
 from engine.service.results import JoinResult, MachineMemory, Pairing, SettingsChange
 from engine.settings import (
     FLEET_PORT,
-    HTTP_DEFAULT,
     DiscoveryMode,
-    DiscoverySettings,
     HeadSettings,
     JoinSettings,
     NodeSettings,
     Settings,
-    check_gpu,
 )
 from engine.sizes import (
-    KV_TYPES,
-    MAX_IDLE_UNLOAD_MIN,
-    Budget,
     KvType,
     Share,
-    budget_bytes,
-    check_bytes,
 )
 from engine.snapshot import FleetSnapshot, PullSnapshot, Roles
 from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal")
 
-DEFAULT_FLEET_LISTEN = f"0.0.0.0:{FLEET_PORT}"  # other machines join here
 ROOM_S = 8.0  # how long a node sizes a model a head chose before answering (links.ANSWER_S)
 LOCAL_KEYS = ("local", "this machine")  # serve_on's names of this machine's own node
 
@@ -118,10 +101,7 @@ class Shoal:
                  wall: Callable[[], float] = time.time, keep: bool = False,
                  app: Mapping[str, Any] | None = None,
                  rejoin: JoinSettings | None = None) -> None:
-        self.settings = settings  # in force (the roles change it as they change)
-        self._next = NextStart(join=rejoin)  # over it, what waits for the next start
-        self._app: dict[str, Any] = check_app_table(app or {})
-        self._config = ConfigFile(lambda: (self.pending, self._app)) if keep else None
+        self._conf = Configuration(settings, keep=keep, app=app, rejoin=rejoin)
         self._opening = False
         self._clock = clock
         self._wall = wall
@@ -146,7 +126,7 @@ class Shoal:
         self._chosen_failed = ""  # why the model a head chose last could not be served
         self.keys = KeyCommands(settings.home)
         # the catalog, the fit of its models on each machine, the models kept here
-        self.models = ModelCommands(snapshot=self.snapshot, settings=lambda: self.settings,
+        self.models = ModelCommands(snapshot=self.snapshot, settings=lambda: self._conf.settings,
                                     clock=clock)
 
     # -- life cycle ----------------------------------------------------------------
@@ -184,7 +164,7 @@ class Shoal:
             if self._head is not None or self._node is not None:
                 raise CommandError("Shoal runs already", code="running")
             if settings is not None:
-                self.settings = settings
+                self._conf.update(lambda _: settings)
                 self.keys = KeyCommands(settings.home)
             self._opening = True
             try:
@@ -353,8 +333,7 @@ class Shoal:
             await cancel_and_wait([self._chosen], "the model a head chose")
         await cancel_and_wait([self._learning], "the head's models from the hub")
         await self._close_roles(drain)
-        if self._config is not None:
-            await self._config.flush()
+        await self._conf.flush()
         self._bus.close()
 
     async def _close_roles(self, drain: float) -> None:
@@ -393,15 +372,20 @@ class Shoal:
                               wall=self._wall)
 
     @property
+    def settings(self) -> Settings:
+        """The settings in force: the roles running now have them."""
+        return self._conf.settings
+
+    @property
     def pending(self) -> Settings:
         """The settings the next start will have: those in force, with the changes made
         for the next start (`update_settings`) over them."""
-        return self._next.over(self.settings)
+        return self._conf.pending
 
     @property
     def app_settings(self) -> Mapping[str, Any]:
         """The app's own choices (config.toml's ``[app]`` table), read-only."""
-        return MappingProxyType(self._app)
+        return self._conf.app
 
     @property
     def memory(self) -> MachineMemory:
@@ -434,101 +418,17 @@ class Shoal:
         choice; ``app``: the app's own choices, merged key by key.
         Validated first (CommandError with the fix), then written once (with ``keep``),
         and `SettingsChanged` is published."""
-        changes: dict[str, Any] = {}
-        pending = self.pending
-        if any(v is not None for v in (memory_budget, kv_type, gpu, idle_unload_s)):
-            changes["node_memory"] = self._node_memory(pending, memory_budget, kv_type, gpu,
-                                                       idle_unload_s)
-        head = pending.head or HeadSettings()
-        if http_port is not None:
-            changes["http"] = with_port(head.http, _port(http_port, "the API"), HTTP_DEFAULT)
-        if fleet_port is not None:
-            changes["fleet_listen"] = with_port(head.fleet_listen,
-                                                _port(fleet_port, "the fleet"),
-                                                DEFAULT_FLEET_LISTEN)
-        if discovery is not None:
-            if discovery not in MODES:
-                raise CommandError(f"discovery is one of {', '.join(MODES)}, not {discovery!r}",
-                                   code="bad_setting")
-            d = pending.discovery
-            changes["discovery"] = DiscoverySettings(mode=discovery, seeds=d.seeds,
-                                                     tailscale_socket=d.tailscale_socket)
-        if queue_timeout_s is not None:
-            if isinstance(queue_timeout_s, bool) or not 1 <= queue_timeout_s <= 600:
-                raise CommandError("the queue limit is 1 to 600 seconds", code="bad_setting")
-            changes["queue_timeout_s"] = float(queue_timeout_s)
-        chooser: NodeSettings | None = None
-        if fleet_may_choose_model is not None:
-            if not isinstance(fleet_may_choose_model, bool):
-                raise CommandError("whether the fleet may choose this machine's model is "
-                                   "true or false", code="bad_setting")
-            chooser = replace(self._require_settings_node(),
-                              fleet_may_choose_model=fleet_may_choose_model)
-        if fleet_models_quota is not None:
-            chooser = replace(chooser or self._require_settings_node(),
-                              fleet_models_quota=_quota(fleet_models_quota))
-        merged = self._app
-        if app:
-            try:
-                merged = check_app_table({**self._app, **app})
-            except ValueError as exc:
-                raise CommandError(str(exc), code="bad_setting") from None
-        wanted = replace(self._next, **changes)
-        if chooser is not None:  # in force at once: the node asks the settings each time
-            self.settings = self.settings.with_node(chooser)
-        if self._head is None and self._node is None and not self._opening:
-            # nothing runs: what is asked for is what the next open starts with
-            self.settings = replace(wanted, join=None).over(self.settings)
-            wanted = NextStart(join=self._next.join)
-        self._next, self._app = wanted, merged
-        restart = replace(self.pending, join=None) != replace(self.settings, join=None)
-        self._emit(SettingsChanged(restart_needed=restart))
-        if self._config is not None:
-            try:
-                await self._config.write()
-            except ConfigError as exc:
-                raise CommandError(str(exc), code="cannot_save") from None
-        return SettingsChange(pending=self.pending, restart_needed=restart)
-
-    def _node_memory(self, pending: Settings, budget: int | Share | None,
-                     kv_type: KvType | None, gpu: str | None,
-                     idle_unload_s: float | None) -> NodeMemory:
-        """How the node will hold its model with these changes (each None: as it is)."""
-        if pending.node is None:
-            raise CommandError("this machine serves no model; choose one to serve first",
-                               code="no_node")
-        now = NodeMemory.of(pending.node)
-        new_budget: Budget = now.memory_budget
-        if budget is not None:
-            if isinstance(budget, bool) or not isinstance(budget, int | Share):
-                raise CommandError("the memory budget is a number of bytes or a share of "
-                                   "this machine's RAM", code="bad_setting")
-            try:
-                if isinstance(budget, Share):
-                    budget_bytes(budget, self.memory.total)
-                elif budget != 0:
-                    check_bytes(budget)
-            except ValueError as exc:
-                raise CommandError(str(exc), code="bad_setting") from None
-            new_budget = budget or None
-        if kv_type is not None and kv_type not in KV_TYPES:
-            raise CommandError(f"the KV cache is {' or '.join(KV_TYPES)}, not {kv_type!r}",
-                               code="bad_setting")
-        if gpu is not None:
-            try:
-                gpu = check_gpu(gpu)
-            except ValueError as exc:
-                raise CommandError(f"the GPU choice {gpu!r} is not valid; {exc}",
-                                   code="bad_setting") from None
-        idle = now.idle_unload_s
-        if idle_unload_s is not None:
-            if isinstance(idle_unload_s, bool) or not 0 <= idle_unload_s <= \
-                    MAX_IDLE_UNLOAD_MIN * 60:
-                raise CommandError(f"the model unloads after 0 (never) to "
-                                   f"{MAX_IDLE_UNLOAD_MIN} minutes idle", code="bad_setting")
-            idle = float(idle_unload_s) or None
-        return NodeMemory(memory_budget=new_budget, kv_type=kv_type or now.kv_type,
-                          idle_unload_s=idle, gpu=gpu or now.gpu)
+        running = self._head is not None or self._node is not None or self._opening
+        change = self._conf.ask(
+            Ask(http_port=http_port, fleet_port=fleet_port, discovery=discovery,
+                queue_timeout_s=queue_timeout_s, memory_budget=memory_budget,
+                kv_type=kv_type, gpu=gpu, idle_unload_s=idle_unload_s,
+                fleet_may_choose_model=fleet_may_choose_model,
+                fleet_models_quota=fleet_models_quota, app=app),
+            running=running, ram_total=self.memory.total)
+        self._emit(SettingsChanged(restart_needed=change.restart_needed))
+        await self._conf.save()
+        return change
 
     def events(self, *, buffer: int = 1024) -> Subscription:
         """Typed events from now on (``async for``; ``close()`` or ``async with`` to stop)."""
@@ -564,7 +464,7 @@ class Shoal:
             if on and self._head is None:
                 hs = self.settings.head or self._parked_head or HeadSettings()
                 await self._start_head(hs, None)
-                self.settings = self.settings.with_head(hs)
+                self._conf.update(lambda s: s.with_head(hs))
                 if self._member is not None or hs.fleet_listen:
                     await self._open_fleet()
             elif not on and self._head is not None:
@@ -572,15 +472,15 @@ class Shoal:
                 await head.drain(self._drain_s)
                 await head.close()
                 self._parked_head = self.settings.head
-                self.settings = self.settings.with_head(None)
+                self._conf.update(lambda s: s.with_head(None))
             self._roles_changed()
 
     async def pause_serving(self, paused: bool) -> None:
         """Stop taking new sessions on this machine's node (those running finish)."""
         node = self._require_node()
         node.agent.pause(paused)
-        if self.settings.node is not None:
-            self.settings = self.settings.with_node(replace(self.settings.node, paused=paused))
+        self._conf.update(lambda s: s.with_node(replace(s.node, paused=paused))
+                          if s.node is not None else s)
         self._roles_changed()
 
     async def set_model(self, spec: str | None, *, runtime: str | None = None) -> str:
@@ -612,15 +512,15 @@ class Shoal:
             heads = member.heads if member is not None else []
             await self._close_for_swap()
             head_settings = before.head
-            self.settings = replace(before, node=ns, head=(
-                replace(head_settings, model=None, runtime=None) if head_settings else None))
+            self._conf.update(lambda _: replace(before, node=ns, head=(
+                replace(head_settings, model=None, runtime=None) if head_settings else None)))
             try:
                 await self._start_swapped(ns, model, heads, had_fleet)
             except Exception as exc:  # any failure: the machine serves what it served
                 line = f"could not serve {model.name} ({exc})"
                 log.warning("%s; serving the model it served before", line)
                 await self._close_for_swap()
-                self.settings = before
+                self._conf.update(lambda _: before)
                 await self._start_swapped(before.node, old_model, heads, had_fleet)
                 self._roles_changed()
                 again = old_model.name if old_model is not None else "its model"
@@ -728,10 +628,10 @@ class Shoal:
             self._head.head.add_model(model)
         hs = self.settings.head
         if hs is not None and spec not in hs.also_models:
-            self.settings = replace(self.settings, head=replace(
-                hs, also_models=(*hs.also_models, spec)))
-            if self._config is not None:  # a restart's head learns it again, from disk
-                self._config.write_soon(lambda text: self.notice("error", text))
+            self._conf.update(lambda s: replace(s, head=replace(
+                hs, also_models=(*hs.also_models, spec))))
+            # a restart's head learns it again, from disk
+            self._conf.save_soon(lambda text: self.notice("error", text))
         log.info("this machine's API serves %s too%s", spec, f" ({line})" if line else "")
         return f"this machine's API {line}" if line else ""
 
@@ -931,9 +831,8 @@ class Shoal:
                     self._head.meet(found.host, found.port)
             self._member = Membership.start(node.agent, heads, finder, psk=psk, given=given,
                                             handshake_timeout_s=node.settings.handshake_timeout_s)
-            self.settings = self.settings.with_join(replace(join, head=str(given) if given
-                                                            else None, code=None))
-            self._next = replace(self._next, join=None)
+            self._conf.update(lambda s: s.with_join(replace(
+                join, head=str(given) if given else None, code=None)), rejoin_settled=True)
             self._roles_changed()
             return JoinResult(fleet=name or "", heads=tuple(str(h) for h in heads),
                               model=hello.model)
@@ -954,8 +853,7 @@ class Shoal:
                 self._record_fleet_listen(None)
                 self._head.forget_found_nodes()
                 done.append("stopped taking nodes from other machines")
-            self.settings = self.settings.with_join(None)
-            self._next = replace(self._next, join=None)
+            self._conf.update(lambda s: s.with_join(None), rejoin_settled=True)
             if forget_token:
                 places = await asyncio.to_thread(tokens.forget_token, self.settings.home)
                 self._apply_psk(None)
@@ -969,12 +867,6 @@ class Shoal:
     @property
     def _drain_s(self) -> float:
         return 10.0
-
-    def _require_settings_node(self) -> NodeSettings:
-        if self.settings.node is None:
-            raise CommandError("this machine serves no model; choose one to serve first",
-                               code="no_node")
-        return self.settings.node
 
     def _require_node(self) -> LocalNode:
         if self._node is None:
@@ -1029,7 +921,6 @@ class Shoal:
 
     async def _set_fleet_name(self, name: str) -> None:
         self._fleet_name = name
-        self.settings = replace(self.settings, fleet_name=name)
         await asyncio.to_thread(save_fleet_name, self.settings.home, name)
 
     def _apply_psk(self, psk: bytes | None) -> None:
@@ -1046,7 +937,7 @@ class Shoal:
         until a moment ago: opened there again, the settings unchanged)."""
         assert self._head is not None
         hs = self._head.settings
-        listen = again_on or hs.fleet_listen or DEFAULT_FLEET_LISTEN
+        listen = again_on or hs.fleet_listen or configuration.DEFAULT_FLEET_LISTEN
         sock = HeadRole.bind_fleet(listen)
         await self._head.open_fleet(sock, discovery=self.settings.discovery)
         if again_on is None:
@@ -1055,9 +946,8 @@ class Shoal:
     def _record_fleet_listen(self, listen: str | None) -> None:
         """Keep where the head takes joins in the settings, so that a caller saving them
         (the app) comes back to the fleet after a restart, and not after `leave`."""
-        if self.settings.head is not None:
-            self.settings = self.settings.with_head(replace(self.settings.head,
-                                                            fleet_listen=listen))
+        self._conf.update(lambda s: s.with_head(replace(s.head, fleet_listen=listen))
+                          if s.head is not None else s)
 
     def _emit(self, event: ShoalEvent) -> None:
         self._bus.publish(event)
@@ -1067,29 +957,12 @@ class Shoal:
         self._emit(RolesChanged(head=self._head is not None,
                                 node=node.state if node else "off",
                                 fleet=self._fleet_name if self._psk else None))
-        if self._config is not None:  # after a restart it comes back as it is now
-            self._config.write_soon(lambda line: self.notice("error", line))
+        # after a restart it comes back as it is now
+        self._conf.save_soon(lambda line: self.notice("error", line))
 
     def notice(self, level: str, text: str) -> None:
         """Publish a warning or error line (for parts that only log)."""
         self._emit(Notice(level=level, text=text))  # type: ignore[arg-type]
-
-
-def _port(value: int, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
-        raise CommandError(f"{what} port must be a number from 1 to 65535, not {value!r}",
-                           code="bad_setting")
-    return value
-
-
-def _quota(value: Quota) -> Quota:
-    """The quota of fleet models as given, checked (CommandError with the fix)."""
-    if isinstance(value, Share) and 0 < value.percent <= 100:
-        return value
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    raise CommandError("the fleet's models may use a number of bytes or a share (above 0, "
-                       "at most 100%) of the models folder's disk", code="bad_setting")
 
 
 async def _parse_code(code: str) -> pairing.JoinCode:

@@ -15,8 +15,7 @@ from PySide6.QtWidgets import QDialog, QMessageBox
 from app.main import Shell, main
 from app.prefs import Prefs, load
 from engine.config import save_machine_settings
-from engine.service import Pairing, Shoal
-from engine.service import shoal as service
+from engine.service import Pairing, Shoal, configuration
 from tests.ui.conftest import choose, read_menu, settings_for, started, visible_windows
 from tests.waiting import until
 
@@ -47,7 +46,7 @@ async def restart(home: Path) -> Shell:
 
 async def test_a_restart_comes_back_in_its_fleet_and_not_after_leave(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
+    monkeypatch.setattr(configuration, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
     a_home, b_home = tmp_path / "a", tmp_path / "b"
     for home in (a_home, b_home):
         save_machine_settings(settings_for(home), {"welcomed": True})
@@ -105,7 +104,7 @@ async def _left(home: Path) -> bool:
 
 async def test_a_fleet_whose_head_is_away_shows_the_error_and_stays_remembered(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")
+    monkeypatch.setattr(configuration, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")
     head = await Shoal.start(settings_for(tmp_path / "head", fleet_listen="127.0.0.1:0"))
     await head.create_fleet("desk")
     port = head.fleet_address[1]  # type: ignore[index]
@@ -288,7 +287,7 @@ async def test_main_says_what_is_wrong_with_the_config_and_exits(ui_home: Path):
 
 async def test_the_welcome_works_while_shoal_is_still_starting(
         ui_home: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
+    monkeypatch.setattr(configuration, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
     hold = asyncio.Event()
     real_open = Shoal.open
 

@@ -17,7 +17,7 @@ from PySide6.QtWidgets import QMessageBox
 from app.pages.settings import SettingsPage
 from app.prefs import load
 from engine.config import save_machine_settings
-from engine.service import shoal as service
+from engine.service import configuration
 from tests.ui.conftest import choose, read_menu, settings_for, started, visible_windows
 from tests.waiting import until
 
@@ -33,7 +33,7 @@ def free_port() -> int:
 
 async def test_a_port_in_use_then_another_port_and_start_again(
         ui_home: Path, recwarn: pytest.WarningsRecorder, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
+    monkeypatch.setattr(configuration, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
     taken = socket.socket()
     taken.bind(("127.0.0.1", 0))
     taken.listen()

@@ -193,9 +193,9 @@ async def test_open_pair_and_join_open_the_window_the_page_and_the_dialog(
 
 async def test_leave_fleet_unlinks_and_the_menu_follows(shell: Shell, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch):
-    from engine.service import shoal as service
+    from engine.service import configuration
 
-    monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
+    monkeypatch.setattr(configuration, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
     head = await Shoal.start(settings_for(tmp_path / "head", fleet_listen="127.0.0.1:0"))
     try:
         await head.create_fleet("desk")

@@ -13,7 +13,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.welcome import Welcome
-from engine.service import shoal as service
+from engine.service import configuration
 from engine.settings import Settings
 from engine.sizes import amount
 from tests.fakehub import FakeHub, pointed_at, serving
@@ -52,7 +52,7 @@ def choose(qtbot, welcome: Welcome, key: str) -> None:  # type: ignore[no-untype
 
 async def test_start_a_fleet_here_then_the_model_then_the_editor(
         tmp_path: Path, qtbot, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
+    monkeypatch.setattr(configuration, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
     async with running(budgeted(both(tmp_path))) as shoal, bridged(shoal) as ui:
         await ready(shoal)
         welcome = Welcome(ui.bridge)
@@ -176,7 +176,7 @@ async def at_the_model_step(ui, qtbot) -> tuple[Welcome, list, object]:  # type:
 @pytest.mark.timeout(240)
 async def test_the_model_step_pulls_the_chosen_model_and_goes_on(
         tmp_path: Path, qtbot, smollm2_gguf: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
+    monkeypatch.setattr(configuration, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
     async with running(budgeted(both(tmp_path))) as shoal, bridged(shoal) as ui:
         await ready(shoal)
         welcome, _options, tiny = await at_the_model_step(ui, qtbot)
@@ -215,7 +215,7 @@ async def test_the_model_step_pulls_the_chosen_model_and_goes_on(
 
 async def test_a_hub_error_goes_once_another_model_is_chosen_and_speaks_the_apps_words(
         tmp_path: Path, qtbot, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(service, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
+    monkeypatch.setattr(configuration, "DEFAULT_FLEET_LISTEN", "127.0.0.1:0")  # never 8454 here
     async with running(budgeted(both(tmp_path))) as shoal, bridged(shoal) as ui:
         await ready(shoal)
         welcome, options, tiny = await at_the_model_step(ui, qtbot)
