@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets as pysecrets
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -34,7 +33,7 @@ from typing import Any
 
 from engine.credentials import codes as pairing
 from engine.credentials import tokens
-from engine.credentials.fleet_name import load_fleet_name, save_fleet_name
+from engine.credentials.keeper import FleetCredentials, new_token
 from engine.discovery.fleet_id import fleet_id
 from engine.discovery.mdns import local_addresses
 from engine.errors import CommandError, JoinError, ShoalError, StartError
@@ -107,10 +106,7 @@ class Shoal:
         self._wall = wall
         self._bus = EventBus()
         self._pulls = Pulls()
-        self._psk: bytes | None = None
-        # kept in $SHOAL_HOME/fleet/name, beside the token, and nowhere else: four keepers
-        # once disagreed, and the next start undid a rename
-        self._fleet_name: str | None = None
+        self._creds = FleetCredentials(settings.home, auth_file=settings.auth_file)
         self._head: HeadRole | None = None
         self._node: LocalNode | None = None
         self._member: Membership | None = None
@@ -179,18 +175,15 @@ class Shoal:
     async def _start(self) -> None:
         s = self.settings
         given: HeadAddress | None = None
+        code = None
         if s.join is not None and s.join.code:
             code = await _parse_code(s.join.code)
-            self._psk, given = code.token, HeadAddress(code.head_host, code.head_port, "code")
-            self._fleet_name = code.fleet
-        else:
-            self._psk = await self._read_token()
-            if s.join is not None and s.join.head:
-                host, port = parse_address(s.join.head, s.join.head_port, what="the head")
-                given = HeadAddress(host, port, "given")
-        if self._fleet_name is None:  # a name in the settings stands in until one is kept
-            self._fleet_name = await asyncio.to_thread(load_fleet_name, s.home) \
-                or s.fleet_name
+            given = HeadAddress(code.head_host, code.head_port, "code")
+        elif s.join is not None and s.join.head:
+            host, port = parse_address(s.join.head, s.join.head_port, what="the head")
+            given = HeadAddress(host, port, "given")
+        self._creds = FleetCredentials(s.home, auth_file=s.auth_file)
+        await self._creds.load(code, fallback_name=s.fleet_name)
         # bind every listener before any slow work, so a port in use fails at once
         http_sock = HeadRole.bind_http(s.head) if s.head is not None else None
         fleet_sock = None
@@ -199,18 +192,18 @@ class Shoal:
             if s.head is not None and s.head.fleet_listen:
                 fleet_sock = HeadRole.bind_fleet(s.head.fleet_listen)
             if s.node is not None:
-                node_sock = LocalNode.bind_listener(s.node, self._psk)
+                node_sock = LocalNode.bind_listener(s.node, self._creds.token)
             heads: list[HeadAddress] = []
             announced: str | None = None
             finder = None
             if s.join is not None and s.node is not None:
                 # check the token against a head before pulling or loading anything
-                heads, hello, finder = await locate(given, psk=self._psk,
+                heads, hello, finder = await locate(given, psk=self._creds.token,
                                                     discovery=s.discovery,
                                                     head_port=s.join.head_port)
                 announced = hello.model
                 if s.join.code:
-                    await self._store_token(self._psk, self._fleet_name)
+                    await self._creds.keep()
             head_model: Resolved | None = None
             if s.head is not None:
                 sock, http_sock = http_sock, None
@@ -228,7 +221,7 @@ class Shoal:
                 if s.join is not None and finder is not None:
                     assert self._node is not None
                     self._member = Membership.start(
-                        self._node.agent, heads, finder, psk=self._psk, given=given,
+                        self._node.agent, heads, finder, psk=self._creds.token, given=given,
                         handshake_timeout_s=s.node.handshake_timeout_s)
                     finder = None
         finally:
@@ -260,7 +253,7 @@ class Shoal:
                 models.append(learnt)
         if sock is None:
             sock = HeadRole.bind_http(hs)
-        self._head = await HeadRole.start(hs, models, home=s.home, psk=self._psk,
+        self._head = await HeadRole.start(hs, models, home=s.home, psk=self._creds.token,
                                           emit=self._emit, clock=self._clock, wall=self._wall,
                                           http_sock=sock, snapshot=self.snapshot)
         await cancel_and_wait([self._learning], "the head's models from the hub")
@@ -300,7 +293,7 @@ class Shoal:
             self._head.head.local_model = name
         if self._disk is None or self._disk.folder != s.models_dir:
             self._disk = DiskFree(s.models_dir, clock=self._clock)
-        self._node = await LocalNode.start(ns, model, name=name, psk=self._psk,
+        self._node = await LocalNode.start(ns, model, name=name, psk=self._creds.token,
                                            discovery=s.discovery.mode, sock=sock, home=s.home,
                                            machine=self._machine_facts,
                                            serve_model=self._fleet_chooses)
@@ -351,7 +344,7 @@ class Shoal:
     # -- reading -------------------------------------------------------------------
 
     def snapshot(self) -> FleetSnapshot:
-        head = self._head
+        head, creds = self._head, self._creds
         node = self._node
         roles = Roles(
             head=head is not None, api_url=head.api_url if head else None,
@@ -366,8 +359,8 @@ class Shoal:
                                    rate_bps=p.rate_bps, eta_s=p.eta_s)
                       for p in self._pulls.running.values())
         return fleet_snapshot(head.head if head else None, roles=roles,
-                              fleet_name=self._fleet_name if self._psk else None,
-                              fleet_id=fleet_id(self._psk), has_token=self._psk is not None,
+                              fleet_name=creds.name if creds.token else None,
+                              fleet_id=fleet_id(creds.token), has_token=creds.token is not None,
                               pulls=pulls, aliases=head.aliases.current if head else None,
                               wall=self._wall)
 
@@ -554,7 +547,7 @@ class Shoal:
         if hs is not None:  # a head that names a model of its own reads that one
             head_model = await self._start_head(hs, None, model if hs.model is None else None)
         if ns is not None:
-            await self._start_node(ns, sock=LocalNode.bind_listener(ns, self._psk),
+            await self._start_node(ns, sock=LocalNode.bind_listener(ns, self._creds.token),
                                    announced=None, head_model=head_model, resolved=model)
         if self._member is not None and self._node is not None:
             self._member.agent = self._node.agent
@@ -742,11 +735,10 @@ class Shoal:
         taking nodes from other machines and announced on the network. Returns the
         pairing code for the next machine."""
         async with self._lock:
-            if self._psk is None:
-                await self._set_token(pysecrets.token_bytes(tokens.TOKEN_BYTES),
-                                      name or socket.gethostname())
+            if self._creds.token is None:
+                await self._set_token(new_token(), name or socket.gethostname())
             elif name:
-                await self._set_fleet_name(name)
+                await self._creds.rename(name)
             if self._head is not None and self._head.fleet_side is None:
                 await self._open_fleet()
             self._roles_changed()
@@ -755,24 +747,22 @@ class Shoal:
     async def fleet_token(self, *, rotate: bool = False) -> bytes:
         """The fleet token (made when absent; replaced with ``rotate``). For a person who
         asked for it (`shoal fleet token`): it is the key to the whole fleet."""
-        if rotate or self._psk is None:
+        if rotate or self._creds.token is None:
             async with self._lock:
-                await self._set_token(pysecrets.token_bytes(tokens.TOKEN_BYTES),
-                                      self._fleet_name)
-        assert self._psk is not None
-        return self._psk
+                await self._set_token(new_token(), self._creds.name)
+        token = self._creds.token
+        assert token is not None
+        return token
 
     async def move_token(self, to: tokens.Place) -> str:
         """Keep the token in the OS keychain or in the token file; one line says where."""
-        try:
-            return await asyncio.to_thread(tokens.move_token, self.settings.home, to)
-        except tokens.TokenError as exc:
-            raise CommandError(str(exc), code="bad_token") from None
+        return await self._creds.move(to)
 
     async def pairing(self, *, head: str | None = None) -> Pairing:
         """The join URL and QR code of this fleet, pointing at this machine's head (or
         ``head``, HOST:PORT)."""
-        if self._psk is None:
+        token = self._creds.token
+        if token is None:
             raise CommandError("this machine has no fleet token yet; start a fleet here "
                                "first (Start a fleet here, or `shoal fleet token`)",
                                code="no_token")
@@ -781,9 +771,9 @@ class Shoal:
             port = side[1] if side else FLEET_PORT
             addresses = await asyncio.to_thread(local_addresses)
             head = f"{addresses[0] if addresses else '127.0.0.1'}:{port}"
-        name = self._fleet_name or socket.gethostname()
+        name = self._creds.name or socket.gethostname()
         try:
-            url = pairing.join_url(head, self._psk, name)
+            url = pairing.join_url(head, token, name)
         except pairing.PairingError as exc:
             raise CommandError(str(exc), code="bad_pairing") from None
         png = await asyncio.to_thread(pairing.qr_png, url)
@@ -792,7 +782,7 @@ class Shoal:
     async def rotate_token(self) -> Pairing:
         """A new fleet token: every other machine must pair again."""
         async with self._lock:
-            await self._set_token(pysecrets.token_bytes(tokens.TOKEN_BYTES), self._fleet_name)
+            await self._set_token(new_token(), self._creds.name)
             self._roles_changed()
         return await self.pairing()
 
@@ -810,7 +800,7 @@ class Shoal:
                 given: HeadAddress | None = HeadAddress(parsed.head_host, parsed.head_port,
                                                         "code")
             else:
-                psk, name = self._psk, self._fleet_name
+                psk, name = self._creds.token, self._creds.name
                 given = None
                 if head is not None:
                     host, port = parse_address(head, FLEET_PORT, what="the head")
@@ -821,9 +811,9 @@ class Shoal:
             if self._member is not None:
                 await self._member.close()
                 self._member = None
-            if psk != self._psk or name != self._fleet_name:
+            if psk != self._creds.token or name != self._creds.name:
                 # another fleet: what this head took from the old one goes with it
-                await self._set_token(psk, name, other_fleet=psk != self._psk)
+                await self._set_token(psk, name, other_fleet=psk != self._creds.token)
             if self._head is not None and self._head.fleet_side is None and psk is not None:
                 await self._open_fleet()
             if self._head is not None:
@@ -855,8 +845,8 @@ class Shoal:
                 done.append("stopped taking nodes from other machines")
             self._conf.update(lambda s: s.with_join(None), rejoin_settled=True)
             if forget_token:
-                places = await asyncio.to_thread(tokens.forget_token, self.settings.home)
-                self._apply_psk(None)
+                places = await self._creds.forget()
+                self._hand_token()
                 if places:
                     done.append(f"removed the fleet token from {' and '.join(places)}")
             self._roles_changed()
@@ -878,27 +868,6 @@ class Shoal:
         return await resolve(spec, runtime, home=self.settings.home,
                              offline=self.settings.offline, emit=self._emit, pulls=self._pulls)
 
-    async def _read_token(self) -> bytes | None:
-        path = self.settings.auth_file
-        try:
-            if path is not None:
-                return await asyncio.to_thread(tokens.read_token, path)
-            return await asyncio.to_thread(tokens.load_fleet_token, self.settings.home)
-        except tokens.TokenError as exc:
-            raise StartError(str(exc), code="bad_token") from None
-
-    async def _store_token(self, psk: bytes | None, name: str | None) -> None:
-        if psk is None:
-            return
-        try:
-            where = await asyncio.to_thread(tokens.store_fleet_token, self.settings.home, psk,
-                                            "auto")
-        except tokens.TokenError as exc:
-            raise ShoalError(str(exc), code="bad_token") from None
-        if name:
-            await self._set_fleet_name(name)
-        log.info("stored the fleet token of '%s' in %s", name or "this fleet", where)
-
     async def _set_token(self, psk: bytes | None, name: str | None, *,
                          other_fleet: bool = False) -> None:
         """Keep ``psk`` and put it to use everywhere. The head's fleet side (links with
@@ -906,11 +875,11 @@ class Shoal:
         when it opened, so it is closed and opened again on the same address;
         ``other_fleet``: the nodes that joined or were found go too (they are the old
         fleet's)."""
-        changed = psk != self._psk
-        await self._store_token(psk, name)
-        self._apply_psk(psk)
+        if not await self._creds.replace(psk, name):
+            return
+        self._hand_token()
         head = self._head
-        if not changed or head is None or head.fleet_side is None:
+        if head is None or head.fleet_side is None:
             return
         side = head.fleet_side
         await head.close_fleet()
@@ -919,12 +888,9 @@ class Shoal:
         host = f"[{side.host}]" if ":" in side.host else side.host
         await self._open_fleet(f"{host}:{side.port}")
 
-    async def _set_fleet_name(self, name: str) -> None:
-        self._fleet_name = name
-        await asyncio.to_thread(save_fleet_name, self.settings.home, name)
-
-    def _apply_psk(self, psk: bytes | None) -> None:
-        self._psk = psk
+    def _hand_token(self) -> None:
+        """The roles that speak on the fleet's links take the token now kept."""
+        psk = self._creds.token
         if self._head is not None:
             self._head.set_psk(psk)
         if self._node is not None:
@@ -956,7 +922,7 @@ class Shoal:
         node = self._node
         self._emit(RolesChanged(head=self._head is not None,
                                 node=node.state if node else "off",
-                                fleet=self._fleet_name if self._psk else None))
+                                fleet=self._creds.name if self._creds.token else None))
         # after a restart it comes back as it is now
         self._conf.save_soon(lambda line: self.notice("error", line))
 
