@@ -10,16 +10,32 @@ import logging
 import secrets
 from pathlib import Path
 
-from engine.credentials import tokens
+from engine.credentials import codes, tokens
 from engine.credentials.codes import JoinCode
 from engine.credentials.fleet_name import load_fleet_name, save_fleet_name
-from engine.errors import CommandError, ShoalError, StartError
+from engine.errors import CommandError, JoinError, ShoalError, StartError
 
 log = logging.getLogger("shoal")
 
 
 def new_token() -> bytes:
     return secrets.token_bytes(tokens.TOKEN_BYTES)
+
+
+async def read_join_code(code: str) -> JoinCode:
+    """A join URL, or the path of an image of its QR code (read off the loop); JoinError
+    (one line, never the code's text: it holds the token) when it is neither."""
+    text = code.strip()
+    try:
+        if not text.lower().startswith(f"{codes.SCHEME}://"):
+            text = await asyncio.to_thread(_read_image, text)
+        return codes.parse_join_url(text)
+    except codes.PairingError as exc:
+        raise JoinError(str(exc), code="bad_join_code") from None
+
+
+def _read_image(path: str) -> str:
+    return codes.read_qr_image(Path(path).expanduser())
 
 
 class FleetCredentials:
@@ -41,10 +57,14 @@ class FleetCredentials:
     def name(self) -> str | None:
         return self._name
 
-    async def load(self, code: JoinCode | None, *, fallback_name: str | None) -> None:
-        """At start: the token and name of a join code (kept only once a head has taken
-        the token: `keep`), else those kept here; ``fallback_name`` (the settings') stands
-        in until a name is kept. StartError (one line) for a token that cannot be read."""
+    async def load(self, code: JoinCode | None, *, home: Path, auth_file: Path | None,
+                   fallback_name: str | None) -> None:
+        """At start, from the settings of that start (``home``, ``auth_file``): the token
+        and name of a join code (kept only once a head has taken the token: `keep`), else
+        those kept here; ``fallback_name`` stands in until a name is kept. StartError (one
+        line) for a token that cannot be read."""
+        self._home, self._auth_file = home, auth_file
+        self._token = self._name = None
         if code is not None:
             self._token, self._name = code.token, code.fleet
         else:
@@ -73,6 +93,21 @@ class FleetCredentials:
         places = await asyncio.to_thread(tokens.forget_token, self._home)
         self._token = None
         return places
+
+    async def join_code(self, head: str, default_name: str) -> tuple[str, str, bytes, str]:
+        """This fleet's join URL pointing at ``head`` (HOST:PORT), the fleet's name in it
+        (``default_name`` when it has none), and its QR code as PNG bytes and as text."""
+        if self._token is None:
+            raise CommandError("this machine has no fleet token yet; start a fleet here "
+                               "first (Start a fleet here, or `shoal fleet token`)",
+                               code="no_token")
+        name = self._name or default_name
+        try:
+            url = codes.join_url(head, self._token, name)
+        except codes.PairingError as exc:
+            raise CommandError(str(exc), code="bad_pairing") from None
+        png = await asyncio.to_thread(codes.qr_png, url)
+        return url, name, png, codes.qr_text(url)
 
     async def move(self, to: tokens.Place) -> str:
         """Keep the token in the OS keychain or in the token file; one line says where."""

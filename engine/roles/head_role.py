@@ -268,6 +268,33 @@ class HeadRole:
             await self.head.peers.close()
             self.head.peers = None
 
+    async def open_fleet_at(self, listen: str, *, discovery: DiscoverySettings) -> None:
+        """`open_fleet` on a new listener bound at ``listen`` (HOST:PORT)."""
+        await self.open_fleet(self.bind_fleet(listen), discovery=discovery)
+
+    async def reopen_fleet(self, *, discovery: DiscoverySettings, forget_found: bool) -> None:
+        """Close the fleet side and open it again on the same address, for a new token
+        (the links with other heads, the announcement and the finders took the old one);
+        ``forget_found``: the nodes that joined or were found go too (another fleet's)."""
+        side = self.fleet_side
+        if side is None:
+            return
+        await self.close_fleet()
+        if forget_found:
+            self.forget_found_nodes()
+        host = f"[{side.host}]" if ":" in side.host else side.host
+        await self.open_fleet_at(f"{host}:{side.port}", discovery=discovery)
+
+    def link_local(self, host: str, port: int) -> None:
+        """Dial this machine's own node (listening on ``host``:``port``) over loopback, as
+        the pool ``local``, in place of one dialed before."""
+        fleet = self.head.fleet
+        if "local" in fleet.pools:
+            fleet.forget("local")
+        if host in ("0.0.0.0", "", "::"):  # noqa: S104 - comparing, not binding
+            host = "127.0.0.1"
+        fleet.add_dialed(host, port, key="local")
+
     def meet(self, host: str, port: int) -> None:
         """Sync aliases with the head at host:port (one this machine joined), when this
         head takes part in a fleet."""
@@ -285,7 +312,7 @@ class HeadRole:
     def set_psk(self, psk: bytes | None) -> None:
         """A new fleet token: every node link is made again with it. The fleet side (links
         with other heads, the announcement, the finders) holds the token it was opened
-        with: close and open it again (`Shoal` does)."""
+        with: close and open it again (`reopen_fleet`)."""
         fleet = self.head.fleet
         fleet.psk = psk
         for pool in fleet.pools.values():

@@ -104,6 +104,13 @@ class Membership:
     def set_psk(self, psk: bytes | None) -> None:
         self.joiner.psk = psk
 
+    def relink(self, agent: NodeAgent, heads: list[HeadAddress]) -> None:
+        """Link ``heads`` again from a new node's ``agent`` (a model swapped in: the old
+        node's links closed with it)."""
+        self.agent = self.joiner.agent = agent
+        for head in heads:
+            self.joiner.link(head)
+
     async def close(self) -> None:
         await cancel_and_wait([self._task], "the fleet membership")
         await self.joiner.close()

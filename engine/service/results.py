@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.runtimes.budget import default_budget_bytes, total_memory_bytes
 from engine.settings import Settings
 
 
@@ -34,6 +35,12 @@ class MachineMemory:
 
     total: int  # bytes
     default_budget: int  # bytes
+
+    @classmethod
+    def read(cls) -> MachineMemory:
+        """This machine's (a small file: /proc/meminfo, or sysctl)."""
+        total = total_memory_bytes()
+        return cls(total=total, default_budget=default_budget_bytes(total))
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,7 @@ from engine.models import cache as model_cache
 from engine.models import ids as model_ids
 from engine.models import store as model_store
 from engine.runtimes import registry
-from engine.service import Shoal
-from engine.service import shoal as service
+from engine.service import Shoal, fleet_choice
 from engine.settings import NodeSettings, Settings
 from tests.fakehub import FakeHub, pointed_at, serving
 from tests.integration.test_fleet_chooses_model import head_settings, joined_fleet, node_at
@@ -147,7 +146,7 @@ async def test_a_role_change_goes_on_while_a_model_the_fleet_chose_is_pulled(
 async def test_a_hub_slow_to_size_the_model_gets_a_yes_and_the_refusal_comes_in_the_stats(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pulling_mock: None):
     hub = local_hub(tmp_path / "files", hold_infos=True)
-    monkeypatch.setattr(service, "ROOM_S", 0.2)  # the head waits 10 s for the answer
+    monkeypatch.setattr(fleet_choice, "ROOM_S", 0.2)  # the head waits 10 s for the answer
     async with serving(hub):
         with pointed_at(monkeypatch, hub.url):
             async with running(head_settings(tmp_path / "a")) as a, \

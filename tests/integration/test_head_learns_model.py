@@ -179,8 +179,8 @@ async def test_a_head_learns_the_model_it_has_a_fleet_node_serve(
                     assert status == 200, body
                     assert body["model"] == GEMMA
                     full = await asyncio.to_thread(load, gemma_gguf, "full")
-                    assert a._head is not None
-                    assert_reads_the_same(a._head.head.models[GEMMA], full)
+                    assert a._roles.head is not None
+                    assert_reads_the_same(a._roles.head.head.models[GEMMA], full)
                     # the node was asked again: the head has it, nothing more is fetched
                     assert await a.serve_on(seen.key, GEMMA) == f"serves {GEMMA} already"
                     assert hub.sent == sent
@@ -192,8 +192,8 @@ async def test_a_head_learns_the_model_it_has_a_fleet_node_serve(
                                                smollm2_head(home, smollm2_gguf))
             assert again.head is not None and again.head.also_models == (GEMMA,)
             async with running(again) as restarted:
-                assert restarted._head is not None
-                assert_reads_the_same(restarted._head.head.models[GEMMA], full)
+                assert restarted._roles.head is not None
+                assert_reads_the_same(restarted._roles.head.head.models[GEMMA], full)
             assert hub.sent == sent
     await free(full)
 
@@ -213,9 +213,9 @@ async def test_a_head_starts_at_once_while_the_hub_hangs_and_learns_its_models_a
             shoal = await asyncio.wait_for(Shoal.start(settings), 60)
             try:
                 await until(lambda: hub.infos >= 1, "the head asking the hub, after its start")
-                assert GEMMA not in shoal._head.head.models  # type: ignore[union-attr]
+                assert GEMMA not in shoal._roles.head.head.models  # type: ignore[union-attr]
                 hub.release.set()
-                await until(lambda: GEMMA in shoal._head.head.models,  # type: ignore[union-attr]
+                await until(lambda: GEMMA in shoal._roles.head.head.models,  # type: ignore[union-attr]
                             "the head learning the model once the hub answers")
             finally:
                 hub.release.set()

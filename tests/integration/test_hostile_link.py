@@ -392,7 +392,7 @@ async def test_a_connection_flood_leaves_the_api_serving(tmp_path: Path,
     async with running(settings) as shoal:
         await ready(shoal)
         host, join_port = shoal.fleet_address  # type: ignore[misc]
-        listener = shoal._head.fleet_side.listener  # type: ignore[union-attr]
+        listener = shoal._roles.head.fleet_side.listener  # type: ignore[union-attr]
         flood = []
         for _ in range(300):
             try:
@@ -419,7 +419,7 @@ async def test_a_connection_flood_leaves_the_api_serving(tmp_path: Path,
                               context_window=64, lanes=1),
             responder=False, expect=m.HeadHello, timeout_s=5)
         assert hello.model == "mock-m"
-        await until(lambda: "joined:late" in shoal._head.head.fleet.pools,  # type: ignore[union-attr]
+        await until(lambda: "joined:late" in shoal._roles.head.head.fleet.pools,  # type: ignore[union-attr]
                     "the late node to join")
         link.close()
     token_free({"caplog": caplog.text}, TOKEN.hex())

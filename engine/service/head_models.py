@@ -1,0 +1,123 @@
+"""The models this machine's head serves: the one it starts on, those its settings name
+besides it (``also_models``), and those it learns while it runs because a fleet node
+serves them (from the GGUF header alone, fetched off the loop). `HeadModels` owns the
+background learning and is the only writer of ``also_models``, through `Configuration`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+from engine.errors import StartError
+from engine.events import Notice, ShoalEvent
+from engine.head.prompt.model import HeadModel
+from engine.models.learn import READS_HEADERS, learn_model
+from engine.models.loading import Resolved, load_head_model
+from engine.roles.head_role import HeadRole
+from engine.service.configuration import Configuration
+from engine.settings import HeadSettings
+from engine.tasks import cancel_and_wait
+
+log = logging.getLogger("shoal")
+
+# a model spec (None: the embedded default) and a runtime, made a file here: pulled with
+# progress when it is not (`engine.models.loading.resolve` over this Shoal's pulls)
+Resolve = Callable[[str | None, str | None], Awaitable[Resolved]]
+
+
+class HeadModels:
+    def __init__(self, conf: Configuration, *, resolve: Resolve,
+                 emit: Callable[[ShoalEvent], None],
+                 head: Callable[[], HeadRole | None]) -> None:
+        self._conf = conf
+        self._resolve = resolve
+        self._emit = emit
+        self._head = head  # the head running now (it changes while a header is fetched)
+        self._learning: asyncio.Task[None] | None = None
+        self._later: list[str] = []  # not on disk when the head started: from the hub
+
+    async def for_start(self, hs: HeadSettings, model: Resolved) -> list[HeadModel]:
+        """The models a head on ``hs`` starts with: ``model`` (made ready), then each of
+        ``also_models`` that can be had from disk now; the others are learnt from the hub
+        once it runs (`learn_later`)."""
+        models: list[HeadModel] = [await load_head_model(model, chat_template=hs.chat_template)]
+        self._later = []
+        for other in hs.also_models:
+            if model.runtime in READS_HEADERS:
+                try:
+                    models.append((await learn_model(other, model.runtime,
+                                                     home=self._conf.settings.home,
+                                                     offline=True))[0])
+                except StartError:
+                    self._later.append(other)
+                continue
+            learnt = await self._also_model(other, model.runtime)
+            if learnt is not None:
+                models.append(learnt)
+        return models
+
+    async def learn_later(self) -> None:
+        """Learn from the hub, in the background, what `for_start` could not have from
+        disk: the head serves the others meanwhile, and a hub that never answers is given
+        up on per file (header_fetch.DEADLINE_S)."""
+        await self.close()
+        later, self._later = self._later, []
+        if later:
+            self._learning = asyncio.get_running_loop().create_task(
+                self._learn_all(later), name="shoal-head-learns")
+
+    async def close(self) -> None:
+        await cancel_and_wait([self._learning], "the head's models from the hub")
+        self._learning = None
+
+    async def learn(self, spec: str) -> str:
+        """This machine's head learns ``spec``, which a fleet node now serves: its tokenizer
+        and template from the model's GGUF header alone, kept in the head's
+        ``also_models`` across restarts. Returns the line of what happened ("" when the
+        head had it, or had it from a file here); a failure is that line too (the node
+        serves the model all the same), and a Notice."""
+        head = self._head()
+        if head is None or spec in head.head.models:
+            return ""
+        settings = self._conf.settings
+        try:
+            model, line = await learn_model(spec, head.head.model.runtime,
+                                            home=settings.home, offline=settings.offline)
+        except StartError as exc:
+            return self._warn(f"this machine's API cannot serve {spec}: {exc}")
+        head = self._head()
+        if head is not None and spec not in head.head.models:
+            head.head.add_model(model)
+        hs = self._conf.settings.head
+        if hs is not None and spec not in hs.also_models:
+            self._conf.update(lambda s: replace(s, head=replace(
+                hs, also_models=(*hs.also_models, spec))))
+            # a restart's head learns it again, from disk
+            self._conf.save_soon(lambda text: self._emit(Notice(level="error", text=text)))
+        log.info("this machine's API serves %s too%s", spec, f" ({line})" if line else "")
+        return f"this machine's API {line}" if line else ""
+
+    async def _learn_all(self, specs: list[str]) -> None:
+        for spec in specs:
+            await self.learn(spec)
+
+    async def _also_model(self, spec: str, runtime: str) -> HeadModel | None:
+        """Another model the head serves (``also_models``): through its header where the
+        runtime reads one, else its file. One that cannot be had is said in one line and
+        left out: the head serves the others."""
+        settings = self._conf.settings
+        try:
+            if runtime in READS_HEADERS:
+                return (await learn_model(spec, runtime, home=settings.home,
+                                          offline=settings.offline))[0]
+            return await load_head_model(await self._resolve(spec, runtime))
+        except StartError as exc:
+            self._warn(f"this machine's API does not serve {spec}: {exc}")
+            return None
+
+    def _warn(self, line: str) -> str:
+        log.warning("%s", line)
+        self._emit(Notice(level="warning", text=line))
+        return line
