@@ -36,8 +36,8 @@ from app.prefs import Prefs, load
 from app.tray import Phase, Tray, TrayView
 from engine import events as ev
 from engine.config import ConfigError
-from engine.errors import JoinError, ShoalError
-from engine.settings import JoinSettings, Settings, default_home
+from engine.errors import ShoalError
+from engine.settings import Settings, default_home
 from engine.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("shoal.app")
 
 QUIT_DRAIN_S = 10.0  # Quit waits this long for the requests under way, then cancels them
-REJOIN_EVERY_S = 30.0  # after a restart in a fleet whose heads are away, look again this often
 FIX_AND_RETRY = "fix that and choose Start again in Shoal's menu"
 # a port in use: the one failure Settings fixes
 FIX_PORT_AND_RETRY = "Settings has the ports; then choose Start again in Shoal's menu"
@@ -81,12 +80,11 @@ class Shell(QObject):
         from engine.service import Shoal  # the whole engine: after the early icon shows
 
         super().__init__()
-        # the fleet to come back to is joined once the rest runs: its heads may be away
-        self.rejoin: JoinSettings | None = settings.join if settings.node else None
         # Shoal owns config.toml, the app's choices in it included: the app reads them
-        # from there and changes them through update_settings, never keeping a copy
+        # from there and changes them through update_settings, never keeping a copy; the
+        # fleet to come back to Shoal joins once the rest runs (its heads may be away)
         self.shoal: Shoal = Shoal(replace(settings, join=None), keep=True, app=asdict(prefs),
-                                  rejoin=self.rejoin)
+                                  rejoin=settings.join if settings.node else None)
         # subscribes now: the start's progress shows; commands wait for the start
         self.bridge = ShoalBridge(self.shoal, started=False)
         self.phase: Phase = "starting"
@@ -134,8 +132,6 @@ class Shell(QObject):
         log.info("Shoal runs: the API is %s", f"at {self.shoal.api_url}" if self.shoal.api_url
                  else "off on this machine")
         self._render()
-        if self.rejoin is not None:
-            self._spawn(self._rejoin(self.rejoin), "app-rejoin")
 
     def _failed(self, line: str, code: str = "") -> None:
         fix = fix_for(code)
@@ -156,23 +152,6 @@ class Shell(QObject):
         self.bridge.starting()
         self._render()
         self._spawn(self._open(), "app-open")  # on the settings as changed meanwhile
-
-    async def _rejoin(self, join: JoinSettings) -> None:
-        """Back into the fleet this machine was in when it last ran; while its heads are
-        away (or refuse: the line says to pair again), the tray says so and this tries
-        again now and then, until it works or the user leaves or joins another fleet."""
-        while self.rejoin is join and not self.shoal.snapshot().roles.member:
-            try:
-                await self.shoal.join(head=join.head)
-            except JoinError as exc:
-                self.problem = f"Not linked with the fleet: {exc}"
-                self._render()
-                await asyncio.sleep(REJOIN_EVERY_S)
-            else:
-                break
-        if self.rejoin is join:
-            self.rejoin, self.problem = None, None
-            self._render()
 
     async def stop(self, drain: float = QUIT_DRAIN_S) -> None:
         """Finish the requests under way (at most ``drain`` seconds), stop Shoal, and
@@ -203,9 +182,13 @@ class Shell(QObject):
         return Prefs.from_table(self.shoal.app_settings)
 
     def _view(self) -> TrayView:
+        roles = self.bridge.last.roles
         return TrayView(snapshot=self.bridge.last, prefs=self.prefs, phase=self.phase,
-                        problem=self.problem, progress=self.progress,
-                        autostart=autostart.supported(), rejoining=self.rejoin is not None)
+                        problem=self.problem or (f"Not linked with the fleet: "
+                                                 f"{roles.rejoin_error}"
+                                                 if roles.rejoin_error else None),
+                        progress=self.progress, autostart=autostart.supported(),
+                        rejoining=roles.rejoining)
 
     def _fresh_view(self) -> TrayView:
         """The menu opens on the fleet as it is now, not as of the last second's snapshot."""
@@ -311,7 +294,6 @@ class Shell(QObject):
         elif key == "pair":
             self.open_window("pairing")
         elif key == "leave":
-            self.rejoin, self.problem = None, None
             bridge.run(shoal.leave())
         elif key == "api":
             bridge.run(shoal.set_head(checked))

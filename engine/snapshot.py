@@ -166,6 +166,10 @@ class Roles:
     fleet_listen: str | None  # where this head takes nodes that join
     node: LocalNodeSnapshot | None
     member: bool  # this machine's node has joined a fleet's heads
+    # in a fleet whose heads have not taken this machine back yet since it started, and
+    # why the last try failed (None: no try has failed yet); tried again every 30 s
+    rejoining: bool = False
+    rejoin_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

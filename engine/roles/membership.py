@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from engine.credentials.codes import JoinCode
 from engine.discovery.service import HeadFinder
 from engine.errors import JoinError
 from engine.link import messages as m
 from engine.node.agent import NodeAgent
 from engine.node.join import HeadAddress, Joiner, JoinRefused, probe_head
+from engine.roles.sockets import parse_address
 from engine.settings import DiscoverySettings
 from engine.tasks import cancel_and_wait
 
@@ -115,3 +117,12 @@ class Membership:
         await cancel_and_wait([self._task], "the fleet membership")
         await self.joiner.close()
         await self.finder.close()
+
+
+def head_to_join(code: JoinCode | None, head: str | None, port: int) -> HeadAddress | None:
+    """Where the head to join is: the code's, else ``head`` (HOST[:PORT]), else None."""
+    if code is not None:
+        return HeadAddress(code.head_host, code.head_port, "code")
+    if head:
+        return HeadAddress(*parse_address(head, port, what="the head"), "given")
+    return None

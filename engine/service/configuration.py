@@ -95,6 +95,11 @@ class Configuration:
         return self._next.over(self._settings)
 
     @property
+    def rejoin(self) -> JoinSettings | None:
+        """The fleet this machine was in, not joined again yet (None: settled)."""
+        return self._next.join
+
+    @property
     def app(self) -> Mapping[str, Any]:
         """The app's own choices (config.toml's ``[app]`` table), read-only."""
         return MappingProxyType(self._app)

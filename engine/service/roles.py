@@ -1,9 +1,8 @@
-"""The running roles: this machine's head (the API and placement, and its fleet side that
-takes nodes from other machines), its node (a model on its lanes) and its membership in a
-fleet (the node linked with the fleet's heads). `RunningRoles` is their only keeper: the
-start order, linking the local node to the local head, switching the head, swapping the
-model, handing a new token to the links, joining, leaving and closing. One change at a
-time (``lock``); every change is published as `RolesChanged` and kept in the settings."""
+"""The running roles: this machine's head (the API, placement, and the fleet side taking
+nodes from other machines), its node, and its membership in a fleet. `RunningRoles` is
+their only keeper: start order, the local node linked, the head switched, the model
+swapped, joins, leaves, rekeying, closing; one change at a time (``lock``), each published
+as `RolesChanged` and kept in the settings."""
 
 from __future__ import annotations
 
@@ -22,12 +21,12 @@ from engine.node.join import HeadAddress
 from engine.node.machine import MachineFacts
 from engine.roles.head_role import HeadRole
 from engine.roles.local_node import LocalNode
-from engine.roles.membership import Membership, locate
-from engine.roles.sockets import parse_address
+from engine.roles.membership import Membership, head_to_join, locate
 from engine.service import configuration
 from engine.service.configuration import Configuration
 from engine.service.head_models import HeadModels, Resolve
-from engine.settings import HeadSettings, JoinSettings, NodeSettings
+from engine.service.results import JoinResult
+from engine.settings import FLEET_PORT, HeadSettings, JoinSettings, NodeSettings
 from engine.snapshot import FleetSnapshot
 
 log = logging.getLogger("shoal")
@@ -64,12 +63,8 @@ class RunningRoles:
         slow work (a port in use fails at once), the token checked against a head before
         anything is pulled or loaded."""
         s = self._conf.settings
-        given: HeadAddress | None = None
-        if code is not None:
-            given = HeadAddress(code.head_host, code.head_port, "code")
-        elif s.join is not None and s.join.head:
-            host, port = parse_address(s.join.head, s.join.head_port, what="the head")
-            given = HeadAddress(host, port, "given")
+        given = head_to_join(code, s.join.head if s.join else None,
+                       s.join.head_port if s.join else FLEET_PORT)
         await self._creds.load(code, home=s.home, auth_file=s.auth_file,
                                fallback_name=s.fleet_name)
         http_sock = HeadRole.bind_http(s.head) if s.head is not None else None
@@ -303,11 +298,12 @@ class RunningRoles:
             if announce:
                 self.changed()
 
-    async def join(self, given: HeadAddress | None, token: bytes | None,
-                   name: str | None) -> tuple[list[HeadAddress], str]:
-        """Link this machine's node with the heads of the fleet of ``token`` (``given``:
-        where one is; None: found on the network), checked against a head before
-        anything changes here. The heads found, and the model they announced."""
+    async def join(self, code: JoinCode | None, head: str | None) -> JoinResult:
+        """Link this machine's node with the heads of the fleet of ``code``, or of the
+        token kept here at ``head`` (HOST:PORT; None: found on the network), checked
+        against a head before anything changes here."""
+        token, name = (code.token, code.fleet) if code else (self._creds.token, self._creds.name)
+        given = head_to_join(code, head, FLEET_PORT)
         async with self.lock:
             node = self.require_node()
             join = self._conf.settings.join or JoinSettings()
@@ -330,7 +326,8 @@ class RunningRoles:
             self._conf.update(lambda s: s.with_join(replace(
                 join, head=str(given) if given else None, code=None)), rejoin_settled=True)
             self.changed()
-            return heads, hello.model
+            return JoinResult(fleet=name or "", heads=tuple(str(h) for h in heads),
+                              model=hello.model)
 
     async def leave(self, *, forget_token: bool) -> list[str]:
         """Unlink this machine's node from the fleet's heads, stop its head taking nodes

@@ -43,12 +43,11 @@ from engine.models import store as model_store
 from engine.models.commands import ModelCommands
 from engine.models.loading import Pulls, Resolved, resolve
 from engine.models.pulls.quota import Quota
-from engine.node.join import HeadAddress
-from engine.roles.sockets import parse_address
 from engine.service.configuration import Ask, Configuration
 from engine.service.fleet_choice import FleetChoice
 from engine.service.head_models import HeadModels
 from engine.service.keys import KeyCommands
+from engine.service.rejoin import Rejoin
 from engine.service.results import JoinResult, MachineMemory, Pairing, SettingsChange
 from engine.service.roles import RunningRoles
 from engine.settings import FLEET_PORT, DiscoveryMode, JoinSettings, Settings
@@ -92,6 +91,7 @@ class Shoal:
                                    wall=wall, snapshot=self.snapshot,
                                    machine=self._choice.machine_facts,
                                    serve_model=self._choice.ask)
+        self._rejoin = Rejoin(self._conf, join=lambda head: self._roles.join(None, head))
         self.keys = KeyCommands(settings.home)
         # the catalog, the fit of its models on each machine, the models kept here
         self.models = ModelCommands(snapshot=self.snapshot, settings=lambda: self._conf.settings,
@@ -134,6 +134,8 @@ class Shoal:
                 raise
             finally:
                 self._opening = False
+            if self._roles.node is not None:
+                self._rejoin.start()
         await self._check_catalog()
 
     async def _check_catalog(self) -> None:
@@ -152,6 +154,7 @@ class Shoal:
         if self._stopped:
             return
         self._stopped = self._roles.stopping = True
+        await self._rejoin.close()
         await self._choice.close()
         await self._head_models.close()
         await self._roles.close(drain)
@@ -169,7 +172,8 @@ class Shoal:
                           if head is not None and head.fleet_side is not None else None),
             node=node.snapshot(tuple(str(h) for h in member.heads) if member else (),
                                member.linked() if member else ()) if node else None,
-            member=member is not None)
+            member=member is not None, rejoining=self._rejoin.waiting,
+            rejoin_error=self._rejoin.error)
         pulls = tuple(PullSnapshot(model=p.model, done_bytes=p.done_bytes,
                                    total_bytes=p.total_bytes, state=p.state, message=p.message,
                                    rate_bps=p.rate_bps, eta_s=p.eta_s)
@@ -363,20 +367,8 @@ class Shoal:
         or with this machine's token by a head's HOST:PORT (None: found on the network).
         The token is checked against a head before anything changes here."""
         self._roles.require_node()
-        given: HeadAddress | None = None
-        token: bytes | None
-        name: str | None
-        if code is not None:
-            parsed = await read_join_code(code)
-            token, name = parsed.token, parsed.fleet
-            given = HeadAddress(parsed.head_host, parsed.head_port, "code")
-        else:
-            token, name = self._creds.token, self._creds.name
-            if head is not None:
-                host, port = parse_address(head, FLEET_PORT, what="the head")
-                given = HeadAddress(host, port, "given")
-        heads, model = await self._roles.join(given, token, name)
-        return JoinResult(fleet=name or "", heads=tuple(str(h) for h in heads), model=model)
+        return await self._roles.join(await read_join_code(code) if code is not None
+                                      else None, head)
 
     async def leave(self, *, forget_token: bool = False) -> list[str]:
         """Leave the fleet: this machine's node unlinks from the fleet's heads, its head

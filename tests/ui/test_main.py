@@ -82,7 +82,8 @@ async def test_a_restart_comes_back_in_its_fleet_and_not_after_leave(
         await until(lambda: fleet_saved(b_home, member=False), "B's leave saved")
         await b.stop(drain=1)
         b = await restart(b_home)
-        assert not b.bridge.refresh().roles.member and b.rejoin is None
+        roles = b.bridge.refresh().roles
+        assert not roles.member and not roles.rejoining
         assert (await read_menu(b.tray.menu))["status"][0].startswith("Not in a fleet")
 
         # A leaves: its head no longer takes joins after a restart
@@ -117,11 +118,15 @@ async def test_a_fleet_whose_head_is_away_shows_the_error_and_stays_remembered(
         await b.stop(drain=1)
         await head.stop(drain=1)  # the fleet's head goes away meanwhile
         b = await restart(home)
-        await until(lambda: b.problem, "the line saying B is not linked")
-        assert b.problem.startswith("Not linked with the fleet: nothing listens at "
-                                    f"127.0.0.1:{port}")  # type: ignore[union-attr]
+        # the engine tries again (every 30 s) and says why it could not
+        await until(lambda: b.bridge.refresh().roles.rejoin_error,
+                    "the line saying B is not linked")
+        roles = b.bridge.last.roles
+        assert roles.rejoining and not roles.member
+        assert roles.rejoin_error.startswith(  # type: ignore[union-attr]
+            f"nothing listens at 127.0.0.1:{port}")
         menu = await read_menu(b.tray.menu)
-        assert menu["problem"][0].startswith("Not linked with the fleet")
+        assert menu["problem"][0].startswith("Not linked with the fleet: nothing listens")
         assert menu["leave"][1] is True and b.tray.look == "error"
         # another change is saved meanwhile: the fleet stays remembered
         await choose(b.tray.menu, "pause")
@@ -130,6 +135,8 @@ async def test_a_fleet_whose_head_is_away_shows_the_error_and_stays_remembered(
         # Leave forgets it, and clears the error
         await choose(b.tray.menu, "leave")
         await until(lambda: fleet_saved(home, member=False), "the leave saved")
+        roles = b.bridge.refresh().roles
+        assert roles.rejoin_error is None and not roles.rejoining
         assert b.problem is None and b.tray.look == "paused"
     finally:
         await b.stop(drain=1)
