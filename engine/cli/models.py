@@ -168,9 +168,10 @@ def _pull(home: Path, model: str) -> int:
     import asyncio
 
     from engine.cli.run import PullLines
-    from engine.events import PullProgress, ShoalEvent
+    from engine.events import PullProgress
     from engine.models.catalog import CatalogError, load_catalog
-    from engine.models.loading import Pulls, resolve
+    from engine.service import Shoal
+    from engine.settings import Settings
 
     spec = model
     try:
@@ -180,15 +181,26 @@ def _pull(home: Path, model: str) -> int:
             spec = entry.spec()
     except CatalogError:
         pass  # a broken catalog does not stop a pull by id
-    lines = PullLines()
 
-    def show(event: ShoalEvent) -> None:
-        if isinstance(event, PullProgress):
-            for line in lines.lines(event):
-                print(f"shoal: {line}", flush=True)
+    async def pull() -> Path:
+        shoal = Shoal(Settings(home=home))  # nothing started: only its pull
+        lines = PullLines()
 
-    resolved = asyncio.run(resolve(spec, "llamacpp", home=home, offline=False, emit=show,
-                                   pulls=Pulls()))
-    model_store.forget_fleet_chosen(home, spec)  # the owner's now: the fleet's quota spares it
-    print(f"{spec} is ready at {resolved.path}; serve it with `shoal serve {spec}`")
+        async def show() -> None:
+            async for event in events:
+                if isinstance(event, PullProgress):
+                    for line in lines.lines(event):
+                        print(f"shoal: {line}", flush=True)
+
+        events = shoal.events()
+        shown = asyncio.get_running_loop().create_task(show())
+        try:
+            return await shoal.pull_model(spec, runtime="llamacpp")
+        finally:
+            events.close()
+            await shown  # the lines already published, then it ends
+            await shoal.stop(drain=0)
+
+    path = asyncio.run(pull())
+    print(f"{spec} is ready at {path}; serve it with `shoal serve {spec}`")
     return 0

@@ -7,6 +7,7 @@ event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -18,6 +19,8 @@ from engine.models import store as model_store
 from engine.models.fit import Machine, Suggestion
 from engine.settings import Settings
 from engine.snapshot import FleetSnapshot, NodeSnapshot
+
+log = logging.getLogger("shoal")
 
 if TYPE_CHECKING:  # imported when first used: the catalog is read only when asked for
     from engine.models.catalog import Catalog
@@ -80,6 +83,16 @@ class ModelCommands:
             except CatalogError as exc:
                 raise CommandError(str(exc), code="bad_catalog") from None
         return self._catalog
+
+    async def say_catalog(self) -> None:
+        """Read and check the catalog once (at start): a user's newer one refused, or a
+        broken bundled one, is logged in one line (the catalog is not needed to serve)."""
+        try:
+            _, line = await self.catalog()
+        except CommandError as exc:
+            line = str(exc)
+        if line:
+            log.log(logging.INFO if line.startswith("using ") else logging.WARNING, "%s", line)
 
     async def kept(self) -> list[model_store.StoredModel]:
         """The models on this machine's disk, with who serves each: this Shoal's own node,

@@ -18,14 +18,14 @@ from aiohttp import web
 
 from engine.api.app import build_app, server_options
 from engine.discovery.service import HeadFinder, announce_head
-from engine.errors import StartError
+from engine.errors import CommandError, StartError
 from engine.events import Emit
 from engine.head.access import keys
 from engine.head.access.admin_secret import AdminSecretError, load_or_make_admin_secret
 from engine.head.access.hosts import machine_names
 from engine.head.commands import AliasCommands
 from engine.head.fleet.joins import JoinListener
-from engine.head.fleet.links import Fleet
+from engine.head.fleet.links import Fleet, NotAsked
 from engine.head.fleet.peers import HeadPeers
 from engine.head.fleet.sessions import SessionRunner
 from engine.head.head import Head
@@ -294,6 +294,21 @@ class HeadRole:
         if host in ("0.0.0.0", "", "::"):  # noqa: S104 - comparing, not binding
             host = "127.0.0.1"
         fleet.add_dialed(host, port, key="local")
+
+    async def ask_node_to_serve(self, node_key: str, spec: str) -> str:
+        """Ask the fleet's node ``node_key`` to serve ``spec``; the line of its yes, or
+        CommandError (one line) when it cannot be asked or refuses."""
+        fleet = self.head.fleet
+        try:
+            answer = await fleet.serve_model(node_key, spec)
+        except NotAsked as exc:
+            raise CommandError(str(exc), code=exc.code) from None
+        if not answer.accepted:
+            pool = fleet.pools.get(node_key)
+            who = (pool.info.identity if pool is not None else "") or node_key
+            raise CommandError(f"{who} refused to serve {spec}: {answer.message}",
+                               code="node_refused")
+        return answer.message
 
     def meet(self, host: str, port: int) -> None:
         """Sync aliases with the head at host:port (one this machine joined), when this

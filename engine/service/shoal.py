@@ -27,6 +27,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from engine.credentials import tokens
@@ -36,7 +37,6 @@ from engine.discovery.mdns import local_addresses
 from engine.errors import CommandError
 from engine.events import EventBus, Notice, SettingsChanged, ShoalEvent, Subscription
 from engine.head.commands import AliasCommands
-from engine.head.fleet.links import NotAsked
 from engine.head.observe import fleet_snapshot
 from engine.models import ids
 from engine.models import store as model_store
@@ -136,17 +136,7 @@ class Shoal:
                 self._opening = False
             if self._roles.node is not None:
                 self._rejoin.start()
-        await self._check_catalog()
-
-    async def _check_catalog(self) -> None:
-        """Read and check the model catalog once at start: a user's newer one refused, or
-        a broken bundled one, is said in one line (the catalog is not needed to serve)."""
-        try:
-            _, line = await self.models.catalog()
-        except CommandError as exc:
-            line = str(exc)
-        if line:
-            log.log(logging.INFO if line.startswith("using ") else logging.WARNING, "%s", line)
+        await self.models.say_catalog()
 
     async def stop(self, drain: float = 10.0) -> None:
         """Finish (or, after ``drain`` seconds, cancel) the sessions under way and stop
@@ -276,11 +266,21 @@ class Shoal:
         runtime cannot run), the old one is served again and the settings keep its name:
         ShoalError says both. The pull holds no role lock: leave, join and the API's
         switch go on meanwhile; only the swap waits for them."""
+        return await self._roles.swap(spec, runtime, await self._owned(spec, runtime))
+
+    async def pull_model(self, spec: str, *, runtime: str | None = None) -> Path:
+        """Pull ``spec`` into the models kept here (with PullProgress events), without
+        serving it (`shoal models pull`); the file's path."""
+        return Path((await self._owned(spec, runtime)).path)
+
+    async def _owned(self, spec: str | None, runtime: str | None) -> Resolved:
+        """``spec`` pulled; the owner's choice from now on, which the fleet's quota of the
+        models it chose never removes."""
         model = await self._resolve(spec, runtime)
-        if spec is not None:  # the owner's choice: never removed by the fleet's quota
+        if spec is not None:
             await asyncio.to_thread(model_store.forget_fleet_chosen, self.settings.home,
                                     str(spec))
-        return await self._roles.swap(spec, runtime, model)
+        return model
 
     def cancel_pull(self, model: str) -> bool:
         """Stop a pull under way; its partial file is removed. False: no such pull."""
@@ -312,17 +312,9 @@ class Shoal:
             raise CommandError("the API does not run on this machine, so it links with no "
                                "fleet node; turn it on (Run the API on this machine), or "
                                "choose the model on that machine", code="no_head")
-        try:
-            answer = await head.head.fleet.serve_model(node_key, spec)
-        except NotAsked as exc:
-            raise CommandError(str(exc), code=exc.code) from None
-        if not answer.accepted:
-            pool = head.head.fleet.pools.get(node_key)
-            who = (pool.info.identity if pool is not None else "") or node_key
-            raise CommandError(f"{who} refused to serve {spec}: {answer.message}",
-                               code="node_refused")
+        said = await head.ask_node_to_serve(node_key, spec)
         learnt = await self._head_models.learn(spec)
-        return f"{answer.message}; {learnt}" if learnt else answer.message
+        return f"{said}; {learnt}" if learnt else said
 
     # -- the fleet -----------------------------------------------------------------
 
