@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 
 from engine.discovery.fleet_id import fleet_id
 from engine.discovery.mdns import Announcer, Browser
-from engine.head.fleet.links import Fleet
 from engine.link import messages as m
 from engine.link.connection import LinkError
 from engine.link.hello import exchange_hellos
@@ -45,9 +44,11 @@ def announced_addresses(bound_host: str) -> list[str] | None:
     return [bound_host]
 
 
-async def announce_head(mode: str, *, fleet: Fleet, psk: bytes | None, port: int,
-                        host: str = "0.0.0.0") -> list[Callable[[], Awaitable[None]]]:  # noqa: S104
-    """Announce this head on the LAN (the tailnet needs no announcement)."""
+async def announce_head(mode: str, *, head_id: str, model: str, psk: bytes | None,
+                        port: int, host: str = "0.0.0.0",  # noqa: S104
+                        ) -> list[Callable[[], Awaitable[None]]]:
+    """Announce this head (``head_id``, serving ``model``) on the LAN (the tailnet needs
+    no announcement)."""
     lan, _ = _modes(mode)
     addresses = announced_addresses(host)
     if not lan:
@@ -58,8 +59,8 @@ async def announce_head(mode: str, *, fleet: Fleet, psk: bytes | None, port: int
         return []
     announcer = Announcer()
     try:
-        await announcer.start(instance=f"shoal-head-{fleet.head_id}", port=port, role="head",
-                              model=fleet.model, fleet=fleet_id(psk), addresses=addresses)
+        await announcer.start(instance=f"shoal-head-{head_id}", port=port, role="head",
+                              model=model, fleet=fleet_id(psk), addresses=addresses)
     except OSError as exc:
         log.warning("cannot announce this head on the LAN (%s); nodes can still join by "
                     "address or over the tailnet", exc)

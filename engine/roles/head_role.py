@@ -222,7 +222,8 @@ class HeadRole:
                      "looks for none on the network; make one with `shoal fleet token` to "
                      "pair others")
             return
-        side.closers.extend(await announce_head(discovery.mode, fleet=fleet, psk=fleet.psk,
+        side.closers.extend(await announce_head(discovery.mode, head_id=fleet.head_id,
+                                                model=fleet.model, psk=fleet.psk,
                                                 port=port, host=host))
         if discovery.mode != "none":
             side.closers.append(await self._look(discovery, port))

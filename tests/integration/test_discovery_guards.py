@@ -67,7 +67,8 @@ async def test_a_loopback_fleet_listener_is_not_announced(caplog: pytest.LogCapt
     monkeypatch.setattr(mdns.Announcer, "start",
                         lambda *a, **k: started.append("announcer"))  # type: ignore[misc]
     head = mock_head(TOKEN)
-    closers = await announce_head("lan", fleet=head.fleet, psk=TOKEN, port=8454,
+    closers = await announce_head("lan", head_id=head.fleet.head_id,
+                                   model=head.fleet.model, psk=TOKEN, port=8454,
                                   host="127.0.0.1")
     assert closers == [] and started == []
     assert "not announcing this head on the LAN" in caplog.text
