@@ -14,7 +14,7 @@ from engine.errors import StartError
 from engine.events import Notice, ShoalEvent
 from engine.head.prompt.model import HeadModel
 from engine.models.learn import READS_HEADERS, learn_model
-from engine.models.loading import Resolved, load_head_model
+from engine.models.loading import Pulls, Resolved, load_head_model, resolve
 from engine.roles.head_role import HeadRole
 from engine.service.configuration import Configuration
 from engine.settings import HeadSettings
@@ -23,8 +23,22 @@ from engine.tasks import cancel_and_wait
 log = logging.getLogger("shoal")
 
 # a model spec (None: the embedded default) and a runtime, made a file here: pulled with
-# progress when it is not (`engine.models.loading.resolve` over this Shoal's pulls)
+# progress when it is not (`ModelSource`)
 Resolve = Callable[[str | None, str | None], Awaitable[Resolved]]
+
+
+class ModelSource:
+    """Models made ready for this Shoal: found here, else pulled through its ``pulls``
+    (PullProgress events as they go), offline when the settings say so."""
+
+    def __init__(self, conf: Configuration, pulls: Pulls,
+                 emit: Callable[[ShoalEvent], None]) -> None:
+        self._conf, self._pulls, self._emit = conf, pulls, emit
+
+    async def __call__(self, spec: str | None, runtime: str | None) -> Resolved:
+        s = self._conf.settings
+        return await resolve(spec, runtime, home=s.home, offline=s.offline, emit=self._emit,
+                             pulls=self._pulls)
 
 
 class HeadModels:

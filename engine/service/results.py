@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from engine.runtimes.budget import default_budget_bytes, total_memory_bytes
@@ -36,11 +37,6 @@ class MachineMemory:
     total: int  # bytes
     default_budget: int  # bytes
 
-    @classmethod
-    def read(cls) -> MachineMemory:
-        """This machine's (a small file: /proc/meminfo, or sysctl)."""
-        total = total_memory_bytes()
-        return cls(total=total, default_budget=default_budget_bytes(total))
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,3 +44,10 @@ class JoinResult:
     fleet: str
     heads: tuple[str, ...]
     model: str  # the model the head announced
+
+
+@functools.cache
+def machine_memory() -> MachineMemory:
+    """This machine's, read once (a small file: /proc/meminfo, or sysctl)."""
+    total = total_memory_bytes()
+    return MachineMemory(total=total, default_budget=default_budget_bytes(total))

@@ -41,14 +41,20 @@ from engine.head.observe import fleet_snapshot
 from engine.models import ids
 from engine.models import store as model_store
 from engine.models.commands import ModelCommands
-from engine.models.loading import Pulls, Resolved, resolve
+from engine.models.loading import Pulls, Resolved
 from engine.models.pulls.quota import Quota
 from engine.service.configuration import Ask, Configuration
 from engine.service.fleet_choice import FleetChoice
-from engine.service.head_models import HeadModels
+from engine.service.head_models import HeadModels, ModelSource
 from engine.service.keys import KeyCommands
 from engine.service.rejoin import Rejoin
-from engine.service.results import JoinResult, MachineMemory, Pairing, SettingsChange
+from engine.service.results import (
+    JoinResult,
+    MachineMemory,
+    Pairing,
+    SettingsChange,
+    machine_memory,
+)
 from engine.service.roles import RunningRoles
 from engine.settings import FLEET_PORT, DiscoveryMode, JoinSettings, Settings
 from engine.sizes import KvType, Share
@@ -74,18 +80,19 @@ class Shoal:
         self._bus = EventBus()
         self._emit: Callable[[ShoalEvent], None] = self._bus.publish
         self._pulls = Pulls()
-        self._memory: MachineMemory | None = None
         self._opening = False
         self._stopped = False
         self._conf = Configuration(settings, keep=keep, app=app, rejoin=rejoin)
         self._creds = FleetCredentials(settings.home, auth_file=settings.auth_file)
+        self._resolve = ModelSource(self._conf, self._pulls, self._emit)
         self._head_models = HeadModels(self._conf, resolve=self._resolve, emit=self._emit,
                                        head=lambda: self._roles.head)
         self._choice = FleetChoice(self._conf, pulls=self._pulls, resolve=self._resolve,
                                    swap=lambda spec, runtime, model:
                                    self._roles.swap(spec, runtime, model),
-                                   serving=self._roles_serving, ram_total=lambda: self.memory.total,
-                                   emit=self._emit, clock=clock)
+                                   serving=self._roles_serving,
+                                   ram_total=lambda: machine_memory().total, emit=self._emit,
+                                   clock=clock)
         self._roles = RunningRoles(self._conf, self._creds, self._head_models,
                                    resolve=self._resolve, emit=self._emit, clock=clock,
                                    wall=wall, snapshot=self.snapshot,
@@ -193,9 +200,7 @@ class Shoal:
     @property
     def memory(self) -> MachineMemory:
         """This machine's RAM and the node's default budget (read once, a small file)."""
-        if self._memory is None:
-            self._memory = MachineMemory.read()
-        return self._memory
+        return machine_memory()
 
     async def update_settings(self, *, http_port: int | None = None,
                               fleet_port: int | None = None,
@@ -369,11 +374,6 @@ class Shoal:
         return await self._roles.leave(forget_token=forget_token)
 
     # -- wiring --------------------------------------------------------------------
-
-    async def _resolve(self, spec: str | None, runtime: str | None) -> Resolved:
-        s = self._conf.settings
-        return await resolve(spec, runtime, home=s.home, offline=s.offline, emit=self._emit,
-                             pulls=self._pulls)
 
     def _roles_serving(self) -> str | None:
         return self._roles.node.engine.info.model if self._roles.node is not None else None
