@@ -6,6 +6,7 @@ import contextlib
 import os
 import secrets
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -85,3 +86,17 @@ def read_private(path: Path, *, max_bytes: int = PRIVATE_MAX_BYTES) -> bytes | N
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def read_secret_file(path: Path, what: str,
+                     error: Callable[[str], Exception]) -> bytes | None:
+    """`read_private` for a secret a person keeps: its two failures said in one line
+    each, raised as ``error(line)``. ``what`` names the file ("the fleet token file")."""
+    try:
+        return read_private(path)
+    except ExposedFileError as exc:
+        raise error(f"other users can read or change {what} {path} (mode {exc.mode:04o}); "
+                    f"run `chmod 600 {path}`") from None
+    except OSError as exc:
+        raise error(f"cannot read {what} {path}: {exc.strerror}; check its "
+                    "permissions") from None

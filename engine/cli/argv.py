@@ -124,20 +124,14 @@ def read_stdin_code() -> str:
 
 def api_key(args: argparse.Namespace) -> str | None:
     """The static key: --api-key, --api-key-file (private) or $SHOAL_API_KEY."""
-    from engine.files import ExposedFileError, read_private
+    from engine.files import read_secret_file
 
     path: Path | None = args.api_key_file
     if path is None:
         return args.api_key or os.environ.get("SHOAL_API_KEY") or None
     if args.api_key:
         raise StartError("give the API key with --api-key or --api-key-file, not both")
-    try:
-        data = read_private(path)
-    except ExposedFileError as exc:
-        raise StartError(f"other users can read or change the API key file {path} (mode "
-                         f"{exc.mode:04o}); run `chmod 600 {path}`") from None
-    except OSError as exc:
-        raise StartError(f"cannot read the API key file {path}: {exc.strerror}") from None
+    data = read_secret_file(path, "the API key file", StartError)
     key = (data or b"").decode("utf-8", errors="replace").strip()
     if data is None or not key:
         raise StartError(f"there is no API key in {path}; write the key there or leave out "

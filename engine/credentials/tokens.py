@@ -23,7 +23,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from engine.files import ExposedFileError, read_private, write_private
+from engine.files import read_secret_file, write_private
 
 log = logging.getLogger("shoal.secrets")
 
@@ -81,14 +81,7 @@ def ensure_token(path: Path, *, rotate: bool = False) -> bytes:
 
 def _read_text(path: Path) -> str | None:
     """The token file's text; refused when other users may read or change it."""
-    try:
-        data = read_private(path)
-    except ExposedFileError as exc:
-        raise TokenError(f"other users can read or change the fleet token file {path} "
-                         f"(mode {exc.mode:04o}); run `chmod 600 {path}`") from None
-    except OSError as exc:
-        raise TokenError(f"cannot read the fleet token at {path}: {exc.strerror}; "
-                         "check its permissions") from None
+    data = read_secret_file(path, "the fleet token file", TokenError)
     return None if data is None else data.decode("ascii", errors="replace")
 
 

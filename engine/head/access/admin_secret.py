@@ -15,7 +15,7 @@ import hmac
 import secrets
 from pathlib import Path
 
-from engine.files import ExposedFileError, read_private, write_private
+from engine.files import read_secret_file, write_private
 
 HEADER = "X-Shoal-Admin"
 SECRET_BYTES = 32
@@ -33,14 +33,7 @@ def read_admin_secret(home: Path) -> str | None:
     """The secret (64 hex characters), None when there is none yet. Reads a file: call
     it off the event loop."""
     path = admin_secret_path(home)
-    try:
-        raw = read_private(path)
-    except ExposedFileError as exc:
-        raise AdminSecretError(f"other users can read or change {path} (mode "
-                               f"{exc.mode:04o}); run `chmod 600 {path}`") from None
-    except OSError as exc:
-        raise AdminSecretError(f"cannot read {path}: {exc.strerror}; check its "
-                               "permissions") from None
+    raw = read_secret_file(path, "the admin secret file", AdminSecretError)
     if raw is None:
         return None
     text = raw.decode("ascii", errors="replace").strip()

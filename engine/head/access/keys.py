@@ -65,7 +65,7 @@ from typing import Generic, TypeVar
 
 from engine import nesting
 from engine.filelock import exclusive, lock_path
-from engine.files import ExposedFileError, read_private, write_private
+from engine.files import read_secret_file, write_private
 from engine.head.access.limits import Bucket, fresh, take
 
 KEY_PREFIX = "sk-shoal-"
@@ -191,14 +191,7 @@ def bearer_token(authorization: str | None) -> str | None:
 def read_secret(path: Path) -> bytes | None:
     """The keys secret at ``path``, None when absent; refused when malformed or open
     to other users (anyone who reads it can mint every key)."""
-    try:
-        raw = read_private(path)
-    except ExposedFileError as exc:
-        raise KeysError(f"other users can read or change the keys secret {path} (mode "
-                        f"{exc.mode:04o}); run `chmod 600 {path}`") from None
-    except OSError as exc:
-        raise KeysError(f"cannot read the keys secret at {path}: {exc.strerror}; "
-                        "check its permissions") from None
+    raw = read_secret_file(path, "the keys secret", KeysError)
     if raw is None:
         return None
     try:
