@@ -47,11 +47,12 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from engine.link import messages as m
-from engine.link.admission import FIRST_MESSAGE_S, PRE_HELLO_S, PendingHandshakes
+from engine.link.admission import FIRST_MESSAGE_S, PendingHandshakes
 from engine.link.connection import LinkError
 from engine.link.hello import WrongPeer, exchange_hellos
+from engine.link.listener import NotTaken, take
 from engine.link.mux import Carrier, Channel, Mux
-from engine.link.transport import Incoming, Link, LinkClosed, accept, serve
+from engine.link.transport import Incoming, Link, LinkClosed, serve
 from engine.models import ids as model_ids
 from engine.node import leases
 from engine.node.machine import MachineFacts
@@ -195,28 +196,18 @@ class NodeAgent:
 
     async def _handle(self, incoming: Incoming) -> None:
         address = incoming.peer_host
-        for older in self._pending.admit(incoming, address):
-            older.push_out()  # a flood of connections that have not shown the token
-        link: Link | None = None
-        bound = min(self.handshake_timeout_s, PRE_HELLO_S)
         try:
-            # counted until the head's hello shows that it holds the token: a completed
-            # handshake does not (admission.py)
-            try:
-                async with asyncio.timeout(bound):
-                    link = await accept(incoming, psk=self.psk, timeout_s=bound,
-                                        first_message_s=min(bound, self.first_message_s))
-                    head = await exchange_hellos(link, self._hello(), responder=True,
-                                                 expect=m.HeadHello, timeout_s=bound)
-            finally:
-                self._pending.release(incoming)
-        except (LinkError, WrongPeer, TimeoutError) as exc:
-            if not incoming.pushed_out:  # else closed here for a newer connection
-                self._refused(incoming.peer, address, exc, handshaken=link is not None,
-                              bound=bound)
+            taken = await take(incoming, self._pending, address, psk=self.psk,
+                               hello=self._hello, expect=m.HeadHello,
+                               handshake_timeout_s=self.handshake_timeout_s,
+                               first_message_s=self.first_message_s)
+        except NotTaken as exc:
+            self._refused(incoming.peer, address, exc.cause, handshaken=exc.handshaken,
+                          bound=exc.bound)
             return
-        except (OSError, LinkClosed):
+        if taken is None:
             return
+        link, head = taken
         await self.serve_link(link, responder=True, head=head)
 
     def _refused(self, peer: str, address: str, exc: Exception, *, handshaken: bool,

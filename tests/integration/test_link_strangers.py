@@ -13,10 +13,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from engine.link import found, transport
+from engine.link import found, listener, transport
 from engine.link.connection import LinkConnection
 from engine.link.transport import dial
-from engine.node import agent as agent_mod
 from engine.node.agent import NodeAgent
 from engine.node.join import HeadAddress, Joiner
 from engine.runtimes.mock import MockEngine
@@ -92,7 +91,7 @@ async def patient_node(monkeypatch: pytest.MonkeyPatch, *, first_message_s: floa
                        ) -> AsyncIterator[tuple[NodeAgent, int]]:
     """A listening node that waits 60 s for a hello (nothing of a flood times out
     meanwhile), and ``first_message_s`` for a connection's first bytes."""
-    monkeypatch.setattr(agent_mod, "PRE_HELLO_S", 60.0)
+    monkeypatch.setattr(listener, "PRE_HELLO_S", 60.0)
     agent = NodeAgent(MockEngine(model="m", lanes=1), identity="n", psk=TOKEN,
                       handshake_timeout_s=60.0)
     agent.first_message_s = first_message_s

@@ -14,10 +14,11 @@ import socket
 from engine.head.fleet.links import Fleet
 from engine.head.fleet.peers import HeadPeers
 from engine.link import messages as m
-from engine.link.admission import FIRST_MESSAGE_S, PRE_HELLO_S, PendingHandshakes
+from engine.link.admission import FIRST_MESSAGE_S, PendingHandshakes
 from engine.link.connection import LinkError, LinkErrorKind
-from engine.link.hello import WrongPeer, exchange_hellos
-from engine.link.transport import Incoming, Link, LinkClosed, accept, serve
+from engine.link.hello import WrongPeer
+from engine.link.listener import NotTaken, take
+from engine.link.transport import Incoming, serve
 from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal.head")
@@ -55,37 +56,29 @@ class JoinListener:
             incoming.close()
             return
         address = incoming.peer_host or "?"
-        for older in self._pending.admit(incoming, address):
-            older.push_out()  # a flood of connections that have not shown the token
-        link: Link | None = None
-        bound = min(self.handshake_timeout_s, PRE_HELLO_S)
         try:
-            # counted until the peer's hello shows that it holds the token: a completed
-            # handshake does not (admission.py)
-            try:
-                async with asyncio.timeout(bound):
-                    link = await accept(incoming, psk=self.fleet.psk, timeout_s=bound,
-                                        first_message_s=min(bound, self.first_message_s))
-                    hello = await exchange_hellos(
-                        link, m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
-                                          listen_port=self.listen_port,
-                                          probe=self.fleet.probe, progress=True,
-                                          name=self.fleet.name),
-                        responder=True, expect=(m.NodeHello, m.HeadHello), timeout_s=bound)
-            finally:
-                self._pending.release(incoming)
-        except (LinkError, WrongPeer, TimeoutError) as exc:
-            if not incoming.pushed_out:  # else closed here for a newer connection
-                self._refused(where, address, exc, handshaken=link is not None, bound=bound)
+            taken = await take(incoming, self._pending, address, psk=self.fleet.psk,
+                               hello=self._hello, expect=(m.NodeHello, m.HeadHello),
+                               handshake_timeout_s=self.handshake_timeout_s,
+                               first_message_s=self.first_message_s)
+        except NotTaken as exc:
+            self._refused(where, address, exc.cause, handshaken=exc.handshaken,
+                          bound=exc.bound)
             return
-        except (OSError, LinkClosed):
+        if taken is None:
             return  # not a peer of this fleet, or gone: the link is closed
+        link, hello = taken
         if isinstance(hello, m.NodeHello):
             self.fleet.add_joined(hello, link)
         elif self.peers is not None:
             self.peers.accepted(link, hello)
         else:
             link.close()  # a head, and this one does not sync with other heads
+
+    def _hello(self) -> m.HeadHello:
+        return m.HeadHello(head_id=self.fleet.head_id, model=self.fleet.model,
+                           listen_port=self.listen_port, probe=self.fleet.probe,
+                           progress=True, name=self.fleet.name)
 
     def _refused(self, where: str, address: str, exc: Exception, *, handshaken: bool,
                  bound: float) -> None:
