@@ -11,14 +11,14 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine.errors import ShoalError
 from engine.events import ShoalEvent
 from engine.snapshot import FleetSnapshot
-from engine.tasks import cancel_and_wait
+from engine.tasks import TaskSet, cancel_and_wait
 
 if TYPE_CHECKING:  # the service (and all the engine behind it) is imported once the tray shows
     from engine.service import Shoal
@@ -48,7 +48,7 @@ class ShoalBridge(QObject):
         self._start_error: str | None = None
         if started:
             self._started.set()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet("the app's commands")
         self._events = shoal.events()
         self._reader = asyncio.get_running_loop().create_task(self._read(), name="app-events")
         self._timer = QTimer(self)
@@ -114,15 +114,12 @@ class ShoalBridge(QObject):
                 self.refresh()
 
         def ended(_task: asyncio.Task[None]) -> None:
-            self._tasks.discard(_task)
             # not run (the start failed, or the task was cancelled before its first step)
             if inspect.iscoroutine(work) and \
                     inspect.getcoroutinestate(work) == inspect.CORO_CREATED:
                 work.close()
 
-        task = asyncio.get_running_loop().create_task(go())
-        self._tasks.add(task)
-        task.add_done_callback(ended)
+        self._tasks.spawn(go()).add_done_callback(ended)
 
     async def close(self, *, wait_s: float = 10.0) -> None:
         """Stop listening and wait up to ``wait_s`` for the commands under way, cancelling

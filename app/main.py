@@ -16,10 +16,10 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QEvent, QObject
 from PySide6.QtGui import QGuiApplication
@@ -38,7 +38,7 @@ from engine import events as ev
 from engine.config import ConfigError
 from engine.errors import ShoalError
 from engine.settings import Settings, default_home
-from engine.tasks import cancel_and_wait
+from engine.tasks import TaskSet
 
 if TYPE_CHECKING:
     from engine.service import Shoal
@@ -99,7 +99,7 @@ class Shell(QObject):
         self.window: QMainWindow | None = None  # app.window.MainWindow, made when first shown
         self.welcome: QWidget | None = None
         self.quitting = asyncio.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet("the app")
         self.bridge.snapshot.connect(lambda _snap: self._render())
         self.bridge.event.connect(self._on_event)
         self.bridge.failed.connect(self.tell)
@@ -114,7 +114,7 @@ class Shell(QObject):
             self._run_as_window()
         if not self.prefs.welcomed:
             self.show_welcome()
-        self._spawn(self._open(), "app-open")
+        self._tasks.spawn(self._open(), "app-open")
 
     async def _open(self) -> None:
         try:
@@ -151,14 +151,14 @@ class Shell(QObject):
         self.phase, self.problem, self.progress = "starting", None, None
         self.bridge.starting()
         self._render()
-        self._spawn(self._open(), "app-open")  # on the settings as changed meanwhile
+        self._tasks.spawn(self._open(), "app-open")  # on the settings as changed meanwhile
 
     async def stop(self, drain: float = QUIT_DRAIN_S) -> None:
         """Finish the requests under way (at most ``drain`` seconds), stop Shoal, and
         leave no task, thread or window behind."""
         self.phase = "stopping"
         self._render()
-        await cancel_and_wait(list(self._tasks), "the app")
+        await self._tasks.close()
         await self.bridge.close(wait_s=drain)
         await self.shoal.stop(drain=drain)
         self.notifier.close()
@@ -168,11 +168,6 @@ class Shell(QObject):
                 widget.close()
                 widget.deleteLater()
         self.welcome = self.window = None
-
-    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.get_running_loop().create_task(work, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # -- what the user sees ------------------------------------------------------------
 
@@ -300,7 +295,7 @@ class Shell(QObject):
         elif key == "pause":
             bridge.run(shoal.pause_serving(checked))
         elif key == "login":
-            self._spawn(self._start_at_login(checked), "app-autostart")
+            self._tasks.spawn(self._start_at_login(checked), "app-autostart")
         elif key == "retry":
             self.retry()
         elif key == "quit":

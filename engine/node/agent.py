@@ -67,7 +67,7 @@ from engine.runtimes.base import (
 )
 from engine.runtimes.decode_thread import PoolFull
 from engine.runtimes.probe import mismatch
-from engine.tasks import cancel_and_wait
+from engine.tasks import TaskSet, cancel_and_wait
 
 log = logging.getLogger("shoal.node")
 
@@ -127,7 +127,7 @@ class NodeAgent:
         self._busy = 0
         self._peak = 0
         self._heads: dict[str, _HeadLinks] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("the node")
         self._servers: list[asyncio.Server] = []
         self._stats_task: asyncio.Task[None] | None = None
         self._closing = False
@@ -182,17 +182,11 @@ class NodeAgent:
                 async with asyncio.timeout(2):
                     await server.wait_closed()
 
-    def _spawn(self, coro: object, name: str) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
     # -- connections -------------------------------------------------------------
 
     def _on_accept(self, incoming: Incoming) -> None:
         # the connection runs in a task the agent owns, so close() can cancel it
-        self._spawn(self._handle(incoming), "node-conn")
+        self._tasks.spawn(self._handle(incoming), "node-conn")
 
     async def _handle(self, incoming: Incoming) -> None:
         address = incoming.peer_host
@@ -301,7 +295,7 @@ class NodeAgent:
         """A head that dialed carries its sessions as channels of this one link: each is
         served as a connection of its own would be."""
         def opened(chan: Channel) -> None:
-            self._spawn(self._serve_channel(chan, head_id, progress), "node-channel")
+            self._tasks.spawn(self._serve_channel(chan, head_id, progress), "node-channel")
 
         await Mux(link, on_channel=opened).run(self.idle_timeout_s)
 
@@ -348,7 +342,7 @@ class NodeAgent:
                         run.cancel()
                 elif isinstance(rec, m.ServeModel):  # answered in its own task: the
                     # owner may take a few seconds, and this link's records go on
-                    self._spawn(self._answer(link, rec), "node-serve-answer")
+                    self._tasks.spawn(self._answer(link, rec), "node-serve-answer")
                 elif isinstance(rec, m.HeadHello):
                     continue
                 else:
@@ -442,7 +436,7 @@ class NodeAgent:
         if self.observer is not None:
             self.observer.admitted(gen)
         self._broadcast_stats()
-        run.task = self._spawn(self._generate(link, run), f"gen-{gen.session}")
+        run.task = self._tasks.spawn(self._generate(link, run), f"gen-{gen.session}")
         return run
 
     def _start(self, link: Carrier, gen: m.Generate) -> Generation | None:
@@ -487,7 +481,7 @@ class NodeAgent:
 
     async def _woken(self, link: Carrier, run: _Run) -> Generation | None:
         """Load the model again for ``run`` (the node was asleep), then start it."""
-        reporter = self._spawn(self._reporting(link, run, loading=True), "node-waking") \
+        reporter = self._tasks.spawn(self._reporting(link, run, loading=True), "node-waking") \
             if run.progress else None
         try:
             await self.wake()
@@ -508,7 +502,7 @@ class NodeAgent:
         fenced = False
         reporter: asyncio.Task[None] | None = None
         try:
-            watchdog = self._spawn(self._lease_watch(link, run), f"lease-{run.session}")
+            watchdog = self._tasks.spawn(self._lease_watch(link, run), f"lease-{run.session}")
             try:
                 if run.generation is None:
                     run.generation = await self._woken(link, run)
@@ -517,7 +511,7 @@ class NodeAgent:
                 generation = run.generation
                 observer = self.observer
                 if run.progress:
-                    reporter = self._spawn(self._reporting(link, run, loading=False),
+                    reporter = self._tasks.spawn(self._reporting(link, run, loading=False),
                                            f"progress-{run.session}")
                 async for ids in generation:
                     if reporter is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from engine.tasks import cancel_and_wait
+from engine.tasks import TaskSet, cancel_and_wait
 from tests.waiting import until
 
 
@@ -78,3 +78,23 @@ async def test_a_close_that_is_itself_cancelled_while_it_waits_ends_cancelled():
     slow_to_end.set()
     await asyncio.wait([task])
     assert task.cancelled()
+
+
+async def test_a_task_set_keeps_its_tasks_until_they_end_and_cancels_the_rest_at_close():
+    tasks = TaskSet("the test")
+    go = asyncio.Event()
+
+    async def quick() -> int:
+        await go.wait()
+        return 7
+
+    done = tasks.spawn(quick(), "quick")
+    waiting = tasks.spawn(asyncio.Event().wait(), "waiting")
+    assert len(tasks) == 2 and done.get_name() == "quick"
+    go.set()
+    assert await done == 7
+    await until(lambda: len(tasks) == 1, "the ended task dropped")
+    assert list(tasks) == [waiting]
+    await tasks.close()
+    assert waiting.cancelled()
+    await until(lambda: len(tasks) == 0, "the cancelled task dropped")

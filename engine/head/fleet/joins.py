@@ -19,7 +19,7 @@ from engine.link.connection import LinkError, LinkErrorKind
 from engine.link.hello import WrongPeer
 from engine.link.listener import NotTaken, take
 from engine.link.transport import Incoming, serve
-from engine.tasks import cancel_and_wait
+from engine.tasks import TaskSet
 
 log = logging.getLogger("shoal.head")
 
@@ -32,7 +32,7 @@ class JoinListener:
         self.handshake_timeout_s = handshake_timeout_s
         self.first_message_s = FIRST_MESSAGE_S  # a connection's first bytes (admission.py)
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("the join listener")
         self._warned: set[str] = set()
         self._pending: PendingHandshakes[Incoming] = PendingHandshakes()
         self.listen_port = 0
@@ -42,9 +42,7 @@ class JoinListener:
         self._server = await serve(self._on_accept, sock=sock)
 
     def _on_accept(self, incoming: Incoming) -> None:
-        task = asyncio.create_task(self._handle(incoming), name="join")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._handle(incoming), "join")
 
     async def _handle(self, incoming: Incoming) -> None:
         where = incoming.peer
@@ -112,4 +110,4 @@ class JoinListener:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        await cancel_and_wait(list(self._tasks), "the join listener")
+        await self._tasks.close()

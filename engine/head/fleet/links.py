@@ -32,7 +32,7 @@ from engine.link.connection import LinkError, LinkErrorKind
 from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.mux import Carrier, Mux
 from engine.link.transport import Link, LinkClosed, dial
-from engine.tasks import cancel_and_wait
+from engine.tasks import TaskSet
 
 log = logging.getLogger("shoal.head")
 
@@ -592,7 +592,7 @@ class Fleet:
         self.pools: dict[str, NodePool] = {}
         self.stopping = asyncio.Event()
         self._capacity = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("the fleet's node links")
         self.on_capacity: Callable[[], None] | None = None
         self.on_window: Callable[[], None] | None = None
         self._asks = 0  # the last ServeModel's ask, over every node
@@ -612,18 +612,12 @@ class Fleet:
                            "a node's key as the fleet lists it", "node_unknown")
         return await pool.serve_model(spec, timeout_s=timeout_s)
 
-    def spawn(self, coro: object, name: str) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
-
     def add_dialed(self, host: str, port: int, *, key: str | None = None,
                    discovered: bool = False) -> NodePool:
         key = key or f"{host}:{port}"
         pool = NodePool(self, key, host, port, dialed=True, discovered=discovered)
         self.pools[key] = pool
-        pool.task = self.spawn(pool.maintain(), f"pool-{key}")
+        pool.task = self._tasks.spawn(pool.maintain(), f"pool-{key}")
         return pool
 
     def add_joined(self, hello: m.NodeHello, link: Link) -> NodePool:
@@ -682,6 +676,6 @@ class Fleet:
 
     async def close(self) -> None:
         self.stopping.set()
-        await cancel_and_wait(list(self._tasks), "the fleet's node links")
+        await self._tasks.close()
         for pool in self.pools.values():
             pool.close_links()

@@ -25,7 +25,7 @@ from engine.link import messages as m
 from engine.link.connection import LinkError
 from engine.link.hello import exchange_hellos
 from engine.link.transport import Link, LinkClosed, dial
-from engine.tasks import cancel_and_wait
+from engine.tasks import TaskSet, cancel_and_wait
 
 log = logging.getLogger("shoal.head")
 
@@ -61,16 +61,11 @@ class HeadPeers:
         self._on_merged = on_merged
         self.handshake_timeout_s = handshake_timeout_s
         self.peers: dict[str, Peer] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("the links to other heads")
         self._serial = 0
         self._self_labels: set[str] = set()  # our own announcement, found on the network
         self._clock = clock
         self._too_large = False  # the table was too large to send, and said so
-
-    def _spawn(self, coro: object, name: str) -> None:
-        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # -- meeting -------------------------------------------------------------------
 
@@ -81,7 +76,7 @@ class HeadPeers:
         if label in self.peers or label in self._self_labels:
             return
         self.peers[label] = Peer(label)
-        self._spawn(self._dial_loop(label, host, port, discovered), f"peer-{label}")
+        self._tasks.spawn(self._dial_loop(label, host, port, discovered), f"peer-{label}")
 
     async def _dial_loop(self, label: str, host: str, port: int, discovered: bool) -> None:
         reported = False
@@ -124,7 +119,7 @@ class HeadPeers:
             return
         host = link.peer.rpartition(":")[0]
         label = f"{host}:{hello.listen_port}" if hello.listen_port else f"id:{hello.head_id}"
-        self._spawn(self.serve(link, hello.head_id, label=label, name=hello.name),
+        self._tasks.spawn(self.serve(link, hello.head_id, label=label, name=hello.name),
                     f"peer-{hello.head_id}")
 
     # -- one link ------------------------------------------------------------------
@@ -239,7 +234,7 @@ class HeadPeers:
         return held, 1 + self.known()
 
     async def close(self) -> None:
-        await cancel_and_wait(list(self._tasks), "the links to other heads")
+        await self._tasks.close()
         for peer in self.peers.values():
             if peer.link is not None:
                 peer.link.close()
