@@ -49,11 +49,13 @@ from app.widgets import (
     page_layout,
     warning_line,
 )
+from engine.settings import HTTP_DEFAULT
 from engine.snapshot import FleetSnapshot
 
 DUMMY_KEY = "shoal"  # clients that insist on a key; the API asks for none until keys are issued
 DEFAULT_WINDOW = 4096  # a context window to write when the fleet reports none
 PROVIDER = "Shoal"
+LOCAL_BASE = f"http://{HTTP_DEFAULT}/v1"  # the snippets shown before the API says its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -449,7 +451,7 @@ class EditorsPanel(QWidget):
         self.tabs = QTabWidget()
         self.tabs.setObjectName("clients")
         self.views: dict[str, SnippetView] = {}
-        for s in snippets("http://127.0.0.1:8453/v1", []):
+        for s in snippets(LOCAL_BASE, []):
             view = SnippetView()
             self.views[s.client] = view
             self.tabs.addTab(view, s.client)
@@ -480,7 +482,7 @@ class EditorsPanel(QWidget):
         self._shown = state
         self.off.setVisible(url is None)
         self.tabs.setEnabled(url is not None)
-        base = url or "http://127.0.0.1:8453/v1"
+        base = url or LOCAL_BASE
         self.base.set_text(base if url else "", shown=base if url else "(the API is off)")
         for s in snippets(base, models, chat):
             self.views[s.client].show_snippet(s)

@@ -20,7 +20,8 @@ Policy = Literal["load-aware", "least-loaded", "round-robin"]
 DiscoveryMode = Literal["lan", "tailnet", "both", "none"]
 KeysMode = Literal["auto", "on", "off"]
 
-HTTP_DEFAULT = "127.0.0.1:8453"
+HTTP_PORT = 8453  # the HTTP API
+HTTP_DEFAULT = f"127.0.0.1:{HTTP_PORT}"
 FLEET_PORT = 8454  # where heads take nodes that join
 NODE_PORT = 8455  # where listening nodes take heads that dial
 LANES_DEFAULT = 8
@@ -162,7 +163,8 @@ def split_hostport(text: str, default_port: int) -> tuple[str, int]:
     try:
         value = int(port)
     except ValueError:
-        raise ValueError(f"'{text}' is not HOST:PORT; write it like 127.0.0.1:8455") from None
+        raise ValueError(f"'{text}' is not HOST:PORT; write it like "
+                         f"127.0.0.1:{NODE_PORT}") from None
     if not 0 <= value < 65536:
         raise ValueError(f"port {value} in '{text}' is out of range 0-65535")
     return host or "0.0.0.0", value  # noqa: S104 - an empty host means every interface

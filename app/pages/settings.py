@@ -44,6 +44,7 @@ from engine.settings import (
     FLEET_PORT,
     GPU_DEFAULT,
     GPU_MAX_CHARS,
+    HTTP_PORT,
     DiscoveryMode,
     HeadSettings,
     NodeSettings,
@@ -320,7 +321,7 @@ class SettingsPage(QWidget):
 
     def show_settings(self, s: Settings) -> None:
         head = s.head or HeadSettings()
-        self.http_port.setValue(port_of(head.http, 8453))
+        self.http_port.setValue(port_of(head.http, HTTP_PORT))
         self.fleet_port.setValue(port_of(head.fleet_listen, FLEET_PORT))
         self._fleet_port_state(s)
         index = self.discovery.findData(s.discovery.mode)

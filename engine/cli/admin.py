@@ -14,14 +14,15 @@ from typing import Any
 
 from engine import nesting
 from engine.errors import StartError
+from engine.settings import HTTP_DEFAULT
 
 
 def _head_option(p: argparse.ArgumentParser, *, again: bool = False) -> None:
     """``--head`` on `alias` and again on each verb, so it may come before or after the
     verb (`shoal alias set a b --head H`): on a verb it is left out unless given."""
-    p.add_argument("--head", default=argparse.SUPPRESS if again else "127.0.0.1:8453",
+    p.add_argument("--head", default=argparse.SUPPRESS if again else HTTP_DEFAULT,
                    metavar="HOST:PORT", help="the head to talk to (default: this machine's, "
-                   "127.0.0.1:8453)")
+                   f"{HTTP_DEFAULT})")
 
 
 def add_parsers(sub: Any) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.errors import StartError
 from engine.models import store as model_store
+from engine.settings import HTTP_DEFAULT
 from engine.sizes import amount
 
 FLEET_TIMEOUT_S = 3.0
@@ -27,7 +28,7 @@ def add_parser(sub: Any) -> None:
                             help="`shoal models VERB --help` for its arguments")
     ls = msub.add_parser("list", help="the models on this machine: size, who serves them, "
                                       "when last used")
-    ls.add_argument("--head", default="127.0.0.1:8453", metavar="HOST:PORT",
+    ls.add_argument("--head", default=HTTP_DEFAULT, metavar="HOST:PORT",
                     help="the head asked which fleet nodes serve each model (default: "
                          "this machine's)")
     rm = msub.add_parser("rm", help="remove a model from this machine (refused while served)")

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import __version__
-from engine.settings import check_gpu
+from engine.settings import FLEET_PORT, HTTP_DEFAULT, HTTP_PORT, NODE_PORT, check_gpu
 from engine.sizes import KV_TYPES, Share, budget_bytes, parse_budget, parse_idle_unload
 
 
@@ -101,8 +101,8 @@ def _node_options(p: argparse.ArgumentParser, *, listen: bool, again: bool = Fal
     add("--model", help="a GGUF path or org/repo[:QUANT] (not with --upstream)" + (
         "; default: the embedded model, as `shoal serve` serves it" if again else ""))
     if listen:
-        add("--listen", default="0.0.0.0:8455", help="ADDR:PORT where heads dial this node "
-            "(default 0.0.0.0:8455)")
+        add("--listen", default=f"0.0.0.0:{NODE_PORT}", help="ADDR:PORT where heads dial "
+            f"this node (default 0.0.0.0:{NODE_PORT})")
     add("--runtime", choices=["llamacpp", "mlx", "mock", "llama-server", "vllm"],
         help="what runs the model (default llamacpp; mlx on Apple silicon; mock for tests; "
         "llama-server or vllm: an engine you run, at --upstream)")
@@ -133,8 +133,8 @@ def _node_options(p: argparse.ArgumentParser, *, listen: bool, again: bool = Fal
 def _serve_parser(sub: Any) -> None:
     serve = sub.add_parser("serve", help="run a head (and a local node unless --fleet)")
     serve.add_argument("model", nargs="?", help="model id or path (default: the embedded one)")
-    serve.add_argument("--http", default="127.0.0.1:8453", help="ADDR:PORT of the HTTP API "
-                       "(default 127.0.0.1:8453; 0.0.0.0:8453 serves the LAN)")
+    serve.add_argument("--http", default=HTTP_DEFAULT, help="ADDR:PORT of the HTTP API "
+                       f"(default {HTTP_DEFAULT}; 0.0.0.0:{HTTP_PORT} serves the LAN)")
     serve.add_argument("--fleet", default="", help="nodes to dial: HOST:PORT,...")
     serve.add_argument("--fleet-auth", type=Path, help="the fleet token file (default: the "
                        "keychain or $SHOAL_HOME/fleet/token)")
@@ -172,7 +172,7 @@ def _serve_parser(sub: Any) -> None:
                        help="another model this head serves through nodes (repeatable)")
     serve.add_argument("--fleet-listen", help="ADDR:PORT where nodes join (announced on the "
                        "network)")
-    serve.add_argument("--node-port", type=_positive, default=8455,
+    serve.add_argument("--node-port", type=_positive, default=NODE_PORT,
                        help="where this head looks for listening nodes on tailnet peers")
     serve.add_argument("--api-key", default=None,
                        help="require this key (Authorization: Bearer KEY); other users can "
@@ -218,8 +218,9 @@ def _node_parser(sub: Any) -> Any:
                       "or a file (@FILE or a path) holding it as text or a QR image. Other "
                       "users can read a command line (ps): shoal moves a URL given here out "
                       "of its own at start, but your shell history keeps it")
-    join.add_argument("--head-port", type=_positive, default=8454,
-                      help="the port heads take joins on, where discovery looks (default 8454)")
+    join.add_argument("--head-port", type=_positive, default=FLEET_PORT,
+                      help="the port heads take joins on, where discovery looks (default "
+                      f"{FLEET_PORT})")
     _node_options(join, listen=False, again=True)
     _discovery_options(join, again=True)  # `node --discovery X join` works too
     return node_sub
@@ -241,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="move the token to the OS keychain or the token file")
     pair = fleet_sub.add_parser("pair", help="print the join URL and a QR code for a new node")
     pair.add_argument("--head", help="HOST:PORT nodes should dial (default: this machine's "
-                      "address on port 8454)")
+                      f"address on port {FLEET_PORT})")
     pair.add_argument("--fleet-name", default=None, help="a name for the fleet (default: "
                       "this machine's name)")
     pair.add_argument("--png", type=Path, help="also save the QR code as a PNG file "

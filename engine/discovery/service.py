@@ -21,6 +21,7 @@ from engine.link.connection import LinkError
 from engine.link.hello import exchange_hellos
 from engine.link.transport import LinkClosed, dial, is_loopback
 from engine.node.join import HeadAddress, JoinRefused, probe_head
+from engine.settings import FLEET_PORT
 
 log = logging.getLogger("shoal.discovery")
 
@@ -108,7 +109,7 @@ class HeadFinder:
     """Where a joining node looks for the heads of its fleet (or a head for its nodes)."""
 
     def __init__(self, mode: str, *, psk: bytes | None, seeds: list[str],
-                 tailscale_socket: str | None, head_port: int = 8454,
+                 tailscale_socket: str | None, head_port: int = FLEET_PORT,
                  role: str = "head", clock: Callable[[], float] = time.monotonic) -> None:
         self.role = role
         self._clock = clock

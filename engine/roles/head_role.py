@@ -34,7 +34,7 @@ from engine.head.prompt.model import HeadModel
 from engine.link.transport import is_loopback
 from engine.roles.sockets import bound_address, parse_address
 from engine.runtimes.probe import head_probe
-from engine.settings import FLEET_PORT, NODE_PORT, DiscoverySettings, HeadSettings
+from engine.settings import FLEET_PORT, HTTP_PORT, NODE_PORT, DiscoverySettings, HeadSettings
 from engine.snapshot import FleetSnapshot
 from engine.tasks import cancel_and_wait
 
@@ -100,7 +100,7 @@ def configure_access(head: Head, hs: HeadSettings, home: Path) -> None:
 def _refuse_open_api(hs: HeadSettings, *, keyed: bool) -> None:
     """A node refuses to listen off loopback without a token; the HTTP API likewise
     refuses to answer other machines without a key, unless told to (docs/decisions.md)."""
-    host, _port = parse_address(hs.http, 8453, what="--http")
+    host, _port = parse_address(hs.http, HTTP_PORT, what="--http")
     if keyed or hs.insecure_no_auth or host == "localhost" or is_loopback(host):
         return
     raise StartError(f"the HTTP API on {hs.http} would answer anyone who can reach this "
@@ -148,7 +148,7 @@ class HeadRole:
     def bind_http(hs: HeadSettings) -> socket.socket:
         from engine.roles.sockets import bind
 
-        host, port = parse_address(hs.http, 8453, what="--http")
+        host, port = parse_address(hs.http, HTTP_PORT, what="--http")
         return bind(host, port, what="the HTTP API's")
 
     @classmethod

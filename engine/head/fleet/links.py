@@ -32,6 +32,7 @@ from engine.link.connection import LinkError, LinkErrorKind
 from engine.link.hello import WrongPeer, exchange_hellos
 from engine.link.mux import Carrier, Mux
 from engine.link.transport import Link, LinkClosed, dial
+from engine.settings import FLEET_PORT, NODE_PORT
 from engine.tasks import TaskSet
 
 log = logging.getLogger("shoal.head")
@@ -561,7 +562,8 @@ def _why(exc: BaseException) -> str:
             return "uses a fleet token; give the head --fleet-auth with it"
         return str(exc)
     if isinstance(exc, WrongPeer):
-        return f"{exc}; check the port (a node listens on 8455, a head takes joins on 8454)"
+        return (f"{exc}; check the port (a node listens on {NODE_PORT}, a head takes joins on "
+                f"{FLEET_PORT})")
     if isinstance(exc, TimeoutError):
         return "did not answer the handshake in time; check that it is a Shoal node and running"
     if isinstance(exc, ConnectionRefusedError):
