@@ -43,11 +43,16 @@ def check_gpu(value: object) -> str:
     return value.strip()
 
 
+def standard_home() -> Path:
+    """``~/.shoal``: where Shoal keeps its files when ``$SHOAL_HOME`` does not say."""
+    return Path.home() / ".shoal"
+
+
 def default_home() -> Path:
     """``$SHOAL_HOME`` (``~`` expanded), else ``~/.shoal``: the one place that says where
     Shoal keeps its files."""
     env = os.environ.get("SHOAL_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".shoal"
+    return Path(env).expanduser() if env else standard_home()
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from engine.files import read_secret_file, write_private
+from engine.settings import standard_home
 
 log = logging.getLogger("shoal.secrets")
 
@@ -256,7 +257,8 @@ class KeychainStore:
 
 def keychain_account(home: Path) -> str:
     """The keychain account holding ``home``'s token (see the module docstring)."""
-    default = (Path.home() / ".shoal").expanduser().absolute()
+    # ~/.shoal whatever $SHOAL_HOME says: the account follows the folder, not the variable
+    default = standard_home().absolute()
     here = home.expanduser().absolute()
     return TOKEN_ACCOUNT if here == default else f"{TOKEN_ACCOUNT}@{here}"
 
