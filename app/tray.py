@@ -127,7 +127,7 @@ def tooltip(view: TrayView) -> str:
 
 
 def pull_line(pull: PullSnapshot) -> str:
-    """A download under way: ``Downloading org/repo:Q4_K_M: 40% of 1.2 GB, 12 MB/s,
+    """A download under way: ``Downloading org/repo:Q4_K_M: 40% of 1.2 GiB, 12 MiB/s,
     1 min 20 s left`` (what is known of it)."""
     return _cut(f"Downloading {pull.model}: "
                 + progress(pull.done_bytes, pull.total_bytes, pull.rate_bps, pull.eta_s))

@@ -55,7 +55,7 @@ def state_cell(n: NodeSnapshot) -> Cell:
 
 
 def memory_cell(n: NodeSnapshot) -> Cell:
-    """``412 MB of 12 GB``: what the node uses of its budget (a node that says neither: —)."""
+    """``412 MiB of 12 GiB``: what the node uses of its budget (a node that says neither: —)."""
     if n.mem_budget <= 0:
         return Cell(amount(n.mem_used) if n.mem_used > 0 else "—", right=True)
     return Cell(f"{amount(n.mem_used)} of {amount(n.mem_budget)}", right=True,

@@ -36,10 +36,11 @@ from pathlib import Path
 import aiohttp
 
 from engine import nesting
+from engine.sizes import MiB, amount
 
 LOCALAPI_HOST = "local-tailscaled.sock"
 STATUS_PATH = "/localapi/v0/status"
-MAX_STATUS_BYTES = 4 * 1024 * 1024
+MAX_STATUS_BYTES = 4 * MiB
 RUNNING_STATES = ("Running", "Starting")
 
 LINUX_SOCKETS = (
@@ -272,17 +273,16 @@ def online_peer_addresses(st: TailnetStatus) -> list[tuple[str, str]]:
 # --- the request -----------------------------------------------------------------
 
 async def _read_bounded(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    too_large = TailscaleError(f"tailscaled's status is larger than {amount(limit)}; Shoal "
+                               "will not read it (is that really tailscaled?)")
     if resp.content_length is not None and resp.content_length > limit:
-        raise TailscaleError(f"tailscaled's status is larger than {limit // (1024 * 1024)} MiB; "
-                             "Shoal will not read it (is that really tailscaled?)")
+        raise too_large
     chunks: list[bytes] = []
     size = 0
     async for chunk in resp.content.iter_chunked(64 * 1024):
         size += len(chunk)
         if size > limit:
-            raise TailscaleError(f"tailscaled's status is larger than "
-                                 f"{limit // (1024 * 1024)} MiB; Shoal will not read it "
-                                 "(is that really tailscaled?)")
+            raise too_large
         chunks.append(chunk)
     return b"".join(chunks)
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from engine import nesting
 from engine.models.ids import parse_model_id
+from engine.sizes import amount
 
 CATALOG_FILE = "catalog.toml"
 # the sizes a catalog may be read at: a larger file is not a catalog
@@ -396,7 +397,7 @@ def _read(path: Path, shown: str) -> str:
         raise CatalogError(shown, f"cannot be read ({exc.strerror or exc})",
                            "check that the file exists and can be read") from None
     if len(data) > MAX_CATALOG_BYTES:
-        raise CatalogError(shown, f"is larger than {MAX_CATALOG_BYTES >> 20} MiB",
+        raise CatalogError(shown, f"is larger than {amount(MAX_CATALOG_BYTES)}",
                            "use a catalog file, not another file")
     try:
         return data.decode("utf-8")
