@@ -100,3 +100,13 @@ def read_secret_file(path: Path, what: str,
     except OSError as exc:
         raise error(f"cannot read {what} {path}: {exc.strerror}; check its "
                     "permissions") from None
+
+
+def hex_secret(text: str, size: int) -> bytes | None:
+    """The ``size`` bytes that ``text`` writes in hex (blanks around them ignored), as
+    Shoal keeps its secrets; None when it holds anything else."""
+    try:
+        data = bytes.fromhex(text.strip())
+    except ValueError:
+        return None
+    return data if len(data) == size else None

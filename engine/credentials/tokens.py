@@ -23,7 +23,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from engine.files import read_secret_file, write_private
+from engine.files import hex_secret, read_secret_file, write_private
 from engine.settings import standard_home
 
 log = logging.getLogger("shoal.secrets")
@@ -47,12 +47,8 @@ def token_path(home: Path) -> Path:
 
 
 def parse_token(text: str, *, source: str) -> bytes:
-    raw = text.strip()
-    try:
-        data = bytes.fromhex(raw)
-    except ValueError:
-        data = b""
-    if len(data) != TOKEN_BYTES:
+    data = hex_secret(text, TOKEN_BYTES)
+    if data is None:
         raise TokenError(f"{source} does not hold a fleet token (64 hex characters); "
                          "make one with `shoal fleet token` and copy it there")
     return data

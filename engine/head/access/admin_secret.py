@@ -15,7 +15,7 @@ import hmac
 import secrets
 from pathlib import Path
 
-from engine.files import read_secret_file, write_private
+from engine.files import hex_secret, read_secret_file, write_private
 
 HEADER = "X-Shoal-Admin"
 SECRET_BYTES = 32
@@ -37,11 +37,7 @@ def read_admin_secret(home: Path) -> str | None:
     if raw is None:
         return None
     text = raw.decode("ascii", errors="replace").strip()
-    try:
-        ok = len(bytes.fromhex(text)) == SECRET_BYTES
-    except ValueError:
-        ok = False
-    if not ok:
+    if hex_secret(text, SECRET_BYTES) is None:
         raise AdminSecretError(f"{path} does not hold an admin secret (64 hex characters); "
                                "delete it and restart Shoal to make a new one")
     return text.lower()

@@ -65,7 +65,7 @@ from typing import Generic, TypeVar
 
 from engine import nesting
 from engine.filelock import exclusive, lock_path
-from engine.files import read_secret_file, write_private
+from engine.files import hex_secret, read_secret_file, write_private
 from engine.head.access.limits import Bucket, fresh, take
 
 KEY_PREFIX = "sk-shoal-"
@@ -194,11 +194,8 @@ def read_secret(path: Path) -> bytes | None:
     raw = read_secret_file(path, "the keys secret", KeysError)
     if raw is None:
         return None
-    try:
-        data = bytes.fromhex(raw.decode("ascii", errors="replace").strip())
-    except ValueError:
-        data = b""
-    if len(data) != SECRET_BYTES:
+    data = hex_secret(raw.decode("ascii", errors="replace"), SECRET_BYTES)
+    if data is None:
         raise KeysError(f"{path} does not hold a keys secret (64 hex characters); "
                         "delete it to make a new one (every issued key stops working)")
     return data
