@@ -46,7 +46,7 @@ from engine.api.schemas import (
     SamplingRequest,
     decode_as,
 )
-from engine.api.turns import Chat, Refused, forced, sampling_of
+from engine.api.turns import BadField, Chat, forced, sampling_of
 from engine.errors import RequestError, ShoalError
 from engine.head.head import Head
 from engine.head.prompt.tools import TextDelta, ToolCallDelta
@@ -67,12 +67,12 @@ _UNREADABLE = ("image", "document", "search_result", "container_upload")
 # -- the request in the head's terms -----------------------------------------------
 
 
-def _refuse_block(kind: str, where: str) -> Refused:
+def _refuse_block(kind: str, where: str) -> BadField:
     if kind in _UNREADABLE:
-        return Refused(f"{where}: {kind} blocks are not supported; Shoal's models read text "
-                       f"only: send the {kind}'s content as text", where)
-    return Refused(f"{where}: content blocks of type {kind[:64]!r} are not supported; send "
-                   "text, tool_use and tool_result blocks", where)
+        return BadField(f"{where}: {kind} blocks are not supported; Shoal's models read text "
+                        f"only: send the {kind}'s content as text", where)
+    return BadField(f"{where}: content blocks of type {kind[:64]!r} are not supported; send "
+                    "text, tool_use and tool_result blocks", where)
 
 
 def _inner_text(content: str | list[AnthropicInnerBlock] | None, where: str) -> str:
@@ -102,16 +102,16 @@ def system_text(system: str | list[AnthropicBlock] | None, where: str = "system"
     return "\n".join(parts)
 
 
-def refused_field(req: AnthropicCountRequest) -> Refused | None:
+def refused_field(req: AnthropicCountRequest) -> BadField | None:
     """A field the head cannot honour that would change the answer; everything else a
     client sends (thinking, effort, context_management, cache_control, metadata, the
     beta query) is taken and, where Shoal has no use for it, ignored."""
     fmt = (req.output_config or {}).get("format")
     if fmt is not None or req.output_format is not None:
         where = "output_config.format" if fmt is not None else "output_format"
-        return Refused(f"{where}: structured output (a JSON schema the answer must follow) "
-                       "is not supported; ask for JSON in the prompt and parse the text",
-                       where)
+        return BadField(f"{where}: structured output (a JSON schema the answer must follow) "
+                        "is not supported; ask for JSON in the prompt and parse the text",
+                        where)
     return None
 
 
@@ -131,15 +131,15 @@ def _turn(role: str, blocks: list[AnthropicBlock], where: str,
         elif block.type == "tool_use" and role == "assistant":
             args = {} if block.input is None else block.input
             if not block.id or not block.name or not isinstance(args, dict):
-                raise Refused(f"{at}: a tool_use block needs an id, a name and an input "
-                              "object", at)
+                raise BadField(f"{at}: a tool_use block needs an id, a name and an input "
+                               "object", at)
             names[block.id] = block.name
             calls.append({"id": block.id, "type": "function",
                           "function": {"name": block.name, "arguments": args}})
         elif block.type == "tool_result" and role == "user":
             if not block.tool_use_id:
-                raise Refused(f"{at}: a tool_result block needs the tool_use_id it answers",
-                              at)
+                raise BadField(f"{at}: a tool_result block needs the tool_use_id it answers",
+                               at)
             content = _inner_text(block.content, at)
             result: dict[str, Any] = {
                 "role": "tool", "tool_call_id": block.tool_use_id,
@@ -159,7 +159,7 @@ def _turn(role: str, blocks: list[AnthropicBlock], where: str,
 
 
 def to_chat(req: AnthropicCountRequest) -> Chat:
-    """A Messages request in the head's terms; Refused names what cannot be taken.
+    """A Messages request in the head's terms; BadField names what cannot be taken.
 
     A ``system`` message inside ``messages`` (Claude Code sends them) stays where it
     stands, as a system turn; the template decides how it is shown
@@ -182,8 +182,8 @@ def to_chat(req: AnthropicCountRequest) -> Chat:
         else:
             messages.extend(_turn(msg.role, msg.content, f"messages[{i}]", names))
     if not any(m["role"] != "system" for m in messages):
-        raise Refused("messages: send at least one user message (system messages alone "
-                      "ask nothing)", "messages")
+        raise BadField("messages: send at least one user message (system messages alone "
+                       "ask nothing)", "messages")
     prefill = ""
     last = messages[-1] if messages else None
     if last is not None and last["role"] == "assistant" and not last.get("tool_calls") \
@@ -194,9 +194,9 @@ def to_chat(req: AnthropicCountRequest) -> Chat:
         tools = []
         for i, tool in enumerate(req.tools):
             if tool.type not in (None, "custom"):
-                raise Refused(f"tools[{i}]: {tool.name[:64]!r} is a server tool "
-                              f"({tool.type[:64]}), which Shoal does not run; offer client "
-                              "tools (name, description, input_schema)", f"tools[{i}]")
+                raise BadField(f"tools[{i}]: {tool.name[:64]!r} is a server tool "
+                               f"({tool.type[:64]}), which Shoal does not run; offer client "
+                               "tools (name, description, input_schema)", f"tools[{i}]")
             tools.append({"type": "function", "function": {
                 "name": tool.name, "description": tool.description or "",
                 "parameters": tool.input_schema or {"type": "object", "properties": {}}}})
@@ -210,8 +210,8 @@ def to_chat(req: AnthropicCountRequest) -> Chat:
             choice = forced(None, tools)
         elif tc.type == "tool":
             if not tc.name:
-                raise Refused("tool_choice of type 'tool' needs the tool's name",
-                              "tool_choice")
+                raise BadField("tool_choice of type 'tool' needs the tool's name",
+                               "tool_choice")
             choice = forced(tc.name, tools)
     return Chat(messages=messages, tools=tools, choice=choice, prefill=prefill,
                 parallel=parallel)
@@ -429,7 +429,7 @@ async def _decode(request: web.Request, kind: type[Any]) -> Any:
         return await off_loop(len(body), lambda: _decoded(kind, body, key_name))
     except BadRequest as exc:
         return error_for(request, 400, str(exc), code="invalid_request")
-    except Refused as exc:
+    except BadField as exc:
         return error_for(request, 400, str(exc), code="invalid_request", param=exc.param)
 
 

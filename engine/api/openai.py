@@ -22,7 +22,7 @@ from engine.api.context import (
 )
 from engine.api.errors import error_for, refusal
 from engine.api.schemas import BadRequest, ChatRequest, decode_chat, unsupported
-from engine.api.turns import Refused, chat_request_turn, openai_tool_choice, to_template_messages
+from engine.api.turns import BadField, chat_request_turn, openai_tool_choice, to_template_messages
 from engine.errors import RequestError
 from engine.head.head import Head
 from engine.head.naming.names import match_name
@@ -110,7 +110,7 @@ class _Parsed(NamedTuple):
 
 
 def _parsed(body: bytes, key_name: str) -> _Parsed:
-    """The request taken apart for its turn; BadRequest or Refused when it cannot be
+    """The request taken apart for its turn; BadRequest or BadField when it cannot be
     taken."""
     req = decode_chat(body)
     problem = unsupported(req)
@@ -130,7 +130,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         parsed = await off_loop(len(body), lambda: _parsed(body, key_name))
     except BadRequest as exc:
         return error_for(request, 400, str(exc), code="invalid_request")
-    except Refused as exc:
+    except BadField as exc:
         return error_for(request, 400, str(exc), code="invalid_request", param=exc.param)
     req = parsed.req
     if parsed.problem:

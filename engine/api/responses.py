@@ -52,7 +52,7 @@ from engine.api.schemas import (
     SamplingRequest,
     decode_as,
 )
-from engine.api.turns import Chat, Refused, forced, sampling_of
+from engine.api.turns import BadField, Chat, forced, sampling_of
 from engine.errors import RequestError, ShoalError
 from engine.head.head import Head
 from engine.head.prompt.tools import TextDelta, ToolCallDelta
@@ -75,12 +75,12 @@ def _text(content: str | list[ResponsesPart] | None, where: str) -> str:
             continue
         elif part.type in _UNREADABLE:
             kind = part.type.removeprefix("input_")
-            raise Refused(f"{where}.content[{i}]: {kind} input is not supported; Shoal's "
-                          f"models read text only: send the {kind}'s content as text",
-                          f"{where}.content[{i}]")
+            raise BadField(f"{where}.content[{i}]: {kind} input is not supported; Shoal's "
+                           f"models read text only: send the {kind}'s content as text",
+                           f"{where}.content[{i}]")
         else:
-            raise Refused(f"{where}.content[{i}]: content parts of type {part.type[:64]!r} "
-                          "are not supported; send input_text parts", f"{where}.content[{i}]")
+            raise BadField(f"{where}.content[{i}]: content parts of type {part.type[:64]!r} "
+                           "are not supported; send input_text parts", f"{where}.content[{i}]")
     return "\n".join(parts)
 
 
@@ -100,13 +100,13 @@ def _items(items: list[ResponsesItem], messages: list[dict[str, Any]]) -> None:
         kind = item.type or ("message" if item.role else "")
         if kind == "message":
             if item.role not in ("user", "assistant", "system", "developer"):
-                raise Refused(f"{at}: a message's role is user, assistant, system or "
-                              "developer", at)
+                raise BadField(f"{at}: a message's role is user, assistant, system or "
+                               "developer", at)
             role = "system" if item.role == "developer" else item.role
             messages.append({"role": role, "content": _text(item.content, at)})
         elif kind == "function_call":
             if not item.call_id or not item.name:
-                raise Refused(f"{at}: a function_call item needs its call_id and name", at)
+                raise BadField(f"{at}: a function_call item needs its call_id and name", at)
             names[item.call_id] = item.name
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": _arguments(item.arguments)}}
@@ -119,8 +119,8 @@ def _items(items: list[ResponsesItem], messages: list[dict[str, Any]]) -> None:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             if not item.call_id:
-                raise Refused(f"{at}: a function_call_output item needs the call_id it "
-                              "answers", at)
+                raise BadField(f"{at}: a function_call_output item needs the call_id it "
+                               "answers", at)
             result: dict[str, Any] = {"role": "tool", "tool_call_id": item.call_id,
                                       "content": _text(item.output, at)}
             name = item.name or names.get(item.call_id)
@@ -130,11 +130,11 @@ def _items(items: list[ResponsesItem], messages: list[dict[str, Any]]) -> None:
         elif kind == "reasoning":
             continue  # earlier reasoning: not part of the next prompt
         elif kind == "item_reference":
-            raise Refused(f"{at}: item_reference needs stored responses, and this head "
-                          "keeps none; send the items themselves", at)
+            raise BadField(f"{at}: item_reference needs stored responses, and this head "
+                           "keeps none; send the items themselves", at)
         else:
-            raise Refused(f"{at}: input items of type {kind[:64]!r} are not supported; send "
-                          "message, function_call and function_call_output items", at)
+            raise BadField(f"{at}: input items of type {kind[:64]!r} are not supported; send "
+                           "message, function_call and function_call_output items", at)
 
 
 # Tools that OpenAI's servers run for the model: a client that offers them (Codex offers
@@ -154,8 +154,8 @@ def _function(tool: ResponsesTool, at: str) -> dict[str, Any]:
     if tool.type != "function" or not tool.name:
         what = "a function tool needs a name" if tool.type == "function" else \
             f"tools of type {tool.type[:64]!r} are not supported"
-        raise Refused(f"{at}: {what}; Shoal offers function tools (type, name, description, "
-                      "parameters), namespaces of them, and leaves hosted tools out", at)
+        raise BadField(f"{at}: {what}; Shoal offers function tools (type, name, description, "
+                       "parameters), namespaces of them, and leaves hosted tools out", at)
     return {"type": "function", "function": {
         "name": tool.name, "description": tool.description or "",
         "parameters": tool.parameters or {"type": "object", "properties": {}}}}
@@ -194,8 +194,8 @@ def offered(req: ResponsesRequest) -> Offered:
     # counted before anything is built: 512 namespaces of 512 would be 262,144 functions
     total = sum(len(t.tools or ()) if t.type == "namespace" else 1 for t in req.tools)
     if total > MAX_TOOLS:
-        raise Refused(f"tools: {total} functions offered, at most {MAX_TOOLS}; offer fewer",
-                      "tools")
+        raise BadField(f"tools: {total} functions offered, at most {MAX_TOOLS}; offer fewer",
+                       "tools")
     out: list[dict[str, Any]] = []
     found = Offered()
     members: list[tuple[str, ResponsesTool, str]] = []
@@ -205,7 +205,7 @@ def offered(req: ResponsesRequest) -> Offered:
             continue
         if tool.type == "namespace":
             if not tool.name or not tool.tools:
-                raise Refused(f"{at}: a namespace tool needs a name and its tools", at)
+                raise BadField(f"{at}: a namespace tool needs a name and its tools", at)
             for j, inner in enumerate(tool.tools):
                 members.append((tool.name, inner, f"{at}.tools[{j}]"))
             found.shown.append({"type": "namespace", "name": tool.name,
@@ -220,7 +220,7 @@ def offered(req: ResponsesRequest) -> Offered:
         name = fn["function"]["name"]
         seen = name if name not in taken else f"{ns}.{name}"
         if seen in taken:
-            raise Refused(f"{at}: the tool name {seen[:64]!r} is offered twice", at)
+            raise BadField(f"{at}: the tool name {seen[:64]!r} is offered twice", at)
         taken.add(seen)
         fn["function"]["name"] = seen
         found.namespaces[seen] = (ns, name)
@@ -248,33 +248,33 @@ def _choice(req: ResponsesRequest, tools: list[dict[str, Any]] | None) -> ToolCh
             return forced(tc.name, tools)
         if tc.type == "allowed_tools":
             return ToolChoice()
-    raise Refused('tool_choice must be "none", "auto", "required" or {"type": "function", '
-                  '"name": ...}', "tool_choice")
+    raise BadField('tool_choice must be "none", "auto", "required" or {"type": "function", '
+                   '"name": ...}', "tool_choice")
 
 
-def refused_field(req: ResponsesRequest) -> Refused | None:
+def refused_field(req: ResponsesRequest) -> BadField | None:
     """The first field of a Responses request that the head cannot honour."""
     if req.previous_response_id:
-        return Refused("previous_response_id: this head keeps no responses (it answers as "
-                       "with store: false); send the whole conversation as input items",
-                       "previous_response_id")
+        return BadField("previous_response_id: this head keeps no responses (it answers as "
+                        "with store: false); send the whole conversation as input items",
+                        "previous_response_id")
     if req.conversation is not None:
-        return Refused("conversation: this head keeps no conversations; send the whole "
-                       "conversation as input items", "conversation")
+        return BadField("conversation: this head keeps no conversations; send the whole "
+                        "conversation as input items", "conversation")
     if req.background:
-        return Refused("background responses are not supported (nothing is stored to poll); "
-                       "send the request with stream: true instead", "background")
+        return BadField("background responses are not supported (nothing is stored to poll); "
+                        "send the request with stream: true instead", "background")
     fmt = req.text.format if req.text else None
     if fmt is not None and fmt.type != "text":
-        return Refused("text.format other than text is not supported; ask for JSON in the "
-                       "instructions", "text.format")
+        return BadField("text.format other than text is not supported; ask for JSON in the "
+                        "instructions", "text.format")
     if req.top_logprobs:
-        return Refused("top_logprobs is not supported", "top_logprobs")
+        return BadField("top_logprobs is not supported", "top_logprobs")
     return None
 
 
 def to_chat(req: ResponsesRequest) -> Chat:
-    """A Responses request in the head's terms; Refused names what cannot be taken."""
+    """A Responses request in the head's terms; BadField names what cannot be taken."""
     return convert(req)[0]
 
 
@@ -292,7 +292,7 @@ def convert(req: ResponsesRequest) -> tuple[Chat, Offered]:
     else:
         _items(req.input, messages)
     if not any(m["role"] != "system" for m in messages):
-        raise Refused("input is empty; send the user's text or input items", "input")
+        raise BadField("input is empty; send the user's text or input items", "input")
     tools = offered(req)
     _name_calls(messages, tools)
     return Chat(messages=messages, tools=tools.tools, choice=_choice(req, tools.tools),
@@ -545,7 +545,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
                                                         lambda: _decoded(body, key_name))
     except BadRequest as exc:
         return error_for(request, 400, str(exc), code="invalid_request")
-    except Refused as exc:
+    except BadField as exc:
         return error_for(request, 400, str(exc), code="invalid_request", param=exc.param)
     resolved = runnable(request, head, req.model)
     if isinstance(resolved, web.Response):

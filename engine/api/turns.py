@@ -18,7 +18,7 @@ from engine.head.prompt.turn import Routing, ToolChoice, Turn, chat_turn
 from engine.link import messages as m
 
 
-class Refused(ValueError):
+class BadField(ValueError):
     """A request the head cannot take as sent: the message names the field and the fix."""
 
     def __init__(self, message: str, param: str | None = None) -> None:
@@ -53,11 +53,11 @@ def forced(name: str | None, tools: Sequence[dict[str, Any]] | None,
            param: str = "tool_choice") -> ToolChoice:
     """A required call (to ``name``, or any tool), checked against the tools offered."""
     if not tools:
-        raise Refused(f"{param} asks for a tool call but the request offers no tools; "
-                      "send tools, or leave tool_choice out", param)
+        raise BadField(f"{param} asks for a tool call but the request offers no tools; "
+                       "send tools, or leave tool_choice out", param)
     if name is not None and name not in tool_names(tools):
-        raise Refused(f"{param} names the tool {name[:100]!r}, which is not among the "
-                      "request's tools", param)
+        raise BadField(f"{param} names the tool {name[:100]!r}, which is not among the "
+                       "request's tools", param)
     return ToolChoice("required", name)
 
 
@@ -76,8 +76,8 @@ def openai_tool_choice(value: Any, tools: Sequence[dict[str, Any]] | None) -> To
             return forced(name, tools)
         if value.get("type") == "allowed_tools":
             return ToolChoice()
-    raise Refused("tool_choice must be \"none\", \"auto\", \"required\" or "
-                  "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+    raise BadField("tool_choice must be \"none\", \"auto\", \"required\" or "
+                   "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
 
 
 def to_template_messages(req: ChatRequest) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ A node given ``probe`` (the ids its engine makes of
 did not load) refuses a head that announces the same model but tokenizes those
 strings otherwise, with a ``wrong_model`` error, and closes the link.
 
-An engine whose lanes share one KV pool (:class:`~engine.runtimes.base.Admission`)
+An engine whose lanes share one KV pool (:class:`~engine.runtimes.base.Admitter`)
 is asked before each session whether it fits now; one that does not is refused as
 busy at once, so the head places it elsewhere. Before the first token the node
 tells a head that reads them (its hello says ``progress``) how far the prompt is
@@ -57,7 +57,7 @@ from engine.models import ids as model_ids
 from engine.node import leases
 from engine.node.machine import MachineFacts
 from engine.runtimes.base import (
-    Admission,
+    Admitter,
     Engine,
     EngineStats,
     Generation,
@@ -415,7 +415,7 @@ class NodeAgent:
             return None
         generation: Generation | None = None
         if not self.sleep:  # asleep, it is started once the model is loaded again
-            if isinstance(self.engine, Admission):
+            if isinstance(self.engine, Admitter):
                 full = self.engine.admission(len(gen.prompt), gen.max_tokens)
                 if full is not None:  # at once: the head places it on another node
                     link.send(m.Error(code="busy", message=full[:4000]))

@@ -92,7 +92,7 @@ class EngineStats:
 
 
 @runtime_checkable
-class Admission(Protocol):
+class Admitter(Protocol):
     """An engine whose lanes share one KV pool says, before it is asked, whether a new
     session fits now (the node then refuses it as busy at once, and the head places it
     elsewhere)."""

@@ -13,7 +13,7 @@ import pytest
 from engine.api import anthropic, responses
 from engine.api.context import conversation_key
 from engine.api.schemas import AnthropicRequest, ResponsesRequest
-from engine.api.turns import Refused
+from engine.api.turns import BadField
 from engine.head.prompt.templates import ChatTemplate, builtin_template, fold_later_system
 from engine.head.prompt.tools import ToolCallDelta
 from tests.unit.test_agent_requests import messages_request
@@ -71,7 +71,7 @@ def test_two_conversations_share_the_system_prompt_and_a_conversation_its_key():
     {"output_format": {"type": "json_schema", "schema": {"type": "object"}}},
 ])
 def test_a_structured_output_format_is_refused_by_name(field: dict[str, Any]):
-    with pytest.raises(Refused) as err:
+    with pytest.raises(BadField) as err:
         anthropic.to_chat(messages_request(messages=[{"role": "user", "content": "hi"}],
                                            **field))
     assert "structured output" in str(err.value)
@@ -178,6 +178,6 @@ def test_earlier_calls_of_namespaced_tools_keep_the_name_the_model_knows():
 
 def test_namespaces_are_counted_before_their_functions_are_built():
     many = [{"type": "namespace", "name": f"ns{i}", "tools": [SPAWN] * 100} for i in range(6)]
-    with pytest.raises(Refused) as err:
+    with pytest.raises(BadField) as err:
         responses.convert(responses_request(tools=many))
     assert "600 functions offered, at most 512" in str(err.value)

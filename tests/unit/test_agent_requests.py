@@ -24,8 +24,8 @@ from engine.api.schemas import (
     unsupported,
 )
 from engine.api.turns import (
+    BadField,
     Chat,
-    Refused,
     openai_tool_choice,
     to_template_messages,
     tool_names,
@@ -139,7 +139,7 @@ def test_anthropic_tool_choice(choice: dict[str, Any], expected: ToolChoice, par
       "messages": [{"role": "user", "content": "x"}]}, "'other', which is not among"),
 ])
 def test_anthropic_refusals_name_the_block(body: dict[str, Any], words: str):
-    with pytest.raises(Refused) as err:
+    with pytest.raises(BadField) as err:
         anthropic.to_chat(messages_request(**body))
     assert words in str(err.value)
 
@@ -216,7 +216,7 @@ def test_responses_tool_choice(choice: Any, expected: ToolChoice):
     ({"input": "", "instructions": "Be brief."}, "input is empty"),
 ])
 def test_responses_refusals_name_the_field(body: dict[str, Any], words: str):
-    with pytest.raises(Refused) as err:
+    with pytest.raises(BadField) as err:
         responses.to_chat(responses_request(**{"input": "x", **body}))
     assert words in str(err.value)
 
@@ -228,9 +228,9 @@ def test_chat_completions_tool_choice():
     named = {"type": "function", "function": {"name": "get_weather"}}
     assert openai_tool_choice(named, [FUNCTION]) == ToolChoice("required", "get_weather")
     for bad in ("always", {"type": "function"}, 3):
-        with pytest.raises(Refused):
+        with pytest.raises(BadField):
             openai_tool_choice(bad, [FUNCTION])
-    with pytest.raises(Refused):
+    with pytest.raises(BadField):
         openai_tool_choice("required", None)
 
 
@@ -300,7 +300,7 @@ def fixture_id(path: Path) -> str:
 
 def decode_fixture(path: str, body: dict[str, Any]) -> Chat:
     """A recorded body through the decoders of the route it was sent to, as the head's
-    route takes it (Refused or BadRequest when the head would answer 400)."""
+    route takes it (BadField or BadRequest when the head would answer 400)."""
     raw = json.dumps(body).encode()
     if path == "/v1/messages":
         return anthropic.to_chat(decode_as(AnthropicRequest, raw))
@@ -310,7 +310,7 @@ def decode_fixture(path: str, body: dict[str, Any]) -> Chat:
     req = decode_chat(raw)
     problem = unsupported(req)
     if problem is not None:
-        raise Refused(problem, "")
+        raise BadField(problem, "")
     return Chat(messages=to_template_messages(req), tools=req.tools,
                 choice=openai_tool_choice(req.tool_choice, req.tools))
 
@@ -336,7 +336,7 @@ def test_recorded_agent_request_decodes(path: Path):
     fx = load(path)
     route, body = fx["path"], fx["body"]
     if structured(body):
-        with pytest.raises(Refused, match=r"^output_config\.format: structured output"):
+        with pytest.raises(BadField, match=r"^output_config\.format: structured output"):
             decode_fixture(route, body)
         return
     chat = decode_fixture(route, body)  # needs issue 22's decoding for Claude Code, Codex

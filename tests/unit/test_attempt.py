@@ -10,7 +10,7 @@ import pytest
 
 from engine.head.fleet import attempt as at
 
-L = at.Limits(lease_s=10.0, stall_s=3.0, ping_s=1.0, prefill_floor_tps=50.0)
+L = at.AttemptLimits(lease_s=10.0, stall_s=3.0, ping_s=1.0, prefill_floor_tps=50.0)
 
 
 def fresh(now: float = 0.0, *, prompt: int = 100, prefill_tps: float = 1000.0,
@@ -40,7 +40,7 @@ def final(actions: list[tuple[float, at.Action]]) -> at.Action:
 @pytest.mark.parametrize(("events", "expected"), [
     # the ordinary life: accepted, tokens in order, done
     ([(0.1, at.GotAccepted()), (0.2, at.GotTokens(0, 3)), (0.3, at.GotTokens(3, 2)),
-      (0.4, at.GotDone())], ["Deliver", "Deliver", "Finished"]),
+      (0.4, at.GotDone())], ["Deliver", "Deliver", "NodeDone"]),
     # a repeat or a gap in the indices fails the attempt over and drops the connection
     ([(0.1, at.GotAccepted()), (0.2, at.GotTokens(0, 3)), (0.3, at.GotTokens(2, 1))],
      ["Deliver", "Failover"]),
@@ -51,8 +51,8 @@ def final(actions: list[tuple[float, at.Action]]) -> at.Action:
     ([(0.1, at.GotAccepted()), (0.2, at.GotTokens(0, 1)), (0.3, at.GotError("busy", "x"))],
      ["Deliver", "Failover"]),
     # the node refuses the request itself: final, no other node would take it
-    ([(0.1, at.GotError("bad_request", "the prompt is empty"))], ["Refused"]),
-    ([(0.1, at.GotError("context_length_exceeded", "too long"))], ["Refused"]),
+    ([(0.1, at.GotError("bad_request", "the prompt is empty"))], ["RequestRefused"]),
+    ([(0.1, at.GotError("context_length_exceeded", "too long"))], ["RequestRefused"]),
     # the node's runtime failed: fail over, keeping the connection (the node said so)
     ([(0.1, at.GotAccepted()), (0.2, at.GotError("internal", "decode thread died"))],
      ["Failover"]),
@@ -169,14 +169,14 @@ ANSWER = [(120.5, at.GotTokens(0, 1)), (120.6, at.GotTokens(1, 1)), (121.0, at.G
 @pytest.mark.parametrize(("records", "outcome", "when", "why"), [
     # a 20 000-token prompt at 400 tok/s is due by 60.1 s; this prefill takes 120 s
     ([(0.1, at.GotAccepted()), *every(1.0, 120.0, PREFILLING), *ANSWER],
-     "Finished", 121.0, ""),
+     "NodeDone", 121.0, ""),
     ([(0.1, at.GotAccepted()), *ANSWER], "Failover", 60.1, "no first token"),
     # progress that stops is progress no more: one lease after the last report
     ([(0.1, at.GotAccepted()), *every(1.0, 70.0, PREFILLING), *ANSWER],
      "Failover", 80.0, "no first token"),
     # an asleep node loads its model before it accepts (30 s), reporting as it goes
     ([*every(1.0, 30.0, LOADING), (30.5, at.GotAccepted()), (31.0, at.GotTokens(0, 1)),
-      (31.5, at.GotDone())], "Finished", 31.5, ""),
+      (31.5, at.GotDone())], "NodeDone", 31.5, ""),
     ([(30.5, at.GotAccepted()), (31.0, at.GotTokens(0, 1))], "Failover", 10.0,
      "no answer to the generation"),
     # after the first token, progress says nothing: the next token is due in one lease
@@ -288,8 +288,8 @@ def test_the_fast_path_for_tokens_in_order_decides_as_the_general_path() -> None
     rng = random.Random(7)
     fast_taken = 0
     for _ in range(300):
-        limits = at.Limits(lease_s=rng.choice([0.5, 10.0]), stall_s=rng.choice([0.2, 3.0]),
-                           ping_s=rng.choice([0.1, 1.0]))
+        limits = at.AttemptLimits(lease_s=rng.choice([0.5, 10.0]), stall_s=rng.choice([0.2, 3.0]),
+                                  ping_s=rng.choice([0.1, 1.0]))
         state = at.start(0.0, prompt_tokens=10, prefill_tps=0.0,
                          wall_deadline=rng.choice([2.0, 600.0]), limits=limits)
         slow = state

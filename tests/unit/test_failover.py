@@ -22,12 +22,12 @@ def after(final: at.Final | None, progress: fo.Progress = START, *, delivered: i
 
 
 @pytest.mark.parametrize(("final", "delivered", "decision"), [
-    (at.Finished(), 3, fo.End("stop")),
+    (at.NodeDone(), 3, fo.End("stop")),
     (at.Busy("all 1 lanes are busy"), 0, fo.NextNode("all 1 lanes are busy")),
-    (at.Refused("bad_request", "ids outside the vocabulary"), 0,
-     fo.Refuse("invalid_request", "ids outside the vocabulary")),
-    (at.Refused("context_length_exceeded", "too long"), 0,
-     fo.Refuse("context_length_exceeded", "too long")),
+    (at.RequestRefused("bad_request", "ids outside the vocabulary"), 0,
+     fo.FailRequest("invalid_request", "ids outside the vocabulary")),
+    (at.RequestRefused("context_length_exceeded", "too long"), 0,
+     fo.FailRequest("context_length_exceeded", "too long")),
     (at.WallExceeded(), 4, fo.Ceiling()),
     (at.Failover("connection lost (reset)", drop=False), 4,
      fo.Replace("connection lost (reset)")),
@@ -78,7 +78,7 @@ def test_busy_forgets_the_node_only_for_a_fresh_session(moves: int, delivered: i
 
 @pytest.mark.parametrize(("moves", "cached"), [(0, 7), (1, 0)])
 def test_cached_tokens_count_only_on_the_first_node(moves: int, cached: int) -> None:
-    progress, _ = after(at.Finished(), replace(START, moves=moves))
+    progress, _ = after(at.NodeDone(), replace(START, moves=moves))
     assert progress.cached_tokens == cached
 
 

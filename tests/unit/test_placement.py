@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from engine.head.fleet.placement import (
     NodeView,
+    NoPlacement,
     Placement,
     PlacementRequest,
     Policy,
-    Refusal,
     estimate_seconds,
     has_free_lane,
     kv_percent,
@@ -51,13 +51,13 @@ def req(**kw: Any) -> PlacementRequest:
     return PlacementRequest(**base)
 
 
-def placed(result: Placement | Refusal) -> Placement:
+def placed(result: Placement | NoPlacement) -> Placement:
     assert isinstance(result, Placement), result
     return result
 
 
-def refused(result: Placement | Refusal) -> Refusal:
-    assert isinstance(result, Refusal), result
+def refused(result: Placement | NoPlacement) -> NoPlacement:
+    assert isinstance(result, NoPlacement), result
     return result
 
 
@@ -403,7 +403,7 @@ def test_no_node_when_every_server_already_failed() -> None:
 def test_context_length_exceeded_names_prompt_and_largest_window() -> None:
     nodes = [node("a", context_window=4096), node("b", context_window=8192)]
     r = refused(place(req(prompt_tokens=9000), nodes, now=0.0))
-    assert r == Refusal(
+    assert r == NoPlacement(
         "context_length_exceeded",
         "prompt of 9000 tokens exceeds every node's context window (largest 8192); "
         "shorten the conversation, or serve a model with a longer window",

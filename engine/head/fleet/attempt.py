@@ -107,7 +107,7 @@ class Deliver:
 
 
 @dataclass(frozen=True, slots=True)
-class Finished:
+class NodeDone:
     """``done`` arrived: the connection is reusable."""
 
 
@@ -119,7 +119,7 @@ class Busy:
 
 
 @dataclass(frozen=True, slots=True)
-class Refused:
+class RequestRefused:
     """The node refused the request itself; no other node would take it either."""
 
     code: Literal["bad_request", "context_length_exceeded"]
@@ -146,14 +146,14 @@ class WallExceeded:
     """The generation ceiling: cancel on the node and end as ``length``."""
 
 
-Action = SendRenew | SendPing | Deliver | Finished | Busy | Refused | Failover | WallExceeded
-Final = Finished | Busy | Refused | Failover | WallExceeded
+Action = SendRenew | SendPing | Deliver | NodeDone | Busy | RequestRefused | Failover | WallExceeded
+Final = NodeDone | Busy | RequestRefused | Failover | WallExceeded
 
 # -- the machine ---------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class AttemptLimits:
     lease_s: float = 10.0
     stall_s: float = 3.0
     ping_s: float = 1.0
@@ -175,7 +175,7 @@ class AttemptState:
 
 
 def start(now: float, *, prompt_tokens: int, prefill_tps: float, wall_deadline: float,
-          limits: Limits, heard_at: float | None = None, cached: int = 0,
+          limits: AttemptLimits, heard_at: float | None = None, cached: int = 0,
           s_per_token: float = 0.0, s_per_token_ctx: float = 0.0) -> AttemptState:
     """The state right after the generation was sent (silence counts from now); the
     prefill is priced by :func:`prefill_allowance` from the node's rates."""
@@ -186,7 +186,7 @@ def start(now: float, *, prompt_tokens: int, prefill_tps: float, wall_deadline: 
                             s_per_token=s_per_token, s_per_token_ctx=s_per_token_ctx))
 
 
-def prefill_allowance(prompt_tokens: int, prefill_tps: float, limits: Limits, *,
+def prefill_allowance(prompt_tokens: int, prefill_tps: float, limits: AttemptLimits, *,
                       cached: int = 0, s_per_token: float = 0.0,
                       s_per_token_ctx: float = 0.0) -> float:
     """Seconds a node is given to prefill a prompt of ``prompt_tokens``, of which it holds
@@ -206,7 +206,7 @@ def prefill_allowance(prompt_tokens: int, prefill_tps: float, limits: Limits, *,
 
 
 def first_token_due(accepted_at: float, prompt_tokens: int, prefill_tps: float,
-                    limits: Limits, *, cached: int = 0, s_per_token: float = 0.0,
+                    limits: AttemptLimits, *, cached: int = 0, s_per_token: float = 0.0,
                     s_per_token_ctx: float = 0.0) -> float:
     """When the first token is due, for a generation accepted at ``accepted_at``."""
     return accepted_at + limits.lease_s + prefill_allowance(
@@ -214,7 +214,7 @@ def first_token_due(accepted_at: float, prompt_tokens: int, prefill_tps: float,
         s_per_token_ctx=s_per_token_ctx)
 
 
-def next_deadline(state: AttemptState, limits: Limits) -> float:
+def next_deadline(state: AttemptState, limits: AttemptLimits) -> float:
     """When :func:`step` must run next even if nothing arrives."""
     silent_ping = max(state.heard_at, state.pinged_at) + limits.ping_s
     return min(state.wall_deadline, state.heard_at + limits.stall_s, silent_ping,
@@ -225,7 +225,7 @@ _DELIVER = (Deliver(),)
 
 
 def step(state: AttemptState, event: Event, now: float,
-         limits: Limits) -> tuple[AttemptState, tuple[Action, ...]]:
+         limits: AttemptLimits) -> tuple[AttemptState, tuple[Action, ...]]:
     """Apply ``event`` at ``now``: the new state and what to do, finals last."""
     if (type(event) is GotTokens and event.index == state.expected and not state.final
             and now < state.wall_deadline and now < state.renew_at and state.heard_at <= now
@@ -243,7 +243,7 @@ def step(state: AttemptState, event: Event, now: float,
 
 
 def _step(state: AttemptState, event: Event, now: float,
-          limits: Limits) -> tuple[AttemptState, tuple[Action, ...]]:
+          limits: AttemptLimits) -> tuple[AttemptState, tuple[Action, ...]]:
     """:func:`step` for every event."""
     if state.final:
         return state, ()
@@ -274,7 +274,7 @@ def _step(state: AttemptState, event: Event, now: float,
     return replace(state, final=True), (*actions, final)
 
 
-def _record(state: AttemptState, event: Event, now: float, limits: Limits,
+def _record(state: AttemptState, event: Event, now: float, limits: AttemptLimits,
             actions: list[Action]) -> Final | None:
     """What a record (or a lost connection) means on its own."""
     if isinstance(event, GotTokens):
@@ -283,21 +283,21 @@ def _record(state: AttemptState, event: Event, now: float, limits: Limits,
         actions.append(Deliver())
         return None
     if isinstance(event, GotDone):
-        return Finished()
+        return NodeDone()
     if isinstance(event, Lost):
         return Failover(f"connection lost ({event.reason})", drop=False)
     if isinstance(event, GotError):
         if event.code == "busy" and state.expected == 0:
             return Busy(event.message)
         if event.code == "bad_request":
-            return Refused("bad_request", event.message)
+            return RequestRefused("bad_request", event.message)
         if event.code == "context_length_exceeded":
-            return Refused("context_length_exceeded", event.message)
+            return RequestRefused("context_length_exceeded", event.message)
         return Failover(f"node error {event.code}: {event.message}", drop=False, by_node=True)
     return None
 
 
-def _timers(state: AttemptState, now: float, limits: Limits) -> Final | None:
+def _timers(state: AttemptState, now: float, limits: AttemptLimits) -> Final | None:
     if now >= state.wall_deadline:
         return WallExceeded()
     silent = now - state.heard_at

@@ -6,11 +6,11 @@ carries it out. No clock and no socket here: the time comes in as ``now``.
 
 Decided on the attempt's final, in this order:
 
-1. **Finished** (the node sent ``done``): end with the node's finish reason.
+1. **NodeDone** (the node sent ``done``): end with the node's finish reason.
 2. **Busy** (the node was full before any token): place again at once (the node is
    skipped for a moment); the queue deadline is kept, never shortened. A session that
    has delivered nothing and never moved does not count the next placement as a move.
-3. **Refused** (the request itself: a bad prompt, a prompt too long for the node's
+3. **RequestRefused** (the request itself: a bad prompt, a prompt too long for the node's
    window): a final error, since no other node would take it either.
 4. **Ceiling** (the generation ran for ``max_wall_s``): end as ``length``.
 5. **Failover** (the node failed, hung or stalled): exclude it for this session; when
@@ -67,7 +67,7 @@ class NextNode:
 
 
 @dataclass(frozen=True, slots=True)
-class Refuse:
+class FailRequest:
     """The request itself was refused: fail the session with this code and message."""
 
     code: RequestCode
@@ -93,7 +93,7 @@ class GiveUp:
     why: str
 
 
-Decision = End | NextNode | Refuse | Ceiling | Replace | GiveUp
+Decision = End | NextNode | FailRequest | Ceiling | Replace | GiveUp
 
 
 def after(progress: Progress, final: at.Final | None, *, node: str, delivered: int,
@@ -102,17 +102,17 @@ def after(progress: Progress, final: at.Final | None, *, node: str, delivered: i
     """What the session does now that its attempt on ``node`` (a pool key) ended with
     ``final`` (None: the attempt ended without one). ``delivered`` counts every token of
     the session so far; ``finish_reason`` and ``cached_tokens`` are the node's ``done``."""
-    if isinstance(final, at.Finished):
+    if isinstance(final, at.NodeDone):
         cached = progress.cached_tokens if progress.moves else cached_tokens
         return replace(progress, cached_tokens=cached), End(finish_reason)
     if isinstance(final, at.Busy):
         fresh = not delivered and not progress.moves
         return replace(progress, moved_from=None if fresh else progress.moved_from,
                        queue_deadline=max(progress.queue_deadline, now)), NextNode(final.message)
-    if isinstance(final, at.Refused):
+    if isinstance(final, at.RequestRefused):
         code: RequestCode = ("invalid_request" if final.code == "bad_request"
                              else "context_length_exceeded")
-        return progress, Refuse(code, final.message)
+        return progress, FailRequest(code, final.message)
     if isinstance(final, at.WallExceeded):
         return progress, Ceiling()
     why = final.reason if isinstance(final, at.Failover) else "the attempt ended"

@@ -2,7 +2,7 @@
 
 No I/O and no clock: the head passes ``now`` and its current view of every node,
 and gets back either a `Placement` (node key, log reason, round-robin cursor) or
-a `Refusal` whose message names the cause and the fix.
+a `NoPlacement` whose message names the cause and the fix.
 
 Order of decisions:
 
@@ -119,7 +119,7 @@ class Placement:
 
 
 @dataclass(frozen=True, slots=True)
-class Refusal:
+class NoPlacement:
     code: Literal["context_length_exceeded", "no_free_lane", "no_node", "unknown_node",
                   "node_down", "paused", "failing"]
     message: str  # one line for the user: cause and fix
@@ -194,24 +194,24 @@ def place(
     pool_high: float = 90.0,
     cursor: int = 0,
     affinity_slack: float = 1.25,
-) -> Placement | Refusal:
+) -> Placement | NoPlacement:
     serving = [n for n in nodes if n.model == req.model]
     pinned = [n for n in serving if req.pin_host is None or n.identity == req.pin_host]
     if req.pin_host is not None and not pinned:
-        return Refusal("unknown_node", _no_node_message(req, nodes, serving, pinned))
+        return NoPlacement("unknown_node", _no_node_message(req, nodes, serving, pinned))
     usable = [n for n in pinned if n.key not in req.exclude and n.ready]
     if not usable:
         if req.pin_host is not None and not any(n.ready for n in pinned):
-            return Refusal("node_down", f"node '{req.pin_host}' is not linked to this head now; "
-                           "retry when it is back, or drop ?host= to use any node")
+            return NoPlacement("node_down", f"node '{req.pin_host}' is not linked to this head "
+                               "now; retry when it is back, or drop ?host= to use any node")
         linked = [n for n in pinned if n.ready]
         if linked and all(n.failing for n in linked):  # each failed it before a token
             return _failing(req, linked)
-        return Refusal("no_node", _no_node_message(req, nodes, serving, pinned))
+        return NoPlacement("no_node", _no_node_message(req, nodes, serving, pinned))
     if all(n.paused for n in usable):  # nothing to wait for: said at once
         names = ", ".join(sorted({n.identity for n in usable}))
-        return Refusal("paused", f"every node serving '{req.model}' is paused ({names}); "
-                       "resume serving on one (Resume serving in its tray menu) or add a node")
+        return NoPlacement("paused", f"every node serving '{req.model}' is paused ({names}); "
+                           "resume serving on one (Resume serving in its tray menu) or add a node")
     usable = [n for n in usable if not n.paused]
     if all(now < n.resting_until for n in usable):  # ended with the cause the nodes gave
         return _failing(req, usable)
@@ -222,7 +222,7 @@ def place(
     if not capable:
         largest = max(n.context_window for n in usable)
         verb = "exceeds" if req.prompt_tokens > largest else "leaves no room to generate in"
-        return Refusal(
+        return NoPlacement(
             "context_length_exceeded",
             f"prompt of {req.prompt_tokens} tokens {verb} every node's context window "
             f"(largest {largest}); shorten the conversation, or serve a model with a "
@@ -231,7 +231,7 @@ def place(
 
     free = [n for n in capable if has_free_lane(n, now) and takes_prompt(n, req.prompt_tokens)]
     if not free:
-        return Refusal("no_free_lane", _no_free_lane_message(req, capable, now))
+        return NoPlacement("no_free_lane", _no_free_lane_message(req, capable, now))
     any_awake = any(awake(n) for n in free)
 
     # Rates come from every node of the model, excluded or not: a measurement
@@ -297,11 +297,11 @@ def place(
     assert_never(policy)
 
 
-def _failing(req: PlacementRequest, nodes: Sequence[NodeView]) -> Refusal:
+def _failing(req: PlacementRequest, nodes: Sequence[NodeView]) -> NoPlacement:
     causes = "; ".join(f"{n.identity}: {n.failing}"
                        for n in sorted(nodes, key=lambda n: n.identity)[:3])
-    return Refusal("failing", f"every node serving '{req.model}' failed its last sessions "
-                   f"before a token ({causes}); fix the node, or retry later")
+    return NoPlacement("failing", f"every node serving '{req.model}' failed its last sessions "
+                       f"before a token ({causes}); fix the node, or retry later")
 
 
 def _woken(reason: str, n: NodeView) -> str:

@@ -32,7 +32,7 @@ from engine.head.fleet import attempt as at
 from engine.head.fleet import failover as fo
 from engine.head.fleet.alarm import Alarm
 from engine.head.fleet.links import ConnClosed, Fleet, Inbound, NodeConn, NodePool
-from engine.head.fleet.placement import Placement, PlacementRequest, Policy, Refusal, place
+from engine.head.fleet.placement import NoPlacement, Placement, PlacementRequest, Policy, place
 from engine.link import messages as m
 from engine.link.transport import LinkClosed
 from engine.tasks import cancel_and_wait
@@ -134,7 +134,7 @@ class SessionRunner:
         self.queue_timeout_s = queue_timeout_s
         self.lease_ms = lease_ms
         self.max_wall_s = max_wall_s
-        self.limits = at.Limits(lease_s=lease_ms / 1000, stall_s=stall_s, ping_s=PING_S)
+        self.limits = at.AttemptLimits(lease_s=lease_ms / 1000, stall_s=stall_s, ping_s=PING_S)
         self.gate = FifoGate()
         self._cursor = 0
         # session -> (the node key holding its prompt cache, the tokens it holds)
@@ -157,7 +157,7 @@ class SessionRunner:
     # -- placement and queue ---------------------------------------------------------
 
     def _try_place(self, job: Job, prompt_len: int, max_tokens: int,
-                   exclude: frozenset[str]) -> tuple[NodePool, NodeConn, str] | Refusal:
+                   exclude: frozenset[str]) -> tuple[NodePool, NodeConn, str] | NoPlacement:
         held = self._held(job)
         req = PlacementRequest(model=job.model, prompt_tokens=prompt_len,
                                max_tokens=max_tokens, exclude=exclude,
@@ -171,7 +171,7 @@ class SessionRunner:
                              pool_high=self.pool_high, cursor=self._cursor)
             self.placement_s += time.perf_counter() - t0  # what one decision costs the head
             self.placements += 1
-            if isinstance(decision, Refusal):
+            if isinstance(decision, NoPlacement):
                 return decision
             assert isinstance(decision, Placement)
             self._cursor = decision.cursor
@@ -189,17 +189,17 @@ class SessionRunner:
         fut: asyncio.Future[None] | None = None
         if not len(self.gate):
             got = self._try_place(job, prompt_len, max_tokens, exclude)
-            if not isinstance(got, Refusal):
+            if not isinstance(got, NoPlacement):
                 return got
             self._raise_if_final(got)
             session.state = _waiting_state(got)
         fut = self.gate.enqueue()
         try:
-            last: Refusal | None = None
+            last: NoPlacement | None = None
             while True:
                 if self.gate.is_first(fut):
                     got = self._try_place(job, prompt_len, max_tokens, exclude)
-                    if not isinstance(got, Refusal):
+                    if not isinstance(got, NoPlacement):
                         return got
                     self._raise_if_final(got)
                     last = got
@@ -216,7 +216,7 @@ class SessionRunner:
         finally:
             self.gate.leave(fut)
 
-    def _raise_if_final(self, refusal: Refusal) -> None:
+    def _raise_if_final(self, refusal: NoPlacement) -> None:
         if refusal.code == "context_length_exceeded":
             raise RequestError(refusal.message, code="context_length_exceeded")
         if refusal.code == "unknown_node":
@@ -230,7 +230,7 @@ class SessionRunner:
             raise RequestError(refusal.message, code="node_unavailable",
                                retry_after=RETRY_NODE_S)
 
-    def _timeout_error(self, last: Refusal | None) -> RequestError:
+    def _timeout_error(self, last: NoPlacement | None) -> RequestError:
         if last is not None and last.code == "no_node":
             return RequestError(last.message, code="no_node_available",
                                 retry_after=RETRY_NODE_S)
@@ -352,7 +352,7 @@ class SessionRunner:
                 log.info("node '%s' is full (%s); trying the next node", node, decision.message)
                 pool.mark_full(now)
                 continue
-            if isinstance(decision, fo.Refuse):
+            if isinstance(decision, fo.FailRequest):
                 raise RequestError(decision.message, code=decision.code)
             if isinstance(decision, fo.Ceiling):
                 log.warning("session %s reached the %d s ceiling; ending it", job.session,
@@ -373,7 +373,7 @@ class SessionRunner:
         """A node that fails sessions before their first token rests (cooldown.py). Only
         its own word counts: a node gone silent or away is the link's to judge (it is
         unreachable, then linked again), and a frozen node must be ready once it thaws."""
-        if got_tokens or isinstance(final, at.Finished):
+        if got_tokens or isinstance(final, at.NodeDone):
             pool.cooldown.worked()
         elif isinstance(final, at.Failover) and final.by_node:
             rest = pool.cooldown.failed_at_once(final.reason, now)
@@ -401,7 +401,7 @@ class SessionRunner:
             self._affinity.popitem(last=False)
 
 
-def _waiting_state(refusal: Refusal) -> SessionState:
+def _waiting_state(refusal: NoPlacement) -> SessionState:
     return "waiting" if refusal.code == "no_node" else "queued"
 
 
@@ -654,7 +654,7 @@ class _Attempt:
         self._released = True
         self._stop()
         final = self.final
-        reusable = isinstance(final, at.Finished | at.Busy | at.Refused) or (
+        reusable = isinstance(final, at.NodeDone | at.Busy | at.RequestRefused) or (
             isinstance(final, at.Failover) and not final.drop and not final.hung)
         if final is None and not self.conn.closed:
             # the client went away or a stop string matched: stop the node's work
