@@ -63,7 +63,7 @@ class TailscaleError(Exception):
 
 
 @dataclass(frozen=True)
-class Peer:
+class TailnetPeer:
     host_name: str
     dns_name: str
     ips: tuple[str, ...]
@@ -74,8 +74,8 @@ class Peer:
 @dataclass(frozen=True)
 class TailnetStatus:
     backend_state: str
-    self_peer: Peer
-    peers: list[Peer] = field(default_factory=list)
+    self_peer: TailnetPeer
+    peers: list[TailnetPeer] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -202,15 +202,15 @@ def _ips(value: object) -> tuple[str, ...]:
     return tuple(ips)
 
 
-def _peer(obj: object) -> Peer:
+def _peer(obj: object) -> TailnetPeer:
     if obj is None:
-        return Peer("", "", (), False)
+        return TailnetPeer("", "", (), False)
     if not isinstance(obj, dict):
         raise TailscaleError("tailscaled's status has a malformed peer; "
                              "check `tailscale version` (Shoal reads the 1.x status JSON)")
-    return Peer(host_name=_str(obj, "HostName"), dns_name=_str(obj, "DNSName"),
-                ips=_ips(obj.get("TailscaleIPs")), online=obj.get("Online") is True,
-                os=_str(obj, "OS"))
+    return TailnetPeer(host_name=_str(obj, "HostName"), dns_name=_str(obj, "DNSName"),
+                       ips=_ips(obj.get("TailscaleIPs")), online=obj.get("Online") is True,
+                       os=_str(obj, "OS"))
 
 
 def parse_status(data: bytes | str | object) -> TailnetStatus:

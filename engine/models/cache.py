@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.models.errors import Cancel, ModelMissing
+from engine.models.errors import CancelFlag, ModelMissing
 from engine.models.ids import (
     ModelChoiceError,
     ModelId,
@@ -42,7 +42,7 @@ class HubId(str):
 
 def resolve_model(
     spec: str, *, home: Path, offline: bool, progress: Progress | None = None,
-    cancel: Cancel | None = None,
+    cancel: CancelFlag | None = None,
 ) -> Path:
     """A local file or directory as it is (unless ``spec`` is a :class:`HubId`); a hub id
     pulled (or found in the cache)."""
@@ -98,7 +98,7 @@ def _from_cache(mid: ModelId, cache: Path) -> Path | None:
 
 
 def _pull(mid: ModelId, cache: Path, progress: Progress | None,
-          cancel: Cancel | None = None) -> Path:
+          cancel: CancelFlag | None = None) -> Path:
     """The model's files pulled through engine.models.pulls (checked, resumable, shared)."""
     try:
         import huggingface_hub  # noqa: F401  # only to say so when it is missing

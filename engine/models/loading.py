@@ -45,7 +45,7 @@ class Pulls:
 
     running: dict[str, PullProgress] = field(default_factory=dict)
     # one flag per resolve under way: two of one model (a head's and a node's) both stop
-    cancels: dict[str, list[model_errors.Cancel]] = field(default_factory=dict)
+    cancels: dict[str, list[model_errors.CancelFlag]] = field(default_factory=dict)
 
     def cancel(self, model: str, *, keep_part: bool = False) -> bool:
         """Stop the pulls of ``model``; ``keep_part``: for the next start (quitting)."""
@@ -56,10 +56,10 @@ class Pulls:
             flag.set(keep_part=keep_part)
         return True
 
-    def add(self, model: str, flag: model_errors.Cancel) -> None:
+    def add(self, model: str, flag: model_errors.CancelFlag) -> None:
         self.cancels.setdefault(model, []).append(flag)
 
-    def remove(self, model: str, flag: model_errors.Cancel) -> bool:
+    def remove(self, model: str, flag: model_errors.CancelFlag) -> bool:
         """Forget ``flag``; True when it was the last resolve of ``model``."""
         flags = self.cancels.get(model, [])
         if flag in flags:
@@ -78,7 +78,7 @@ async def resolve(spec: str | None, runtime: str | None, *, home: Path, offline:
     except RuntimeUnavailable as exc:
         raise StartError(str(exc), code="runtime_unavailable") from None
     label = spec or model_embedded.EMBEDDED_NAME
-    cancel = model_errors.Cancel()
+    cancel = model_errors.CancelFlag()
     loop = asyncio.get_running_loop()
     latest = _Latest()
 

@@ -82,7 +82,7 @@ class PoolFull(RuntimeError):
 
 
 @dataclass(eq=False)
-class Job:
+class DecodeJob:
     """One generation as the decode thread sees it; runtimes add their own fields."""
 
     id: int
@@ -100,7 +100,7 @@ class Job:
     t_first: float = 0.0
 
 
-J = TypeVar("J", bound=Job)
+J = TypeVar("J", bound=DecodeJob)
 
 
 class PoolLane(Protocol):
@@ -113,7 +113,7 @@ class PoolLane(Protocol):
     def last_used(self) -> float: ...
 
     @property
-    def job(self) -> Job | None: ...  # the job on it; None while its sequence is parked
+    def job(self) -> DecodeJob | None: ...  # the job on it; None while its sequence is parked
 
 
 class _Stop:
@@ -597,7 +597,7 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
             self._prefilled += prefilled
 
     @staticmethod
-    def _result(job: Job, reason: FinishReason, now: float) -> GenerationResult:
+    def _result(job: DecodeJob, reason: FinishReason, now: float) -> GenerationResult:
         ttft_ms = (job.t_first - job.t_submit) * 1000.0 if job.t_first else 0.0
         prefilled = len(job.prompt) - job.cached
         prefill_dt = (job.t_first - job.t_lane) if job.t_first else 0.0

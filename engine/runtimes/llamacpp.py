@@ -46,7 +46,7 @@ from engine.runtimes.budget import (
 )
 from engine.runtimes.cpu_backend import ggml_in_use, lib_dir, load_cpu_variant
 from engine.runtimes.cpu_quirks import repack_here
-from engine.runtimes.decode_thread import DecodeThreadEngine, Job, PoolLane
+from engine.runtimes.decode_thread import DecodeJob, DecodeThreadEngine, PoolLane
 from engine.runtimes.gpu import device_handle, gpu_backends
 from engine.runtimes.host_cache import MIN_ENTRY, HostCache
 from engine.runtimes.lanes import Lane, LaneWant, common_prefix, pick_lane, plan_batch
@@ -233,19 +233,19 @@ LlamaCppGeneration = ThreadedGeneration
 
 
 @dataclass(eq=False)
-class _Job(Job):
-    lane: _Lane | None = None
+class _LlamaJob(DecodeJob):
+    lane: _LlamaLane | None = None
     sampler: Any = None
     pending: list[int] = field(default_factory=list)  # prompt tokens still to prefill
     next_token: int = -1  # sampled, to be fed at the next step
 
 
 @dataclass(eq=False, slots=True)
-class _Lane(Lane):
-    job: _Job | None = None
+class _LlamaLane(Lane):
+    job: _LlamaJob | None = None
 
 
-class LlamaCppEngine(DecodeThreadEngine[_Job]):
+class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
     """A node's engine on llama.cpp: one context, one sequence per lane."""
 
     pool_hint = "raise --memory-budget, use --kv-type q8_0 or serve fewer lanes"
@@ -268,7 +268,7 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         super().__init__(
             os.fspath(path),
             runtime=RUNTIME_ID,
-            job_type=_Job,
+            job_type=_LlamaJob,
             model_name=model_name,
             lanes=lanes,
             max_context=max_context,
@@ -280,7 +280,7 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         self._mem: Any = None
         self._vocab: Any = None
         self._batch: Any = None
-        self._lanes = [_Lane(seq=i) for i in range(lanes)]
+        self._lanes = [_LlamaLane(seq=i) for i in range(lanes)]
         self.kv_type = kv_type
         self.pool_cells_wanted = pool_cells  # None: one window (budget.plan_pool)
         self.memory_budget_bytes = memory_budget or default_budget_bytes(total_memory_bytes())
@@ -513,7 +513,7 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
 
     # -- lanes (on the decode thread) ---------------------------------------
 
-    def _admit(self, job: _Job, active: dict[int, _Job]) -> bool:
+    def _admit(self, job: _LlamaJob, active: dict[int, _LlamaJob]) -> bool:
         """Put a job on a lane: keep the common prefix (or restore a longer one from the
         host cache), drop the rest of the sequence, and reclaim parked cells until the
         job's commitment fits; False (it waits) while it does not."""
@@ -554,7 +554,7 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         self._note_parked()
         return True
 
-    def _pool_lanes(self) -> list[_Lane]:
+    def _pool_lanes(self) -> list[_LlamaLane]:
         return self._lanes
 
     def _device_stats(self) -> tuple[str, int, int]:
@@ -581,14 +581,14 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         host = self._host  # read once: the decode thread replaces it on unload
         return (host.size, host.limit) if host is not None else (0, 0)
 
-    def _lane_of(self, job: _Job) -> _Lane | None:
+    def _lane_of(self, job: _LlamaJob) -> _LlamaLane | None:
         return job.lane
 
     def _reclaim(self, lane: PoolLane) -> None:
-        assert isinstance(lane, _Lane)
+        assert isinstance(lane, _LlamaLane)
         self._cut(lane, 0)  # into the host cache, when long enough to keep
 
-    def _cut(self, lane: _Lane, keep: int) -> None:
+    def _cut(self, lane: _LlamaLane, keep: int) -> None:
         """Drop the lane's sequence after ``keep`` tokens; a long cut parks the whole
         sequence in the host cache first."""
         if keep >= len(lane.tokens):
@@ -606,7 +606,7 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         if not keep:
             lane.session = ""
 
-    def _save(self, lane: _Lane) -> Any:
+    def _save(self, lane: _LlamaLane) -> Any:
         """The lane's KV state as llama.cpp serializes it, in a buffer of its own (kept
         as it is: a copy would double the memory at the moment the budget is tightest),
         or None when it cannot."""
@@ -619,7 +619,7 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
         got = int(lib.llama_state_seq_get_data(self._ctx, buf, size, lane.seq))
         return buf if got == size else None
 
-    def _restore(self, lane: _Lane, tokens: tuple[int, ...], state: Any) -> bool:
+    def _restore(self, lane: _LlamaLane, tokens: tuple[int, ...], state: Any) -> bool:
         """Put a host-cache entry into the (empty) lane; False when llama.cpp refuses."""
         lib = _lib()
         if int(lib.llama_state_seq_set_data(self._ctx, state, len(state), lane.seq)) <= 0:
@@ -632,7 +632,7 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
     def _note_parked(self) -> None:
         self._set_parked(sum(len(lane.tokens) for lane in self._lanes if lane.job is None))
 
-    def _leave_lane(self, job: _Job, now: float) -> None:
+    def _leave_lane(self, job: _LlamaJob, now: float) -> None:
         lane = job.lane
         if lane is not None:
             # the sequence stays parked (a half-prefilled prompt is a valid prefix too)
@@ -679,7 +679,7 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
 
     # -- one step (on the decode thread) ------------------------------------
 
-    def _step(self, active: dict[int, _Job]) -> None:
+    def _step(self, active: dict[int, _LlamaJob]) -> None:
         """One decode: a token for every decoding lane, prompt chunks for the rest.
 
         :func:`plan_batch` decides what goes in and in which order (decoding lanes
@@ -696,7 +696,7 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
             assert job.lane is not None
             wants.append(LaneWant(job.lane.seq, job.pending, job.next_token))
         plan = plan_batch(wants, self._n_batch)
-        sampled: list[tuple[_Job, int]] = []  # each job that samples, and where its logits are
+        sampled: list[tuple[_LlamaJob, int]] = []  # each job that samples, and where its logits are
         n = 0
         for slot, tokens, logits in plan:
             job = jobs[slot]
@@ -737,7 +737,8 @@ class LlamaCppEngine(DecodeThreadEngine[_Job]):
             if self._sampled(job, tok, now, active):
                 job.next_token = tok
 
-    def _decode_failed(self, lib: Any, rc: int, fed: list[_Job], active: dict[int, _Job]) -> None:
+    def _decode_failed(self, lib: Any, rc: int, fed: list[_LlamaJob],
+                       active: dict[int, _LlamaJob]) -> None:
         """No KV slot (1) or an error: end what was in the batch, keep the rest going."""
         for job in fed:
             lane = job.lane

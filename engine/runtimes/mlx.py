@@ -81,7 +81,7 @@ from engine.runtimes.budget import (
     process_rss_bytes,
     total_memory_bytes,
 )
-from engine.runtimes.decode_thread import DecodeThreadEngine, Job, PoolLane
+from engine.runtimes.decode_thread import DecodeJob, DecodeThreadEngine, PoolLane
 from engine.runtimes.lanes import Lane, common_prefix, pick_lane
 from engine.runtimes.threaded import ThreadedGeneration
 from engine.sizes import MiB
@@ -203,8 +203,8 @@ MlxGeneration = ThreadedGeneration
 
 
 @dataclass(eq=False)
-class _Job(Job):
-    lane: _Lane | None = None
+class _MlxJob(DecodeJob):
+    lane: _MlxLane | None = None
     uid: int = -1  # the BatchGenerator's id
     solo: Iterator[tuple[Any, Any]] | None = None  # the round-robin fallback's stream
     # what the BatchGenerator handed back when it ended the sequence itself: the
@@ -213,11 +213,11 @@ class _Job(Job):
 
 
 @dataclass(eq=False, slots=True)
-class _Lane(Lane):
+class _MlxLane(Lane):
     # the lane's KV cache (mlx-lm's per-layer cache list) while it is parked, and while
     # it runs on the round-robin fallback; a running batched lane's KV is in the batch
     cache: list[Any] | None = None
-    job: _Job | None = None
+    job: _MlxJob | None = None
 
 
 def make_sampler(s: Sampling) -> Callable[[Any], Any]:
@@ -326,7 +326,7 @@ def _overhead_bytes(config: dict[str, Any], lanes: int, dtype_bytes: int) -> int
     return 64 * MiB + max(lanes, 1) * PREFILL_STEP * hidden * max(dtype_bytes, 1) * 24
 
 
-class MlxEngine(DecodeThreadEngine[_Job]):
+class MlxEngine(DecodeThreadEngine[_MlxJob]):
     """A node's engine on mlx-lm: one model, one batch of lanes on one decode thread."""
 
     def __init__(
@@ -342,7 +342,7 @@ class MlxEngine(DecodeThreadEngine[_Job]):
         super().__init__(
             path,
             runtime=RUNTIME_ID,
-            job_type=_Job,
+            job_type=_MlxJob,
             model_name=model_name,
             lanes=lanes,
             max_context=max_context,
@@ -350,7 +350,7 @@ class MlxEngine(DecodeThreadEngine[_Job]):
         self.batched = True  # False: the round-robin fallback (set at load)
         self._model: Any = None
         self._gen: Any = None  # the BatchGenerator
-        self._lanes = [_Lane(seq=i) for i in range(lanes)]
+        self._lanes = [_MlxLane(seq=i) for i in range(lanes)]
         self.memory_budget_bytes = memory_budget or default_budget_bytes(total_memory_bytes())
 
     @property
@@ -422,7 +422,7 @@ class MlxEngine(DecodeThreadEngine[_Job]):
 
     # -- lanes (on the decode thread) ---------------------------------------
 
-    def _admit(self, job: _Job, active: dict[int, _Job]) -> bool:
+    def _admit(self, job: _MlxJob, active: dict[int, _MlxJob]) -> bool:
         """Put a job on a lane: keep the common prefix of the lane's cache, drop the
         rest, and reclaim parked lanes until the job's commitment fits; False (it waits)
         while no lane is free or it does not fit."""
@@ -485,21 +485,21 @@ class MlxEngine(DecodeThreadEngine[_Job]):
         self._note_parked()
         return True
 
-    def _pool_lanes(self) -> list[_Lane]:
+    def _pool_lanes(self) -> list[_MlxLane]:
         return self._lanes
 
-    def _lane_of(self, job: _Job) -> _Lane | None:
+    def _lane_of(self, job: _MlxJob) -> _MlxLane | None:
         return job.lane
 
     def _reclaim(self, lane: PoolLane) -> None:
         """A parked lane's cache is dropped (mlx frees it; nothing keeps it elsewhere)."""
-        assert isinstance(lane, _Lane)
+        assert isinstance(lane, _MlxLane)
         lane.cache = None
         lane.session = ""
         self._hold(lane, [])
         self._note_parked()
 
-    def _hold(self, lane: _Lane, tokens: list[int]) -> None:
+    def _hold(self, lane: _MlxLane, tokens: list[int]) -> None:
         """The lane's cache now holds ``tokens``."""
         self._kv_add(len(tokens) - len(lane.tokens))
         lane.tokens = tokens
@@ -507,7 +507,7 @@ class MlxEngine(DecodeThreadEngine[_Job]):
     def _note_parked(self) -> None:
         self._set_parked(sum(len(lane.tokens) for lane in self._lanes if lane.job is None))
 
-    def _leave_lane(self, job: _Job, now: float) -> None:
+    def _leave_lane(self, job: _MlxJob, now: float) -> None:
         """The job's sequence stays parked in its lane: the cache and the tokens it holds
         (a half-prefilled prompt is a valid prefix too)."""
         lane = job.lane
@@ -529,7 +529,7 @@ class MlxEngine(DecodeThreadEngine[_Job]):
         lane.last_used = now
         self._note_parked()
 
-    def _take_back(self, job: _Job) -> tuple[list[Any] | None, list[int]]:
+    def _take_back(self, job: _MlxJob) -> tuple[list[Any] | None, list[int]]:
         """Take a running sequence out of the batch, with its cache and tokens."""
         if self._gen is None or job.uid < 0:
             return None, []
@@ -541,7 +541,7 @@ class MlxEngine(DecodeThreadEngine[_Job]):
 
     # -- one step (on the decode thread) ------------------------------------
 
-    def _step(self, active: dict[int, _Job]) -> None:
+    def _step(self, active: dict[int, _MlxJob]) -> None:
         self._grow_answers(active)
         if not active:
             return
@@ -550,7 +550,7 @@ class MlxEngine(DecodeThreadEngine[_Job]):
         else:
             self._step_round_robin(active)
 
-    def _step_batched(self, active: dict[int, _Job]) -> None:
+    def _step_batched(self, active: dict[int, _MlxJob]) -> None:
         """One BatchGenerator step: a token for each decoding lane, a prefill chunk."""
         by_uid = {job.uid: job for job in active.values()}
         prompt_progress, responses = self._gen.next()
@@ -571,7 +571,7 @@ class MlxEngine(DecodeThreadEngine[_Job]):
                 job.final = (list(r.prompt_cache), list(r.all_tokens))
             self._token(job, int(r.token), now, active, ended=ended)
 
-    def _step_round_robin(self, active: dict[int, _Job]) -> None:
+    def _step_round_robin(self, active: dict[int, _MlxJob]) -> None:
         """The fallback: every lane's own stream advances by one token."""
         for job in list(active.values()):
             if job.id not in active or job.solo is None or job.lane is None:
@@ -586,7 +586,7 @@ class MlxEngine(DecodeThreadEngine[_Job]):
             self._token(job, int(tok), time.perf_counter(), active, ended=False)
 
     def _token(
-        self, job: _Job, tok: int, now: float, active: dict[int, _Job], *, ended: bool
+        self, job: _MlxJob, tok: int, now: float, active: dict[int, _MlxJob], *, ended: bool
     ) -> None:
         """A sampled token: mlx-lm has already put it in the lane's cache (a stop id too)."""
         lane = job.lane

@@ -18,12 +18,14 @@ RECENT = 64
 MIN_SAMPLES = 3
 
 
-class Fit(NamedTuple):
+class PrefillCost(NamedTuple):
+    """What a prefill costs, as fitted: ``a`` and ``b`` of the formula above."""
+
     a: float  # seconds per token
     b: float  # seconds per token per token of context before it
 
 
-def prefill_seconds(fit: Fit, tokens: int, context: int = 0) -> float:
+def prefill_seconds(fit: PrefillCost, tokens: int, context: int = 0) -> float:
     return tokens * fit.a + fit.b * tokens * (context + tokens / 2)
 
 
@@ -35,14 +37,14 @@ class PrefillFit:
         if tokens > 0 and seconds > 0:
             self._samples.append((float(tokens), tokens * (context + tokens / 2), seconds))
 
-    def fit(self) -> Fit:
+    def fit(self) -> PrefillCost:
         """The fit, or (0, 0) until there are enough samples to say.
 
         With too little spread in length to tell ``b`` apart, ``b`` is 0 and ``a`` the
         mean cost per token; a negative term (noise) is clamped to 0 and the other refit.
         """
         if len(self._samples) < MIN_SAMPLES:
-            return Fit(0.0, 0.0)
+            return PrefillCost(0.0, 0.0)
         sxx = sxy = syy = sxt = syt = 0.0
         for x, y, t in self._samples:
             sxx += x * x
@@ -55,7 +57,7 @@ class PrefillFit:
             a = (sxt * syy - syt * sxy) / det
             b = (syt * sxx - sxt * sxy) / det
             if a >= 0 and b >= 0:
-                return Fit(a, b)
+                return PrefillCost(a, b)
             if a < 0 and syy > 0:
-                return Fit(0.0, max(syt / syy, 0.0))
-        return Fit(max(sxt / sxx, 0.0), 0.0)
+                return PrefillCost(0.0, max(syt / syy, 0.0))
+        return PrefillCost(max(sxt / sxx, 0.0), 0.0)

@@ -30,7 +30,7 @@ from engine.runtimes.upstream.engine import UpstreamEngine
 
 if TYPE_CHECKING:
     from engine.models.cache import Progress
-    from engine.models.errors import Cancel
+    from engine.models.errors import CancelFlag
 
 DEFAULT_RUNTIME = "llamacpp"
 log = logging.getLogger("shoal")
@@ -63,7 +63,7 @@ class ResolvedModel(NamedTuple):
 class Runtime:
     id: str
     check: Callable[[], None]  # raises RuntimeUnavailable when it cannot run here
-    find_model: Callable[[str | None, Path, bool, Progress | None, Cancel | None],
+    find_model: Callable[[str | None, Path, bool, Progress | None, CancelFlag | None],
                          ResolvedModel]
     make_engine: Callable[[EngineSpec], Engine]
     load_vocab: Callable[[str], Tokenizer]
@@ -76,7 +76,7 @@ class Runtime:
 
 
 def _gguf_model(spec: str | None, home: Path, offline: bool, progress: Progress | None,
-                cancel: Cancel | None) -> ResolvedModel:
+                cancel: CancelFlag | None) -> ResolvedModel:
     """A path as it is, an ``org/repo[:QUANT]`` pulled, no spec: the embedded default."""
     from engine.models import cache as model_cache
     from engine.models import embedded as model_embedded
@@ -108,7 +108,7 @@ def _ignores_gpu(runtime: str, spec: EngineSpec, where: str) -> None:
 
 
 def _mlx_model(spec: str | None, home: Path, offline: bool, progress: Progress | None,
-               cancel: Cancel | None) -> ResolvedModel:
+               cancel: CancelFlag | None) -> ResolvedModel:
     from engine.models import errors as model_errors
     from engine.models import ids as model_ids
 
@@ -137,7 +137,7 @@ def _no_check() -> None:
 
 
 def _mock_model(spec: str | None, home: Path, offline: bool, progress: Progress | None,
-                cancel: Cancel | None) -> ResolvedModel:
+                cancel: CancelFlag | None) -> ResolvedModel:
     name = spec or "mock"
     return ResolvedModel(name, name)
 
@@ -155,7 +155,7 @@ def _mock_vocab(path: str) -> Tokenizer:
 
 
 def _upstream_model(spec: str | None, home: Path, offline: bool, progress: Progress | None,
-                    cancel: Cancel | None) -> ResolvedModel:
+                    cancel: CancelFlag | None) -> ResolvedModel:
     """The spec is the upstream's URL; its model's name comes from the engine at start."""
     from urllib.parse import urlsplit
 
@@ -236,7 +236,7 @@ def check_runtime(runtime_id: str) -> None:
 
 def resolve_model(runtime_id: str, spec: str | None, *, home: Path, offline: bool,
                   progress: Progress | None = None,
-                  cancel: Cancel | None = None) -> ResolvedModel:
+                  cancel: CancelFlag | None = None) -> ResolvedModel:
     """What the runtime loads for ``spec`` (pulled into ``home`` if it must) and its name.
 
     The runtime is checked first, so that one that cannot run here pulls nothing.

@@ -58,7 +58,7 @@ def hub_for(gguf: Path, **kw: object) -> FakeHub:
                    **kw)  # type: ignore[arg-type]
 
 
-async def pull(home: Path, *, cancel: model_errors.Cancel | None = None,
+async def pull(home: Path, *, cancel: model_errors.CancelFlag | None = None,
                seen: list[tuple[str, int, int]] | None = None) -> Path:
     def progress(line: str, done: int, total: int) -> None:
         if seen is not None:
@@ -75,7 +75,7 @@ def key_of(home: Path, sha: str) -> str:
 
 
 async def two_pulls(home: Path, hub: FakeHub, sha: str, *,
-                    cancel: model_errors.Cancel | None = None,
+                    cancel: model_errors.CancelFlag | None = None,
                     seen: tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]] = ([], []),
                     ) -> tuple[asyncio.Task[Path], asyncio.Task[Path]]:
     """A pull the hub holds part-way (``cancel`` is its flag), and a second of the same
@@ -249,7 +249,7 @@ async def cancelled_half_way(tmp_path: Path, hub: FakeHub, sha: str, *,
                              keep_part: bool) -> None:
     """A pull that ``hub`` holds half-way, cancelled once its part is being written
     (``keep_part``: as Shoal.stop cancels a fleet-chosen pull)."""
-    cancel = model_errors.Cancel()
+    cancel = model_errors.CancelFlag()
     task = asyncio.create_task(pull(tmp_path, cancel=cancel))
     await asyncio.wait_for(hub.held.wait(), TIMEOUT_S)
     await until(lambda: part_of(tmp_path, sha).exists(), "the part being written")
@@ -308,7 +308,7 @@ async def test_two_pulls_of_one_file_share_one_download(
 async def test_one_of_two_pulls_cancelled_leaves_the_other_its_download(
         tmp_path: Path, held: FakeHub, sha: str, monkeypatch: pytest.MonkeyPatch) -> None:
     hub = held
-    cancel = model_errors.Cancel()
+    cancel = model_errors.CancelFlag()
     async with serving(hub):
         with pointed_at(monkeypatch, hub.url):
             a, b = await two_pulls(tmp_path, hub, sha, cancel=cancel)

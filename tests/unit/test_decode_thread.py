@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 
 from engine.runtimes.base import GenerationRequest, GenerationResult
-from engine.runtimes.decode_thread import DecodeThreadEngine, Job
+from engine.runtimes.decode_thread import DecodeJob, DecodeThreadEngine
 from engine.runtimes.threaded import ThreadedGeneration
 from tests.waiting import until
 
@@ -20,7 +20,7 @@ EOS = 99
 
 
 @dataclass(eq=False)
-class _FakeJob(Job):
+class _FakeJob(DecodeJob):
     pass
 
 

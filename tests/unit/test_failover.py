@@ -11,18 +11,18 @@ from engine.head.fleet import attempt as at
 from engine.head.fleet import failover as fo
 
 QUEUE_S = 20.0
-START = fo.Progress(queue_deadline=20.0, moved_from="n1")  # placed once, on n1
+START = fo.SessionProgress(queue_deadline=20.0, moved_from="n1")  # placed once, on n1
 
 
-def after(final: at.Final | None, progress: fo.Progress = START, *, delivered: int = 0,
-          max_tokens: int = 10, now: float = 5.0) -> tuple[fo.Progress, fo.Decision]:
+def after(final: at.Final | None, progress: fo.SessionProgress = START, *, delivered: int = 0,
+          max_tokens: int = 10, now: float = 5.0) -> tuple[fo.SessionProgress, fo.Decision]:
     return fo.after(progress, final, node="key-n1", delivered=delivered,
                     max_tokens=max_tokens, finish_reason="stop", cached_tokens=7, now=now,
                     queue_timeout_s=QUEUE_S)
 
 
 @pytest.mark.parametrize(("final", "delivered", "decision"), [
-    (at.NodeDone(), 3, fo.End("stop")),
+    (at.NodeDone(), 3, fo.EndSession("stop")),
     (at.Busy("all 1 lanes are busy"), 0, fo.NextNode("all 1 lanes are busy")),
     (at.RequestRefused("bad_request", "ids outside the vocabulary"), 0,
      fo.FailRequest("invalid_request", "ids outside the vocabulary")),
@@ -84,7 +84,7 @@ def test_cached_tokens_count_only_on_the_first_node(moves: int, cached: int) -> 
 
 def test_placements_count_moves_and_name_the_node_left() -> None:
     progress = fo.begin(100.0, QUEUE_S)
-    assert progress == fo.Progress(queue_deadline=120.0)
+    assert progress == fo.SessionProgress(queue_deadline=120.0)
     progress, moved = fo.placed(progress, "n1")
     assert moved is None and progress.moves == 0
     progress, moved = fo.placed(progress, "n2")

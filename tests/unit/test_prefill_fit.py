@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.runtimes.prefill_fit import Fit, PrefillFit, prefill_seconds
+from engine.runtimes.prefill_fit import PrefillCost, PrefillFit, prefill_seconds
 
 
 def test_the_fit_recovers_a_cost_that_grows_with_the_context() -> None:
-    truth = Fit(a=0.002, b=1e-7)
+    truth = PrefillCost(a=0.002, b=1e-7)
     fit = PrefillFit()
     for n, c in [(100, 0), (2000, 0), (500, 3000), (8000, 0), (300, 12000)]:
         fit.add(n, c, prefill_seconds(truth, n, c))
@@ -23,6 +23,6 @@ def test_too_few_samples_say_nothing_and_one_length_gives_a_flat_rate() -> None:
     fit = PrefillFit()
     fit.add(100, 0, 0.1)
     fit.add(100, 0, 0.1)
-    assert fit.fit() == Fit(0.0, 0.0)
+    assert fit.fit() == PrefillCost(0.0, 0.0)
     fit.add(100, 0, 0.1)
     assert fit.fit().a == pytest.approx(0.001) and fit.fit().b == 0.0

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.models.errors import Cancel, ModelMissing, PullCancelled
+from engine.models.errors import CancelFlag, ModelMissing, PullCancelled
 from engine.models.pulls.shared import Handle, Shared
 
 WAIT_S = 10.0
@@ -60,7 +60,7 @@ def pool() -> ThreadPoolExecutor:
         yield executor
 
 
-def start(pool: ThreadPoolExecutor, shared: Shared, work: Work, cancel: Cancel,
+def start(pool: ThreadPoolExecutor, shared: Shared, work: Work, cancel: CancelFlag,
           seen: list[tuple[str, int, int]]) -> Future[Path]:
     return pool.submit(shared.run, KEY, work,
                        lambda line, done, total: seen.append((line, done, total)), cancel)
@@ -70,9 +70,9 @@ def test_two_callers_share_one_transfer_and_its_progress(pool: ThreadPoolExecuto
     shared, work = Shared(), Work()
     first: list[tuple[str, int, int]] = []
     second: list[tuple[str, int, int]] = []
-    a = start(pool, shared, work, Cancel(), first)
+    a = start(pool, shared, work, CancelFlag(), first)
     assert work.began.wait(WAIT_S)
-    b = start(pool, shared, work, Cancel(), second)
+    b = start(pool, shared, work, CancelFlag(), second)
     until_callers(shared, 2)
     work.go.set()
     assert a.result(WAIT_S) == b.result(WAIT_S) == Path("/blob")
@@ -85,9 +85,9 @@ def test_two_callers_share_one_transfer_and_its_progress(pool: ThreadPoolExecuto
 def test_every_caller_gets_the_error(pool: ThreadPoolExecutor) -> None:
     shared, work = Shared(), Work()
     work.fail = ModelMissing("x came out with sha256 ab…, the hub says cd…; run again")
-    a = start(pool, shared, work, Cancel(), [])
+    a = start(pool, shared, work, CancelFlag(), [])
     assert work.began.wait(WAIT_S)
-    b = start(pool, shared, work, Cancel(), [])
+    b = start(pool, shared, work, CancelFlag(), [])
     until_callers(shared, 2)
     work.go.set()
     for f in (a, b):
@@ -100,17 +100,17 @@ def test_a_bug_in_the_work_reaches_each_caller_as_one_line(pool: ThreadPoolExecu
     work.fail = KeyError("oops")
     work.go.set()
     with pytest.raises(ModelMissing) as info:
-        start(pool, shared, work, Cancel(), []).result(WAIT_S)
+        start(pool, shared, work, CancelFlag(), []).result(WAIT_S)
     assert str(info.value).startswith("the pull failed ('oops'); run again")
 
 
 def test_one_cancel_of_two_lets_that_caller_go_and_the_other_wait(
         pool: ThreadPoolExecutor) -> None:
     shared, work = Shared(), Work()
-    cancel = Cancel()
+    cancel = CancelFlag()
     a = start(pool, shared, work, cancel, [])
     assert work.began.wait(WAIT_S)
-    b = start(pool, shared, work, Cancel(), [])
+    b = start(pool, shared, work, CancelFlag(), [])
     until_callers(shared, 2)
     cancel.set()
     with pytest.raises(PullCancelled):
@@ -123,7 +123,7 @@ def test_one_cancel_of_two_lets_that_caller_go_and_the_other_wait(
 
 def test_the_transfer_stops_when_every_caller_cancelled(pool: ThreadPoolExecutor) -> None:
     shared, work = Shared(), Work()
-    first, second = Cancel(), Cancel()
+    first, second = CancelFlag(), CancelFlag()
     a = start(pool, shared, work, first, [])
     assert work.began.wait(WAIT_S)
     b = start(pool, shared, work, second, [])
@@ -140,18 +140,18 @@ def test_the_transfer_stops_when_every_caller_cancelled(pool: ThreadPoolExecutor
 
 def test_a_caller_after_a_stop_starts_a_new_transfer(pool: ThreadPoolExecutor) -> None:
     shared, work = Shared(), Work()
-    cancel = Cancel()
+    cancel = CancelFlag()
     cancel.set()  # cancelled before it even began
     with pytest.raises(PullCancelled):
         start(pool, shared, work, cancel, []).result(WAIT_S)
     again = Work(Path("/blob2"))
     again.go.set()
-    assert start(pool, shared, again, Cancel(), []).result(WAIT_S) == Path("/blob2")
+    assert start(pool, shared, again, CancelFlag(), []).result(WAIT_S) == Path("/blob2")
     assert again.calls == 1
 
 
 def test_a_cancel_flag_wakes_who_waits_on_it() -> None:
-    cancel = Cancel()
+    cancel = CancelFlag()
     woken: list[str] = []
     undo = cancel.on_set(lambda: woken.append("a"))
     cancel.on_set(lambda: woken.append("b"))

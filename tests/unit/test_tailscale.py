@@ -11,7 +11,7 @@ import pytest
 from engine.discovery import tailscale
 from engine.discovery.tailscale import (
     LocalAPI,
-    Peer,
+    TailnetPeer,
     TailnetStatus,
     TailscaleError,
     check_running,
@@ -41,8 +41,8 @@ def test_parse_real_shape() -> None:
     assert st.self_peer.dns_name.endswith(".ts.net.")
     assert [p.host_name for p in st.peers] == ["desk", "laptop", "v6only"]
     desk = st.peers[0]
-    assert desk == Peer("desk", "desk.tail1a2b3c.ts.net.", ("fd7a:115c:a1e0::5", "100.101.1.5"),
-                        True, "macOS")
+    assert desk == TailnetPeer("desk", "desk.tail1a2b3c.ts.net.",
+                               ("fd7a:115c:a1e0::5", "100.101.1.5"), True, "macOS")
 
 
 def test_only_online_peers_first_ipv4() -> None:
@@ -51,8 +51,8 @@ def test_only_online_peers_first_ipv4() -> None:
 
 
 def test_peer_without_hostname_uses_dns_label() -> None:
-    st = TailnetStatus("Running", Peer("", "", (), True),
-                       [Peer("", "box.tail.ts.net.", ("100.64.0.9",), True)])
+    st = TailnetStatus("Running", TailnetPeer("", "", (), True),
+                       [TailnetPeer("", "box.tail.ts.net.", ("100.64.0.9",), True)])
     assert online_peer_addresses(st) == [("box", "100.64.0.9")]
 
 
@@ -72,13 +72,13 @@ def test_logged_out_status_has_no_peers_and_is_refused() -> None:
 ])
 def test_states_refused_with_fix(state: str, words: str) -> None:
     with pytest.raises(TailscaleError) as err:
-        check_running(TailnetStatus(state, Peer("", "", (), False), []))
+        check_running(TailnetStatus(state, TailnetPeer("", "", (), False), []))
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
 def test_running_and_starting_accepted() -> None:
     for state in ("Running", "Starting"):
-        check_running(TailnetStatus(state, Peer("", "", (), True), []))
+        check_running(TailnetStatus(state, TailnetPeer("", "", (), True), []))
 
 
 @pytest.mark.parametrize("body", [b"{", b"[]", b"\xff\xfe", b'{"Peer": {}}',

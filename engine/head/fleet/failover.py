@@ -28,7 +28,7 @@ from engine.head.fleet import attempt as at
 
 
 @dataclass(frozen=True, slots=True)
-class Progress:
+class SessionProgress:
     """What a session has done so far, across its attempts."""
 
     queue_deadline: float  # how long it may wait for a lane before giving up
@@ -38,11 +38,11 @@ class Progress:
     moved_from: str | None = None  # the next placement moves the session from this node
 
 
-def begin(now: float, queue_timeout_s: float) -> Progress:
-    return Progress(queue_deadline=now + queue_timeout_s)
+def begin(now: float, queue_timeout_s: float) -> SessionProgress:
+    return SessionProgress(queue_deadline=now + queue_timeout_s)
 
 
-def placed(progress: Progress, node: str) -> tuple[Progress, str | None]:
+def placed(progress: SessionProgress, node: str) -> tuple[SessionProgress, str | None]:
     """The session went to ``node``; also returns the node it moved from, if it moved."""
     moved_from = progress.moved_from
     moves = progress.moves + (moved_from is not None)
@@ -53,7 +53,7 @@ def placed(progress: Progress, node: str) -> tuple[Progress, str | None]:
 
 
 @dataclass(frozen=True, slots=True)
-class End:
+class EndSession:
     """The session is over: finish it with ``reason`` (stop | length)."""
 
     reason: str
@@ -93,18 +93,18 @@ class GiveUp:
     why: str
 
 
-Decision = End | NextNode | FailRequest | Ceiling | Replace | GiveUp
+Decision = EndSession | NextNode | FailRequest | Ceiling | Replace | GiveUp
 
 
-def after(progress: Progress, final: at.Final | None, *, node: str, delivered: int,
+def after(progress: SessionProgress, final: at.Final | None, *, node: str, delivered: int,
           max_tokens: int, finish_reason: str, cached_tokens: int, now: float,
-          queue_timeout_s: float) -> tuple[Progress, Decision]:
+          queue_timeout_s: float) -> tuple[SessionProgress, Decision]:
     """What the session does now that its attempt on ``node`` (a pool key) ended with
     ``final`` (None: the attempt ended without one). ``delivered`` counts every token of
     the session so far; ``finish_reason`` and ``cached_tokens`` are the node's ``done``."""
     if isinstance(final, at.NodeDone):
         cached = progress.cached_tokens if progress.moves else cached_tokens
-        return replace(progress, cached_tokens=cached), End(finish_reason)
+        return replace(progress, cached_tokens=cached), EndSession(finish_reason)
     if isinstance(final, at.Busy):
         fresh = not delivered and not progress.moves
         return replace(progress, moved_from=None if fresh else progress.moved_from,

@@ -343,7 +343,7 @@ class SessionRunner:
                             completion_tokens=len(delivered),
                             cached_tokens=progress.cached_tokens, node=node,
                             moves=progress.moves)
-            if isinstance(decision, fo.End):
+            if isinstance(decision, fo.EndSession):
                 if job.affinity:  # the node parks the whole conversation so far
                     self._remember(job.affinity, pool.key, len(job.prompt) + len(delivered))
                 session.put(dataclasses.replace(ending, reason=decision.reason))

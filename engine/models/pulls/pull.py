@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.filelock import exclusive
-from engine.models.errors import CANCELLED, Cancel, ModelMissing, PullCancelled
+from engine.models.errors import CANCELLED, CancelFlag, ModelMissing, PullCancelled
 from engine.models.pulls import disk, shared
 from engine.models.pulls.cache import blob_path, has_blob, install_blob, link
 from engine.models.pulls.hub import RepoInfo
@@ -39,13 +39,13 @@ def wanted_files(info: RepoInfo, names: list[str]) -> list[Wanted]:
 
 
 def pull_files(wanted: list[Wanted], *, home: Path, cache: Path, what: str,
-               progress: Progress | None = None, cancel: Cancel | None = None,
+               progress: Progress | None = None, cancel: CancelFlag | None = None,
                registry: Shared | None = None) -> list[Path]:
     """The snapshot paths of ``wanted`` (one model's files), pulled where missing.
     Progress counts the bytes of all of them together."""
     downloading = registry if registry is not None else shared.REGISTRY
     downloads = downloads_dir(home)
-    flag = cancel if cancel is not None else Cancel()
+    flag = cancel if cancel is not None else CancelFlag()
     todo = [w for w in wanted if not has_blob(blob_path(cache, w.repo, w.sha256), w.size)]
     check_disk(what, todo, downloads, cache)
     total = sum(w.size for w in wanted)

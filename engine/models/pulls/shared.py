@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from engine.models.errors import CANCELLED, Cancel, ModelMissing, PullCancelled, one_line
+from engine.models.errors import CANCELLED, CancelFlag, ModelMissing, PullCancelled, one_line
 from engine.models.pulls.transfer import Report
 
 log = logging.getLogger("shoal.pulls")
@@ -44,7 +44,7 @@ Work = Callable[[Handle], Path]
 @dataclass(eq=False)
 class _Caller:
     report: Report
-    cancel: Cancel
+    cancel: CancelFlag
 
 
 class _Transfer:
@@ -148,7 +148,7 @@ class Shared:
         self._lock = threading.Lock()
         self._transfers: dict[str, _Transfer] = {}
 
-    def run(self, key: str, work: Work, report: Report, cancel: Cancel) -> Path:
+    def run(self, key: str, work: Work, report: Report, cancel: CancelFlag) -> Path:
         """``work``'s result, from this caller's transfer or one under way for ``key``."""
         caller = _Caller(report, cancel)
         with self._lock:
