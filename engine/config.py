@@ -54,6 +54,7 @@ from engine.sizes import (
     parse_budget,
     parse_idle_unload,
 )
+from engine.tasks import TaskSet
 
 MODES = ("lan", "tailnet", "both", "none")
 
@@ -399,7 +400,7 @@ class ConfigFile:
         self._state = state
         self._lock = asyncio.Lock()
         self._written: tuple[Settings, dict[str, Any]] | None = None
-        self._soon: set[asyncio.Task[None]] = set()
+        self._soon = TaskSet("the settings' writer")
         self.failures: list[str] = []  # the lines of background writes that failed
 
     async def write(self) -> None:
@@ -426,14 +427,12 @@ class ConfigFile:
             except ConfigError as exc:
                 failed(str(exc))
 
-        task = asyncio.get_running_loop().create_task(go(), name="shoal-save-config")
-        self._soon.add(task)
-        task.add_done_callback(self._soon.discard)
+        self._soon.spawn(go(), name="shoal-save-config")
 
     async def flush(self) -> None:
         """Wait for the writes asked for so far."""
         if self._soon:
-            await asyncio.wait(list(self._soon))
+            await asyncio.wait(list(self._soon))  # finished, not cancelled: each is a save
 
 
 def with_port(address: str | None, port: int, default: str) -> str:
