@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 KEPT_COLUMNS = ("Model", "Size", "Served by", "Last used")
 SOURCE = {"embedded": "the embedded default", "test": "a test model",
+          "imported": "a GGUF file imported by name (shoal models import)",
           "partial": "a download not finished"}
 
 

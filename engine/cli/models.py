@@ -1,6 +1,7 @@
-"""`shoal models list|rm|catalog|pull`: the models kept on this machine, the catalog with
-the fit for this machine, and a pull with progress. Parses and prints only: the work is
-:mod:`engine.models.store`, :mod:`engine.models.catalog` and :mod:`engine.models.choice`."""
+"""`shoal models list|rm|catalog|pull|import`: the models kept on this machine, the catalog
+with the fit for this machine, a pull with progress, and a GGUF the user has kept by name.
+Parses and prints only: the work is :mod:`engine.models.store`, :mod:`engine.models.catalog`
+and :mod:`engine.models.choice`."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ MAX_FLEET_BYTES = 16 << 20
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("models", help="the models kept on this machine, and the catalog")
     msub = p.add_subparsers(dest="models_command", required=True,
-                            metavar="{list,rm,catalog,pull}",
+                            metavar="{list,rm,catalog,pull,import}",
                             help="`shoal models VERB --help` for its arguments")
     ls = msub.add_parser("list", help="the models on this machine: size, who serves them, "
                                       "when last used")
@@ -41,6 +42,12 @@ def add_parser(sub: Any) -> None:
     pull = msub.add_parser("pull", help="download a model (a catalog id or org/repo:QUANT) "
                                         "without serving it")
     pull.add_argument("model", help="a catalog id (`shoal models catalog`) or org/repo:QUANT")
+    imp = msub.add_parser("import", help="keep a GGUF file you already have among the models "
+                                         "here, to serve it by name")
+    imp.add_argument("file", type=Path, help="the .gguf file (linked where it is on the same "
+                                             "disk, else copied)")
+    imp.add_argument("--name", default=None,
+                     help="the name to serve it by (default: the file's name without .gguf)")
 
 
 def main(args: argparse.Namespace, home: Path) -> int:
@@ -56,6 +63,8 @@ def main(args: argparse.Namespace, home: Path) -> int:
         return 0
     if cmd == "catalog":
         return _catalog(home, fits=args.fits, budget=args.memory_budget)
+    if cmd == "import":
+        return _import(home, args.file.expanduser(), args.name)
     return _pull(home, args.model)
 
 
@@ -204,4 +213,22 @@ def _pull(home: Path, model: str) -> int:
 
     path = asyncio.run(pull())
     print(f"{spec} is ready at {path}; serve it with `shoal serve {spec}`")
+    return 0
+
+
+def _import(home: Path, file: Path, name: str | None) -> int:
+    shown = [-1]
+
+    def progress(done: int, total: int) -> None:
+        tenth = done * 10 // max(total, 1)
+        if tenth > shown[0]:
+            shown[0] = tenth
+            print(f"shoal: copying {file.name}: {tenth * 10}% of {amount(total)}", flush=True)
+
+    try:
+        kept = model_store.import_gguf(home, file, name, progress=progress)
+    except model_store.CannotImport as exc:
+        raise StartError(str(exc)) from None
+    print(f"kept {file} as {kept.name} ({amount(kept.size)}); serve it with "
+          f"`shoal serve {kept.name}`")
     return 0

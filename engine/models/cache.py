@@ -16,6 +16,7 @@ from engine.models.errors import CancelFlag, ModelMissing
 from engine.models.ids import (
     ModelChoiceError,
     ModelId,
+    imported_path,
     looks_like_path,
     models_dir,
     parse_model_id,
@@ -49,6 +50,9 @@ def resolve_model(
     local = Path(spec).expanduser()
     if not isinstance(spec, HubId) and local.exists():
         return local
+    imported = imported_path(home, spec)
+    if not isinstance(spec, HubId) and imported is not None and imported.is_file():
+        return imported
     if looks_like_path(spec):
         raise ModelMissing(
             f"model file {local} does not exist; check the path, or give a Hugging Face "
@@ -57,7 +61,8 @@ def resolve_model(
     try:
         mid = parse_model_id(spec)
     except ValueError as exc:
-        raise ModelMissing(f"{exc}, or a path to an existing .gguf file") from None
+        raise ModelMissing(f"{exc}, a path to an existing .gguf file, or the name of one "
+                           "`shoal models import` kept") from None
     cache = models_dir(home) / "hub"
     if offline or _hub_offline_env():
         found = _from_cache(mid, cache)

@@ -30,6 +30,18 @@ def models_dir(home: Path) -> Path:
     return home / "models"
 
 
+# a name a GGUF the user already had is kept under (`shoal models import`): one word, so it
+# is never taken for a hub id (org/repo) or a path
+IMPORT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def imported_path(home: Path, name: str) -> Path | None:
+    """Where the imported model ``name`` is kept (None: ``name`` cannot be one)."""
+    if not IMPORT_NAME.match(name) or name.lower().endswith(".gguf"):
+        return None
+    return models_dir(home) / "imported" / f"{name}.gguf"
+
+
 # --- ids and paths ---------------------------------------------------------
 
 # The hub's own rules for a name: letters, digits, "-", "_", "."; no "--" or
@@ -71,6 +83,11 @@ def looks_like_path(spec: str) -> bool:
 # --- choosing the GGUF in a repository --------------------------------------
 
 _SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+
+
+def is_shard(name: str) -> bool:
+    """``model-00001-of-00003.gguf``: one part of a split model."""
+    return _SHARD_RE.search(name) is not None
 
 
 def _is_candidate(name: str) -> bool:

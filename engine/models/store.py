@@ -23,13 +23,19 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from engine.models import embedded as model_embedded
 from engine.models import ids
+from engine.models.pulls.gguf_header import (
+    MAX_HEADER_BYTES,
+    Complete,
+    HeaderError,
+    header_extent,
+)
 from engine.models.pulls.pull import downloads_dir
 from engine.process_stamp import process_stamp, same_process
 
@@ -37,7 +43,8 @@ IN_USE = "in-use"
 LAST_USED = "last-used.json"
 FLEET_CHOSEN = "fleet-chosen.json"  # models pulled because a head of the fleet chose them
 MAX_STATE_BYTES = 1 << 20  # a state file larger than this is not ours: ignored
-Source = Literal["hub", "embedded", "test", "partial"]
+Source = Literal["hub", "embedded", "test", "imported", "partial"]
+COPY_CHUNK = 8 << 20  # an import copies (where it cannot link) this much at a time
 
 _QUANT_RE = re.compile(r"(?<![A-Za-z0-9])(I?Q\d(?:_[A-Za-z0-9]+)*|BF16|F16|F32|MXFP4)(?=[.-])",
                        re.IGNORECASE)
@@ -77,7 +84,8 @@ def kept_models(home: Path) -> list[StoredModel]:
     """Every model kept on this machine, largest first, with what serves it here."""
     last = _read_json(ids.models_dir(home) / LAST_USED)
     serving = serving_paths(home)
-    out = [*_hub_models(home), *_single_models(home), *_partials(home)]
+    out = [*_hub_models(home), *_single_models(home), *_imported_models(home),
+           *_partials(home)]
     result: list[StoredModel] = []
     for m in out:
         key = _key(m.path)
@@ -125,6 +133,87 @@ def remove(home: Path, name: str) -> StoredModel:
             f.unlink()
     _prune_hub_repo(home, target)
     return target
+
+
+class CannotImport(Exception):
+    """The file cannot be kept as a model; the message is one line, cause and fix."""
+
+
+def import_gguf(home: Path, file: Path, name: str | None = None, *,
+                progress: Callable[[int, int], None] | None = None) -> StoredModel:
+    """Keep ``file``, a GGUF the user already has, among the models here under ``name``
+    (its file name's stem when None), so it is served by that name like a pulled one
+    (`shoal serve NAME`). Linked where the models folder is on the same disk (no copy, no
+    extra space), else copied (``progress(done, total)`` as it goes)."""
+    name = name or file.name.removesuffix(".gguf").removesuffix(".GGUF")
+    target = ids.imported_path(home, name)
+    if target is None:
+        raise CannotImport(f"{name!r} cannot name a model: use 1 to 64 letters, digits, '.', "
+                           "'_' or '-' (no '/', not ending in .gguf); give one with --name")
+    size = _check_gguf(file)
+    kept = kept_models(home)
+    if any(name.lower() in (m.name.lower(), m.spec.lower()) for m in kept):
+        raise CannotImport(f"a model named {name} is kept here already; give another --name, "
+                           f"or remove that one first (`shoal models rm {name}`)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + ".part")
+    part.unlink(missing_ok=True)
+    try:
+        try:
+            os.link(file, part)
+        except OSError:  # another disk (or a filesystem without links): copied
+            _copy(file, part, size, progress)
+        part.replace(target)
+    finally:
+        part.unlink(missing_ok=True)
+    return StoredModel(name, name, target, (target,), size, "imported", None)
+
+
+def _check_gguf(file: Path) -> int:
+    """The size of ``file`` when it is a whole GGUF model (its header read through)."""
+    if ids.is_shard(file.name):
+        raise CannotImport(f"{file.name} is one part of a split model; merge the parts first "
+                           "(llama-gguf-split --merge FIRST-PART OUT.gguf) and import that")
+    try:
+        size = file.stat().st_size
+        with file.open("rb") as fh:
+            prefix = fh.read(1 << 20)
+            while True:
+                got = header_extent(prefix, file_size=size)
+                if isinstance(got, Complete):
+                    return size
+                more = fh.read(max(got.at_least, 1 << 20))
+                if not more or len(prefix) > MAX_HEADER_BYTES:
+                    raise HeaderError(f"the header does not end within {len(prefix)} bytes")
+                prefix += more
+    except FileNotFoundError:
+        raise CannotImport(f"there is no file {file}; check the path") from None
+    except IsADirectoryError:
+        raise CannotImport(f"{file} is a folder; give the .gguf file in it") from None
+    except OSError as exc:
+        raise CannotImport(f"cannot read {file} ({exc.strerror or exc}); check its "
+                           "permissions") from None
+    except HeaderError as exc:
+        raise CannotImport(f"{file} is not a GGUF model llama.cpp can load ({exc})") from None
+
+
+def _copy(src: Path, dst: Path, size: int, progress: Callable[[int, int], None] | None) -> None:
+    done = 0
+    with src.open("rb") as fin, dst.open("wb") as fout:
+        while chunk := fin.read(COPY_CHUNK):
+            fout.write(chunk)
+            done += len(chunk)
+            if progress is not None:
+                progress(done, size)
+
+
+def _imported_models(home: Path) -> Iterator[StoredModel]:
+    folder = ids.models_dir(home) / "imported"
+    if not folder.is_dir():
+        return
+    for gguf in sorted(folder.glob("*.gguf")):
+        name = gguf.name.removesuffix(".gguf")
+        yield StoredModel(name, name, gguf, (gguf,), gguf.stat().st_size, "imported", None)
 
 
 # -- which process serves what ---------------------------------------------------------
