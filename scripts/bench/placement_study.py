@@ -37,10 +37,10 @@ sys.path.insert(0, str(ROOT))
 
 from engine.head.fleet.placement import (  # noqa: E402
     NodeView,
+    NoPlacement,
     Placement,
     PlacementRequest,
     Policy,
-    Refusal,
     place,
 )
 
@@ -186,7 +186,7 @@ def simulate(policy: Policy, seed: int, *, affinity: bool = True, cache_aware: b
                                affinity_cached=held[1] if held and cache_aware else 0)
         got = place(req, [n.view(now) for n in nodes.values()], now=now, policy=policy,
                     cursor=cursor)
-        if isinstance(got, Refusal):
+        if isinstance(got, NoPlacement):
             return False
         assert isinstance(got, Placement)
         cursor = got.cursor
