@@ -572,19 +572,21 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     nl.run_levels(binary, smol, levels, largs, prompts, rows)
     variants: list[tuple[str, nl.Run, nl.Run]] = []
+    # the smoke compares on 2 lanes: the same rounds and processes, a quarter of the tokens
+    n_lanes = 2 if args.smoke else LANES
     for name, unified, tag in (("`-c 8192 --kv-unified --cache-ram 0`", True, "-nocache"),
                                ("`-c 65536 --no-kv-unified --cache-ram 0`", False,
                                 "-streams")):
-        mine, theirs = asyncio.run(nl.lanes(binary, smol, LANES, largs, prompts,
+        mine, theirs = asyncio.run(nl.lanes(binary, smol, n_lanes, largs, prompts,
                                             server_unified=unified, server_cache_ram=0,
                                             tag=tag))
-        print(f"8 lanes against llama-server {name}: ours {mine.tps_median:,.1f} tok/s, "
+        print(f"{n_lanes} lanes against llama-server {name}: ours {mine.tps_median:,.1f} tok/s, "
               f"TTFT {mine.ttft_median * 1000:,.0f} ms; llama-server "
               f"{theirs.tps_median:,.1f} tok/s, TTFT {theirs.ttft_median * 1000:,.0f} ms",
               flush=True)
         variants.append((name, mine, theirs))
-    q8, q8_ref = asyncio.run(nl.lanes(binary, smol, LANES, largs, prompts, kv_type="q8_0"))
-    print(f"q8_0, 8 lanes: ours {q8.tps_median:,.1f} tok/s, llama-server "
+    q8, q8_ref = asyncio.run(nl.lanes(binary, smol, n_lanes, largs, prompts, kv_type="q8_0"))
+    print(f"q8_0, {n_lanes} lanes: ours {q8.tps_median:,.1f} tok/s, llama-server "
           f"{q8_ref.tps_median:,.1f} tok/s", flush=True)
     load1 = os.getloadavg()
     minutes = (time.monotonic() - t0) / 60
