@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QEvent, QObject
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox, QSystemTrayIcon, QWidget
+from PySide6.QtWidgets import (
+    QApplication,
+    QMainWindow,
+    QMenu,
+    QMessageBox,
+    QSystemTrayIcon,
+    QWidget,
+)
 
 from app import autostart
 from app.bridge import ShoalBridge, describe, sentence
@@ -349,6 +356,13 @@ def early_icon() -> QSystemTrayIcon | None:
         return None
     icon = QSystemTrayIcon(tray_icon("busy"))
     icon.setToolTip("Shoal\nStarting…")
+    # with its menu from the start: a StatusNotifierItem host reads the menu's path when
+    # the icon registers, and one that read "no menu" never asked again (its right-click
+    # did nothing); `Tray` fills this same menu
+    menu = QMenu("&Shoal")
+    menu.addAction("Starting…").setEnabled(False)
+    icon.setContextMenu(menu)
+    icon.early_menu = menu  # type: ignore[attr-defined]  # kept alive with the icon
     icon.show()
     return icon
 

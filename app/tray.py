@@ -193,7 +193,10 @@ class Tray(QObject):
         super().__init__()
         self.view = view
         self._fresh = fresh  # the view as of now, asked for each time the menu opens
-        self.menu = QMenu("&Shoal")
+        # the early icon's menu, when it has one: the host keeps the path it read first
+        early = icon.contextMenu() if icon is not None else None
+        self.menu = early if early is not None else QMenu("&Shoal")
+        self.menu.clear()
         self.menu.setObjectName("shoal-tray-menu")
         self.menu.aboutToShow.connect(self._opening)
         self._items: dict[Slot, tuple[QAction, QAction | None]] = {}  # the item, its separator
@@ -206,7 +209,8 @@ class Tray(QObject):
             self.icon.setParent(self)
             self.icon.setIcon(tray_icon(self._look))
             self.icon.setToolTip(self._tip)
-            self.icon.setContextMenu(self.menu)
+            if self.icon.contextMenu() is not self.menu:
+                self.icon.setContextMenu(self.menu)
             self.icon.activated.connect(self._activated)
         self._sync(menu_entries(view))
 
