@@ -191,10 +191,15 @@ def _checked(ask: Ask, pending: Settings, in_force: Settings,
     return changes, chooser
 
 
+def no_node() -> CommandError:
+    """The refusal of a command that needs this machine's node when it has none."""
+    return CommandError("this machine serves no model; choose one to serve first",
+                        code="no_node")
+
+
 def require_node(settings: Settings) -> NodeSettings:
     if settings.node is None:
-        raise CommandError("this machine serves no model; choose one to serve first",
-                           code="no_node")
+        raise no_node()
     return settings.node
 
 

@@ -50,14 +50,14 @@ class HeadModels:
         self._emit = emit
         self._head = head  # the head running now (it changes while a header is fetched)
         self._learning: asyncio.Task[None] | None = None
-        self._later: list[str] = []  # not on disk when the head started: from the hub
 
-    async def for_start(self, hs: HeadSettings, model: Resolved) -> list[HeadModel]:
+    async def for_start(self, hs: HeadSettings, model: Resolved
+                        ) -> tuple[list[HeadModel], list[str]]:
         """The models a head on ``hs`` starts with: ``model`` (made ready), then each of
-        ``also_models`` that can be had from disk now; the others are learnt from the hub
-        once it runs (`learn_later`)."""
+        ``also_models`` that can be had from disk now; and those that cannot, to learn from
+        the hub once it runs (`learn_later`)."""
         models: list[HeadModel] = [await load_head_model(model, chat_template=hs.chat_template)]
-        self._later = []
+        later: list[str] = []
         for other in hs.also_models:
             if model.runtime in READS_HEADERS:
                 try:
@@ -65,19 +65,18 @@ class HeadModels:
                                                      home=self._conf.settings.home,
                                                      offline=True))[0])
                 except StartError:
-                    self._later.append(other)
+                    later.append(other)
                 continue
             learnt = await self._also_model(other, model.runtime)
             if learnt is not None:
                 models.append(learnt)
-        return models
+        return models, later
 
-    async def learn_later(self) -> None:
-        """Learn from the hub, in the background, what `for_start` could not have from
-        disk: the head serves the others meanwhile, and a hub that never answers is given
-        up on per file (header_fetch.DEADLINE_S)."""
+    async def learn_later(self, later: list[str]) -> None:
+        """Learn ``later`` from the hub, in the background (any learning of an earlier head
+        stopped first): the head serves the others meanwhile, and a hub that never answers
+        is given up on per file (header_fetch.DEADLINE_S)."""
         await self.close()
-        later, self._later = self._later, []
         if later:
             self._learning = asyncio.get_running_loop().create_task(
                 self._learn_all(later), name="shoal-head-learns")

@@ -23,7 +23,7 @@ from engine.roles.head_role import HeadRole
 from engine.roles.local_node import LocalNode
 from engine.roles.membership import Membership, head_to_join, locate
 from engine.service import configuration
-from engine.service.configuration import Configuration
+from engine.service.configuration import Configuration, no_node
 from engine.service.head_models import HeadModels, Resolve
 from engine.service.results import JoinResult
 from engine.settings import FLEET_PORT, HeadSettings, JoinSettings, NodeSettings
@@ -143,13 +143,13 @@ class RunningRoles:
         spec = hs.model if hs.model is not None else (node.model if node else None)
         runtime = hs.runtime or (node.runtime if node else None)
         model = resolved if resolved is not None else await self._resolve(spec, runtime)
-        models = await self._models.for_start(hs, model)
+        models, later = await self._models.for_start(hs, model)
         if sock is None:
             sock = HeadRole.bind_http(hs)
         self.head = await HeadRole.start(hs, models, home=s.home, psk=self._creds.token,
                                          emit=self._emit, clock=self._clock, wall=self._wall,
                                          http_sock=sock, snapshot=self._snapshot)
-        await self._models.learn_later()
+        await self._models.learn_later(later)
         if self.node is not None:
             self.head.link_local(self.node.host, self.node.port)
         return model
@@ -387,6 +387,5 @@ class RunningRoles:
 
     def require_node(self) -> LocalNode:
         if self.node is None:
-            raise CommandError("this machine serves no model; choose one to serve first",
-                               code="no_node")
+            raise no_node()
         return self.node

@@ -81,7 +81,6 @@ class Shoal:
         self._emit: Callable[[ShoalEvent], None] = self._bus.publish
         self._pulls = Pulls()
         self._opening = False
-        self._stopped = False
         self._conf = Configuration(settings, keep=keep, app=app, rejoin=rejoin)
         self._creds = FleetCredentials(settings.home, auth_file=settings.auth_file)
         self._resolve = ModelSource(self._conf, self._pulls, self._emit)
@@ -124,7 +123,7 @@ class Shoal:
         Shoal stays as it was before: it can be opened again, on ``settings`` when given
         (the cause fixed: another port, say). Raises StartError / JoinError (one line)."""
         async with self._roles.lock:
-            if self._stopped:
+            if self._roles.stopping:
                 raise CommandError("this Shoal has stopped; start a new one", code="stopped")
             if self._roles.running:
                 raise CommandError("Shoal runs already", code="running")
@@ -148,9 +147,9 @@ class Shoal:
     async def stop(self, drain: float = 10.0) -> None:
         """Finish (or, after ``drain`` seconds, cancel) the sessions under way and stop
         every role. Idempotent."""
-        if self._stopped:
+        if self._roles.stopping:
             return
-        self._stopped = self._roles.stopping = True
+        self._roles.stopping = True
         await self._rejoin.close()
         await self._choice.close()
         await self._head_models.close()
