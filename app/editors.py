@@ -7,12 +7,18 @@ JetBrains AI Assistant and Cline (``Field: value`` lines), shell lines for Aider
 Code and any OpenAI or Ollama client, Codex's ``config.toml`` (TOML), and the JSON files
 of opencode, the Kilo CLI, pi, the Cline CLI and Qwen Code. Formats as
 documented by each client: Continue's config.yaml reference (``provider: openai`` with
-``apiBase``, ``roles``), Zed's
-``language_models.openai_compatible`` with ``available_models``, Aider's
+``apiBase``, ``roles`` of chat, autocomplete and embed), Zed's
+``language_models.openai_compatible`` with ``available_models`` and its
+``edit_predictions`` provider ``open_ai_compatible_api`` (a raw ``/v1/completions`` prompt
+in the model's FIM format), Aider's
 ``OPENAI_API_BASE`` with ``--model openai/NAME``, Ollama's ``OLLAMA_HOST``, Claude Code's
 ``ANTHROPIC_BASE_URL`` (Anthropic Messages), Codex's ``model_providers`` with
 ``wire_api = "responses"`` (the Responses API), opencode's ``provider`` with the
 ``@ai-sdk/openai-compatible`` package, pi's ``models.json``, Qwen Code's ``modelProviders``.
+
+An embedding model makes vectors and no text: it is never offered as a chat or agent model,
+only to the one client setting that embeds (Continue's ``embed`` role; Zed, JetBrains AI
+Assistant's third-party providers, Cline and Aider have no embeddings setting).
 
 Every agent is given each model's window in its own setting: an agent that does not know
 the window guesses (Claude Code assumes 1M tokens) and compacts its conversation only once
@@ -66,6 +72,7 @@ class Offer:
     context_window: int
     tools: bool
     fim: bool
+    embeddings: bool = False  # it makes vectors, no text: never a chat model
     alias_of: str | None = None
 
     @property
@@ -98,13 +105,14 @@ def offers(snapshot: FleetSnapshot) -> list[Offer]:
     served = [m for m in snapshot.models if m.served]
     served.sort(key=lambda m: (m.name != snapshot.model, m.name))
     by_name = {m.name: m for m in snapshot.models}
-    out = [Offer(m.name, m.context_window, m.tools, m.fill_in_middle) for m in served]
+    out = [Offer(m.name, m.context_window, m.tools, m.fill_in_middle, m.embeddings)
+           for m in served]
     for alias in sorted(snapshot.aliases, key=lambda a: a.name):
         target = by_name.get(alias.resolves_to or "")
         if target is None or not target.served or alias.state == "unavailable":
             continue
         out.append(Offer(alias.name, target.context_window, target.tools,
-                         target.fill_in_middle, alias_of=target.name))
+                         target.fill_in_middle, target.embeddings, alias_of=target.name))
     return out
 
 
@@ -118,60 +126,96 @@ def _q(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def chat_models(models: Sequence[Offer]) -> list[Offer]:
+    """The models that answer with text: every client's chat and agent models."""
+    return [m for m in models if not m.embeddings]
+
+
 def _pick(models: Sequence[Offer], chat: str | None) -> Offer | None:
-    for m in models:
+    talkers = chat_models(models)
+    for m in talkers:
         if m.name == chat:
             return m
-    return models[0] if models else None
+    return talkers[0] if talkers else None
 
 
 NO_FIM = ("No model the fleet serves has fill-in-the-middle tokens, so there is no "
           "autocomplete; serve a code model (Qwen2.5-Coder, StarCoder2, CodeLlama) for it.")
+NO_EMBED = ("No model the fleet serves makes embeddings, so codebase search (@Codebase, "
+            "@Docs) has only Continue's own small model in VS Code and none in JetBrains; "
+            "serve an embedding model (all-MiniLM-L6-v2, nomic-embed-text) for it.")
+
+
+def fim_model(models: Sequence[Offer], first: Offer | None = None) -> Offer | None:
+    """The model for autocomplete: the chosen chat model when it has FIM tokens, else the
+    first that has them: one served anywhere will do, on one machine as on several."""
+    ordered = ([first] if first else []) + chat_models(models)
+    return next((m for m in ordered if m.fim), None)
+
+
+def embedder(models: Sequence[Offer]) -> Offer | None:
+    """The model for codebase indexing: the first embedding model served."""
+    return next((m for m in models if m.embeddings), None)
+
+
+def _continue_model(name: str, m: Offer, base_url: str, roles: Sequence[str]) -> list[str]:
+    return [f"  - name: {_q(name)}", "    provider: openai", f"    model: {_q(m.name)}",
+            f"    apiBase: {_q(base_url)}", "    roles:", *(f"      - {r}" for r in roles)]
 
 
 def continue_yaml(base_url: str, models: Sequence[Offer], chat: str | None = None) -> Snippet:
+    """A model entry per chat model (chat, edit, apply), one for autocomplete (a model with
+    FIM tokens) and one for embeddings (``embed``: what Continue indexes the codebase with,
+    through ``/v1/embeddings``)."""
     first = _pick(models, chat)
-    ordered = ([first] if first else []) + [m for m in models if m is not first]
-    fim = next((m for m in ordered if m.fim), None)
+    ordered = ([first] if first else []) + [m for m in chat_models(models) if m is not first]
+    fim, embed = fim_model(models, first), embedder(models)
     lines = ["name: Shoal", "version: 0.0.1", "schema: v1"]
-    if not ordered:
+    if not ordered and embed is None:
         lines += ["# the fleet serves no model right now: come back when one is served",
                   "models: []"]
     else:
         lines.append("models:")
     for m in ordered:
-        lines += [f"  - name: {_q('Shoal: ' + m.name)}",
-                  "    provider: openai",
-                  f"    model: {_q(m.name)}",
-                  f"    apiBase: {_q(base_url)}",
-                  "    roles:", "      - chat", "      - edit", "      - apply",
-                  "    defaultCompletionOptions:",
-                  f"      contextLength: {m.window}"]
+        lines += _continue_model("Shoal: " + m.name, m, base_url, ("chat", "edit", "apply"))
+        lines += ["    defaultCompletionOptions:", f"      contextLength: {m.window}"]
         if m.tools:
             lines += ["    capabilities:", "      - tool_use"]
     if fim is not None:
-        lines += [f"  - name: {_q('Shoal autocomplete: ' + fim.name)}",
-                  "    provider: openai",
-                  f"    model: {_q(fim.name)}",
-                  f"    apiBase: {_q(base_url)}",
-                  "    roles:", "      - autocomplete"]
-    elif ordered:
-        lines.append("# " + NO_FIM)
+        lines += _continue_model("Shoal autocomplete: " + fim.name, fim, base_url,
+                                 ("autocomplete",))
+    if embed is not None:
+        lines += _continue_model("Shoal embeddings: " + embed.name, embed, base_url,
+                                 ("embed",))
+    limits = [] if not ordered else [
+        line for line, missing in ((NO_FIM, fim is None), (NO_EMBED, embed is None))
+        if missing]
+    lines += ["# " + line for line in limits]
     return Snippet("Continue", "yaml", "~/.continue/config.yaml (replace its models, or add "
-                   "these to them)", "\n".join(lines) + "\n",
-                   warning="" if fim is not None or not ordered else NO_FIM)
+                   "these to them)", "\n".join(lines) + "\n", warning="\n".join(limits))
 
 
-def zed_json(base_url: str, models: Sequence[Offer]) -> Snippet:
+def zed_json(base_url: str, models: Sequence[Offer], chat: str | None = None) -> Snippet:
+    """The chat models under ``language_models.openai_compatible``; with a FIM model, Zed's
+    edit predictions from it: Zed writes the FIM prompt itself (``prompt_format`` "infer"
+    reads the family from the model's name) and posts it to ``/v1/completions``."""
     available = [{"name": m.name,
                   "display_name": f"{m.label} (Shoal)",
                   "max_tokens": m.window,
                   "capabilities": {"tools": m.tools, "images": False,
                                    "parallel_tool_calls": False, "prompt_cache_key": False}}
-                 for m in models]
-    doc = {"language_models": {"openai_compatible": {PROVIDER: {
+                 for m in chat_models(models)]
+    doc: dict[str, object] = {"language_models": {"openai_compatible": {PROVIDER: {
         "api_url": base_url, "available_models": available}}}}
-    return Snippet("Zed", "json", "Zed's settings.json (merge into language_models); if Zed "
+    fim = fim_model(models, _pick(models, chat))
+    where = "language_models"
+    if fim is not None:
+        doc["edit_predictions"] = {"provider": "open_ai_compatible_api",
+                                   "open_ai_compatible_api": {
+                                       "api_url": base_url.rstrip("/") + "/completions",
+                                       "model": fim.name, "prompt_format": "infer"}}
+        where = "language_models and edit_predictions"
+    return Snippet("Zed", "json", f"Zed's settings.json (merge into {where}); if Zed "
                    f"asks for a key, any text works, or set {PROVIDER.upper()}_API_KEY",
                    json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
 
@@ -215,7 +259,7 @@ def aider_shell(base_url: str, models: Sequence[Offer], chat: str | None = None)
         metadata = {f"openai/{m.name}": {
             "max_input_tokens": m.window, "max_output_tokens": m.output_room,
             "input_cost_per_token": 0, "output_cost_per_token": 0,
-            "litellm_provider": "openai", "mode": "chat"} for m in models}
+            "litellm_provider": "openai", "mode": "chat"} for m in chat_models(models)}
         lines += [f"printf '%s\\n' {shlex.quote(json.dumps(metadata, ensure_ascii=False))}"
                   f" > {AIDER_METADATA}",
                   f"aider --model {shlex.quote('openai/' + first.name)} "
@@ -236,8 +280,9 @@ def too_small(agent: str, models: Sequence[Offer]) -> str:
     """The panel's warning when no model the fleet serves (with tool calling: an agent's
     work is tool calls) has a window for ``agent``'s own prompt; "" when one has."""
     need = AGENT_PROMPT[agent] + ANSWER_ROOM
-    able = [m.window for m in models if m.tools]
-    if not models or (able and max(able) >= need):
+    talkers = chat_models(models)
+    able = [m.window for m in talkers if m.tools]
+    if not talkers or (able and max(able) >= need):
         return ""
     largest = f"the largest is {max(able):,}" if able else "none of them calls tools"
     return (f"{agent} sends about {AGENT_PROMPT[agent]:,} tokens of system prompt and tools "
@@ -289,7 +334,7 @@ def opencode_json(base_url: str, models: Sequence[Offer], chat: str | None = Non
     first = _pick(models, chat)
     entries = {m.name: {"name": f"{m.label} (Shoal)", "tool_call": m.tools,
                         "limit": {"context": m.window, "output": m.output_room}}
-               for m in models}
+               for m in chat_models(models)}
     doc: dict[str, object] = {
         "provider": {"shoal": {"npm": "@ai-sdk/openai-compatible", "name": PROVIDER,
                                "options": {"baseURL": base_url, "apiKey": DUMMY_KEY},
@@ -314,7 +359,7 @@ def pi_json(base_url: str, models: Sequence[Offer], chat: str | None = None) -> 
     first = _pick(models, chat)
     entries = [{"id": m.name, "name": f"{m.label} (Shoal)", "input": ["text"],
                 "reasoning": False, "contextWindow": m.window, "maxTokens": m.output_room}
-               for m in models]
+               for m in chat_models(models)]
     doc = {"providers": {"shoal": {
         "baseUrl": base_url, "api": "openai-completions", "apiKey": DUMMY_KEY,
         "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
@@ -356,7 +401,7 @@ def qwen_json(base_url: str, models: Sequence[Offer], chat: str | None = None) -
                 "baseUrl": base_url,
                 "generationConfig": {"contextWindowSize": m.window,
                                      "samplingParams": {"max_tokens": m.output_room}}}
-               for m in models]
+               for m in chat_models(models)]
     doc: dict[str, object] = {"env": {key: DUMMY_KEY}, "modelProviders": {"openai": entries},
                               "security": {"auth": {"selectedType": "openai"}}}
     if first is not None:
@@ -376,7 +421,7 @@ def clients_shell(base_url: str) -> Snippet:
 
 
 def snippets(base_url: str, models: Sequence[Offer], chat: str | None = None) -> list[Snippet]:
-    return [continue_yaml(base_url, models, chat), zed_json(base_url, models),
+    return [continue_yaml(base_url, models, chat), zed_json(base_url, models, chat),
             jetbrains_fields(base_url, models, chat), cline_fields(base_url, models, chat),
             aider_shell(base_url, models, chat), claude_code_shell(base_url, models, chat),
             codex_toml(base_url, models, chat), opencode_json(base_url, models, chat),
@@ -465,12 +510,13 @@ class EditorsPanel(QWidget):
     def refresh(self, snapshot: FleetSnapshot) -> None:
         url = snapshot.roles.api_url
         models = tuple(offers(snapshot))
-        names = [m.name for m in models]
+        talkers = chat_models(models)  # an embedding model is no model to chat with
+        names = [m.name for m in talkers]
         current = self.chat.currentData()
         if [self.chat.itemData(i) for i in range(self.chat.count())] != names:
             self.chat.blockSignals(True)
             self.chat.clear()
-            for m in models:
+            for m in talkers:
                 self.chat.addItem(m.label, m.name)
             if current in names:
                 self.chat.setCurrentIndex(names.index(current))

@@ -110,6 +110,7 @@ class ModelSnapshot:
     context_window: int
     tools: bool
     fill_in_middle: bool
+    embeddings: bool = False  # an embedding model: it makes vectors, no text
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +152,7 @@ class LocalNodeSnapshot:
     gpu_layers: int = 0
     model_layers: int = 0
     device_note: str = ""  # the device it chose, or why it runs on the CPU (one line)
+    embeddings: bool = False  # its model makes embeddings, not text
     # as NodeSnapshot's: what a fit estimate here needs (its pulls are FleetSnapshot.pulls)
     ram_total: int = 0
     device_kind: str = ""

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from engine.models.store import StoredModel
 
 T = TypeVar("T")
-MODEL_COLUMNS = ("Model", "Serving", "Context", "Tools", "Fill-in-the-middle")
+MODEL_COLUMNS = ("Model", "Serving", "Context", "Tools", "Fill-in-the-middle", "Embeddings")
 ALIAS_COLUMNS = ("Alias", "Target", "Fallbacks", "Answers with", "State", "Version")
 HISTORY_COLUMNS = ("Version", "Target", "Fallbacks", "When", "Made at head")
 STATE_TONE = {"ok": "good", "fallback": "warn", "unavailable": "bad", "shadowed": "warn"}
@@ -69,7 +69,7 @@ def yes(flag: bool) -> Cell:
 def model_row(m: ModelSnapshot) -> tuple[Cell, ...]:
     return (Cell(m.name), Cell("yes" if m.served else "no node", tone="" if m.served else "warn"),
             Cell(tokens(m.context_window) if m.context_window else "—", right=True),
-            yes(m.tools), yes(m.fill_in_middle))
+            yes(m.tools), yes(m.fill_in_middle), yes(m.embeddings))
 
 
 def alias_row(a: AliasSnapshot) -> tuple[Cell, ...]:

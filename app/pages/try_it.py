@@ -143,7 +143,7 @@ class TryPage(QWidget):
         api = snap.roles.api_url is not None
         self.off_row.setVisible(not api)
         self.send_button.setEnabled(api and not self.streaming)
-        names = [(o.label, o.name) for o in offers(snap)]
+        names = [(o.label, o.name) for o in offers(snap) if not o.embeddings]  # chat only
         have = [(self.model.itemText(i), self.model.itemData(i))
                 for i in range(self.model.count())]
         if have != names:

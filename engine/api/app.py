@@ -11,7 +11,17 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from engine.api import admin, anthropic, completions, context, ollama, openai, ops, responses
+from engine.api import (
+    admin,
+    anthropic,
+    completions,
+    context,
+    embeddings,
+    ollama,
+    openai,
+    ops,
+    responses,
+)
 from engine.api.auth import Gate, add_cors_headers, gate_middleware
 from engine.api.errors import error_for
 from engine.api.metrics import METRICS, ApiMetrics, metrics_route
@@ -142,12 +152,15 @@ def build_app(head: Head, *, snapshot: Callable[[], FleetSnapshot] | None = None
     r.add_post("/v1/chat/completions", openai.chat_completions)
     r.add_post("/v1/completions", completions.completions)
     r.add_post("/v1/responses", responses.responses)
+    r.add_post("/v1/embeddings", embeddings.openai_embeddings)
     r.add_post("/v1/messages", anthropic.messages)
     r.add_post("/v1/messages/count_tokens", anthropic.count_tokens)
     r.add_get("/v1/models", openai.list_models)
     r.add_get("/v1/models/{model:.+}", openai.get_model)
     r.add_post("/api/chat", ollama.chat)
     r.add_post("/api/generate", ollama.generate)
+    r.add_post("/api/embed", embeddings.ollama_embed)
+    r.add_post("/api/embeddings", embeddings.ollama_embeddings)
     r.add_get("/api/tags", ollama.tags)
     r.add_post("/api/show", ollama.show)
     r.add_get("/api/ps", ollama.ps)

@@ -122,11 +122,19 @@ def refuse_resolution(request: web.Request, found: al.Resolution) -> web.Respons
 
 
 def runnable(request: web.Request, head: Head, requested: str, *,
-             ollama: bool = False) -> tuple[str, dict[str, str]] | web.Response:
-    """The model a request's name runs and the X-Shoal-* headers, or the refusal."""
+             ollama: bool = False, text: bool = True
+             ) -> tuple[str, dict[str, str]] | web.Response:
+    """The model a request's name runs and the X-Shoal-* headers, or the refusal (an
+    embedding model makes no text: its routes are engine.api.embeddings; ``text`` False for a
+    route that only describes the model)."""
     found = resolve_model(head, requested, ollama=ollama)
     refused = refuse_resolution(request, found)
     if refused is not None:
         return refused
     assert found.model is not None
+    if text and head.models[found.model].embedding:
+        return error_for(request, 400, f"'{found.model}' is an embedding model and makes no "
+                         "text; send it to /v1/embeddings (or Ollama's /api/embed), or name a "
+                         "chat model", code="model_not_chat", param="model",
+                         headers=model_headers(found))
     return found.model, model_headers(found)

@@ -18,7 +18,7 @@ REF = "#/components/schemas/{name}"
 _STRUCTS: tuple[type[msgspec.Struct], ...] = (
     s.ChatRequest, s.CompletionRequest, s.ResponsesRequest, s.AnthropicRequest,
     s.AnthropicCountRequest, s.OllamaChatRequest, s.OllamaGenerateRequest,
-    s.OllamaShowRequest)
+    s.OllamaShowRequest, s.OpenAIEmbedRequest, s.OllamaEmbedRequest, s.OllamaEmbeddingsRequest)
 
 _ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "required": ["message", "type"],
@@ -56,6 +56,8 @@ ROUTES: tuple[Route, ...] = (
     ("post", "/v1/messages/count_tokens", "countMessageTokens",
      "Anthropic: the prompt tokens a Messages request would use", "AnthropicCountRequest",
      "anthropic"),
+    ("post", "/v1/embeddings", "createEmbedding",
+     "Embeddings of strings or token ids (float or base64)", "OpenAIEmbedRequest", "openai"),
     ("get", "/v1/models", "listModels",
      "Models served by the fleet, and aliases, with context window and capabilities", None,
      "openai"),
@@ -65,6 +67,10 @@ ROUTES: tuple[Route, ...] = (
     ("post", "/api/generate", "ollamaGenerate",
      "Ollama generate (NDJSON stream unless stream: false)", "OllamaGenerateRequest",
      "ndjson"),
+    ("post", "/api/embed", "ollamaEmbed", "Ollama: embeddings of one input or several",
+     "OllamaEmbedRequest", "ollama"),
+    ("post", "/api/embeddings", "ollamaEmbeddings", "Ollama: the older embedding of one prompt",
+     "OllamaEmbeddingsRequest", "ollama"),
     ("get", "/api/tags", "ollamaTags", "Ollama: models served by the fleet", None, "ollama"),
     ("post", "/api/show", "ollamaShow", "Ollama: one model's details", "OllamaShowRequest",
      "ollama"),
@@ -151,6 +157,13 @@ _EMPTY_MAP = {"anyOf": [{"type": "object", "maxProperties": 0}, _NULL]}
 _EMPTY_LIST = {"anyOf": [{"type": "array", "maxItems": 0}, _NULL]}
 _NO_FORMAT = {"anyOf": [{"const": ""}, _NULL]}
 
+_TEXT = {"type": "string", "minLength": 1, "maxLength": s.MAX_BODY}
+_ID = {"type": "integer", "minimum": 0, "exclusiveMaximum": 1 << 31}
+_IDS = {"type": "array", "minItems": 1, "maxItems": s.MAX_EMBED_INPUTS, "items": _ID}
+_EMBED_INPUT = {"anyOf": [
+    _TEXT, {"type": "array", "minItems": 1, "maxItems": s.MAX_EMBED_INPUTS, "items": _TEXT},
+    _IDS, {"type": "array", "minItems": 1, "maxItems": s.MAX_EMBED_INPUTS, "items": _IDS}]}
+
 # What the routes refuse beyond the structs' types (each with its own clear 400),
 # written into the description so that it says exactly what is accepted.
 _REFINE: dict[str, dict[str, Any]] = {
@@ -183,6 +196,9 @@ _REFINE: dict[str, dict[str, Any]] = {
                                          "redacted_thinking"]}},
     "AnthropicInnerBlock": {"type": {"const": "text"}},
     "AnthropicTool": {"type": {"anyOf": [{"const": "custom"}, _NULL]}},
+    "OpenAIEmbedRequest": {"input": _EMBED_INPUT,
+                           "encoding_format": {"enum": ["float", "base64"]}},
+    "OllamaEmbedRequest": {"input": _EMBED_INPUT},
     "OllamaChatRequest": {"format": _NO_FORMAT},
     "OllamaGenerateRequest": {"format": _NO_FORMAT, "images": _EMPTY_LIST,
                               "template": _NO_FORMAT, "context": _EMPTY_LIST},

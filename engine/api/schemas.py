@@ -450,3 +450,35 @@ def decode_as(kind: type[Any], body: bytes) -> Any:
         raise BadRequest(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
+
+
+# -- embeddings: /v1/embeddings, Ollama's /api/embed and /api/embeddings ---------------------
+
+MAX_EMBED_INPUTS = 2048  # inputs in one request, as OpenAI's own limit
+_Dims = Annotated[int, msgspec.Meta(ge=1, le=1 << 16)]
+
+
+class OpenAIEmbedRequest(msgspec.Struct):
+    model: _Name
+    input: Any
+    encoding_format: str = "float"
+    dimensions: _Dims | None = None
+    user: _Name | None = None
+
+
+class OllamaEmbedRequest(msgspec.Struct):
+    model: _Name
+    input: Any = None
+    truncate: bool = True
+    dimensions: _Dims | None = None
+    options: dict[str, Any] | None = None
+    keep_alive: Any = None
+
+
+class OllamaEmbeddingsRequest(msgspec.Struct):
+    """The older route: one ``prompt``, one ``embedding``."""
+
+    model: _Name
+    prompt: Annotated[str, msgspec.Meta(max_length=16 << 20)] = ""
+    options: dict[str, Any] | None = None
+    keep_alive: Any = None

@@ -145,7 +145,9 @@ def node_lines(node: LocalNodeSnapshot) -> list[str]:
     elif node.runtime in UPSTREAM_RUNTIMES:
         how = "as the engine there says" if not node.window_pinned else how
     link = "encrypted" if node.encrypted else "plaintext, loopback only"
-    return [f"runtime {node.runtime} serves {node.path}: context window "
+    kind = ("an embedding model: it makes embeddings (/v1/embeddings), not text; "
+            if node.embeddings else "")
+    return [f"runtime {node.runtime} serves {node.path}: {kind}context window "
             f"{node.context_window} tokens ({how}), {node.lanes} lanes",
             *([node.device_note] if node.device_note else []),
             *pool_lines(node),

@@ -87,7 +87,8 @@ def models_snapshot(head: Head) -> tuple[ModelSnapshot, ...]:
         can = capabilities(model)
         out.append(ModelSnapshot(name=name, served=name in served,
                                  context_window=head.fleet.context_window(name),
-                                 tools=can.tools, fill_in_middle=can.fill_in_middle))
+                                 tools=can.tools, fill_in_middle=can.fill_in_middle,
+                                 embeddings=can.embedding))
     return tuple(out)
 
 

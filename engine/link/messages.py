@@ -9,7 +9,8 @@ A record gains fields only at its end, with defaults: an older peer leaves them 
 and reads a newer peer's record without them (array-like records drop extra trailing
 fields). A new record type is sent only to a peer whose hello says it reads it (an older
 one refuses an unknown tag and drops the link): ``HeadHello.progress`` for Progress,
-``NodeHello.takes_models`` for ServeModel (answered by ServeModelResult).
+``NodeHello.takes_models`` for ServeModel (answered by ServeModelResult),
+``NodeHello.embeds`` for Embed (answered by Embedded or Error).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class NodeHello(msgspec.Struct, frozen=True, array_like=True, tag="node_hello", 
     channels: bool = False  # it can carry a head's sessions as channels of one link
     # it reads ServeModel (and answers it, yes or no); a head sends it to no other node
     takes_models: bool = False
+    # its model is an embedding model: it answers Embed records, and makes no text
+    embeds: bool = False
 
 
 class HeadHello(msgspec.Struct, frozen=True, array_like=True, tag="head_hello", tag_field="t"):
@@ -189,6 +192,11 @@ class Stats(msgspec.Struct, frozen=True, array_like=True, tag="stats", tag_field
     paused: bool = False
     # why the model a head last chose for it could not be served ("" none, or it serves it)
     serve_failed: Annotated[str, msgspec.Meta(max_length=MAX_ANSWER)] = ""
+    # what decides its decode speed, measured once per machine (engine.models.speed): the
+    # memory bandwidth its CPU reads at, and its GPU's where it has one (bytes/s; 0: not
+    # measured)
+    mem_bandwidth: _Bytes = 0
+    gpu_bandwidth: _Bytes = 0
 
 
 class Progress(msgspec.Struct, frozen=True, array_like=True, tag="progress", tag_field="t"):
@@ -231,6 +239,32 @@ class ServeModelResult(msgspec.Struct, frozen=True, array_like=True,
     ask: _Count = 0
 
 
+MAX_EMBED_INPUTS = 256  # inputs in one Embed record; the head splits a larger request
+MAX_EMBED_DIMS = 16384
+# the vectors of one Embedded record, as float32: within one record with room to spare
+MAX_EMBED_BYTES = 4 * 1024 * 1024
+
+
+class Embed(msgspec.Struct, frozen=True, array_like=True, tag="embed", tag_field="t"):
+    """Head to a node whose hello said ``embeds``: one vector per input (token ids, the
+    model's special tokens included). Answered by an Embedded of the same ``session``, or
+    an Error (``busy``: try another node)."""
+
+    session: _Name
+    inputs: Annotated[list[_Ids], msgspec.Meta(min_length=1, max_length=MAX_EMBED_INPUTS)]
+
+
+class Embedded(msgspec.Struct, frozen=True, array_like=True, tag="embedded", tag_field="t"):
+    """Node to head: ``count`` vectors of ``dims`` float32 values each, little-endian, one
+    after another in input order, each of unit length (the model's pooling, then L2)."""
+
+    session: _Name
+    dims: Annotated[int, msgspec.Meta(ge=1, le=MAX_EMBED_DIMS)]
+    count: Annotated[int, msgspec.Meta(ge=1, le=MAX_EMBED_INPUTS)]
+    vectors: Annotated[bytes, msgspec.Meta(max_length=MAX_EMBED_BYTES)]
+    prompt_tokens: _Count = 0
+
+
 # wrong_model: a node refusing a head whose model tokenizes otherwise (sent only to a
 # head that sent a probe, so only to heads that know the code)
 ErrorCode = Literal["busy", "bad_request", "context_length_exceeded", "internal", "shutdown",
@@ -250,7 +284,7 @@ class End(msgspec.Struct, frozen=True, array_like=True, tag="end", tag_field="t"
 
 # what a channel carries: what one connection carries, and its end
 ChannelRecord = (Generate | Accepted | Tokens | Done | Renew | Cancel | Ping | Pong | Stats
-                 | Error | End | Progress | ServeModel | ServeModelResult)
+                 | Error | End | Progress | ServeModel | ServeModelResult | Embed | Embedded)
 MAX_BATCH = 4096
 _Channel = Annotated[int, msgspec.Meta(ge=1, lt=1 << 31)]
 
@@ -264,7 +298,7 @@ class Batch(msgspec.Struct, frozen=True, array_like=True, tag="batch", tag_field
 
 Record = (NodeHello | HeadHello | Generate | Accepted | Tokens | Done | Renew | Cancel
           | Ping | Pong | Stats | Error | AliasSync | End | Batch | Progress | ServeModel
-          | ServeModelResult)
+          | ServeModelResult | Embed | Embedded)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)

@@ -193,9 +193,12 @@ async def load_engine(model: Resolved, *, name: str, lanes: int, max_context: in
     except ValueError as exc:  # a share of a small machine
         raise StartError(str(exc), code="bad_budget") from None
     try:
+        embedding = await asyncio.to_thread(registry.makes_embeddings, model.runtime,
+                                            model.path)
         engine = registry.make_engine(model.runtime, model.path, model_name=name, lanes=lanes,
                                       max_context=max_context, mock_speed=mock_speed,
-                                      memory_budget=budget, kv_type=kv_type, gpu=gpu)
+                                      memory_budget=budget, kv_type=kv_type, gpu=gpu,
+                                      embedding=embedding)
         await engine.start()
     except (RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
         raise StartError(str(exc), code="cannot_load") from None

@@ -54,10 +54,11 @@ from engine.link.listener import NotTaken, take
 from engine.link.mux import Carrier, Channel, Mux
 from engine.link.transport import Incoming, Link, LinkClosed, serve
 from engine.models import ids as model_ids
-from engine.node import leases
+from engine.node import embeds, leases
 from engine.node.machine import MachineFacts
 from engine.runtimes.base import (
     Admitter,
+    Embedder,
     Engine,
     EngineStats,
     Generation,
@@ -289,7 +290,8 @@ class NodeAgent:
         return m.NodeHello(identity=self.identity, model=info.model, runtime=info.runtime,
                            context_window=info.context_window, lanes=info.lanes,
                            kv_total=st.kv_total, rates=_rates(st), instance=self.instance,
-                           channels=self.offers_channels, takes_models=True)
+                           channels=self.offers_channels, takes_models=True,
+                           embeds=isinstance(self.engine, Embedder))
 
     async def _serve_channels(self, link: Link, head_id: str, progress: bool) -> None:
         """A head that dialed carries its sessions as channels of this one link: each is
@@ -312,11 +314,14 @@ class NodeAgent:
         heads.links.add(link)
         self._send_stats_to(link)
         run: _Run | None = None
+        embedding: asyncio.Task[None] | None = None
         try:
             while True:
                 if run is not None and run.task.done():
                     run = None
-                timeout = None if run is not None else self.idle_timeout_s
+                if embedding is not None and embedding.done():
+                    embedding = None
+                timeout = None if run is not None or embedding else self.idle_timeout_s
                 try:
                     async with asyncio.timeout(timeout):
                         rec = await link.recv()
@@ -328,8 +333,14 @@ class NodeAgent:
                     run = None
                 if isinstance(rec, m.Ping):
                     link.send(m.Pong(nonce=rec.nonce))
+                elif isinstance(rec, m.Embed):
+                    if run is not None or (embedding is not None and not embedding.done()):
+                        link.send(m.Error(code="bad_request",
+                                          message="one request per connection at a time"))
+                    else:
+                        embedding = self._embed(link, rec)
                 elif isinstance(rec, m.Generate):
-                    if run is not None:
+                    if run is not None or (embedding is not None and not embedding.done()):
                         link.send(m.Error(code="bad_request",
                                           message="one generation per connection at a time"))
                     else:
@@ -352,6 +363,7 @@ class NodeAgent:
                 run.cancel()
                 with contextlib.suppress(BaseException):
                     await run.task
+            await cancel_and_wait([embedding], "an embedding")
             heads.links.discard(link)
             if not heads.links:
                 self._heads.pop(head_id, None)
@@ -438,6 +450,42 @@ class NodeAgent:
         self._broadcast_stats()
         run.task = self._tasks.spawn(self._generate(link, run), f"gen-{gen.session}")
         return run
+
+    def _embed(self, link: Carrier, rec: m.Embed) -> asyncio.Task[None] | None:
+        """Embed ``rec`` on a lane of its own, or tell the head why not."""
+        refused = embeds.refusal(self.engine, self.engine.info.model, rec)
+        if refused is None and self._closing:
+            refused = m.Error(code="shutdown", message="the node is shutting down")
+        elif refused is None and (self._busy >= self.lanes or self.paused):
+            refused = m.Error(code="busy", message="serving is paused on this node"
+                              if self.paused else f"all {self.lanes} lanes are busy")
+        if refused is not None:
+            with contextlib.suppress(LinkClosed):
+                link.send(refused)
+            return None
+        self._busy += 1
+        self._peak = max(self._peak, self._busy)
+        self._touch()
+        self._broadcast_stats()
+        return self._tasks.spawn(self._embedding(link, rec), f"embed-{rec.session}")
+
+    async def _embedding(self, link: Carrier, rec: m.Embed) -> None:
+        try:
+            if self.sleep:
+                try:
+                    await self.wake()
+                except Exception as exc:
+                    with contextlib.suppress(LinkClosed):
+                        link.send(m.Error(code="internal", message="the node could not load "
+                                          f"its model again: {str(exc)[:3000]}"))
+                    return
+            engine = self.engine
+            assert isinstance(engine, Embedder)
+            await embeds.answer(engine, link, rec)
+        finally:
+            self._busy -= 1
+            self._touch()
+            self._broadcast_stats()
 
     def _start(self, link: Carrier, gen: m.Generate) -> Generation | None:
         """The engine takes ``gen``; None when it refuses (the head was told why)."""

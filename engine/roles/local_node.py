@@ -20,7 +20,7 @@ from engine.models.loading import Resolved, load_engine
 from engine.node.agent import NodeAgent, ServeModelAsked
 from engine.node.machine import MachineFacts
 from engine.roles.sockets import bind, bound_address, parse_address
-from engine.runtimes.base import Engine
+from engine.runtimes.base import Embedder, Engine
 from engine.runtimes.upstream.engine import UpstreamEngine
 from engine.settings import NODE_PORT, DiscoveryMode, NodeSettings
 from engine.snapshot import LocalNodeSnapshot, ServingState
@@ -119,7 +119,8 @@ class LocalNode:
             kv_cells=st.kv_total, memory_used=st.mem_used, memory_budget=st.mem_budget,
             host_cache_limit=st.host_cache_limit, sleep=self.agent.sleep,
             device=st.device, gpu_layers=st.gpu_layers, model_layers=st.model_layers,
-            device_note=st.device_note, ram_total=facts.ram_total, device_kind=st.device_kind,
+            device_note=st.device_note, embeddings=isinstance(self.engine, Embedder),
+            ram_total=facts.ram_total, device_kind=st.device_kind,
             device_total=st.device_total, device_free=st.device_free,
             disk_free=facts.disk_free)
 

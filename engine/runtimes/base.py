@@ -112,6 +112,27 @@ class Sleeper(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class Embeddings:
+    """One vector per input, ``dims`` float32 values each (little-endian, one after another,
+    in input order), each of unit length; ``tokens``: the inputs' tokens, all together."""
+
+    dims: int
+    count: int
+    vectors: bytes
+    tokens: int
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """An engine whose model makes embeddings, not text (its ``generate`` refuses)."""
+
+    async def embed(self, inputs: Sequence[Sequence[int]]) -> Embeddings:
+        """Each input's vector (ids with the model's own special tokens). ValueError names
+        an input the model cannot take (too long, ids outside the vocabulary)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
 class EngineInfo:
     model: str  # the model's name as the node announces it
     runtime: str  # "llamacpp" | "mlx" | "mock" | "llama-server" | "vllm"
@@ -160,6 +181,11 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str, *, special: bool = True) -> list[int]:
         """Text to ids; with ``special`` the template's control tokens parse as one id."""
+        ...
+
+    def encode_input(self, text: str) -> list[int]:
+        """An embedding's input: plain text between the special tokens the vocabulary
+        adds to a sequence (BERT's CLS and SEP)."""
         ...
 
     def token_bytes(self, token: int) -> bytes:

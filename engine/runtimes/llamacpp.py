@@ -808,6 +808,19 @@ class LlamaCppVocab:
             ids.insert(0, self.bos_id)
         return ids
 
+    def encode_input(self, text: str) -> list[int]:
+        """``text`` as an embedding model reads it alone: plain text (no control token
+        parsed), between the special tokens the vocabulary adds (BERT's CLS and SEP)."""
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        while True:
+            arr = (ctypes.c_int32 * cap)()
+            n = int(self._lib.llama_tokenize(self._vocab, data, len(data), arr, cap, True,
+                                             False))
+            if n >= 0:
+                return list(arr[:n])
+            cap = -n
+
     def token_bytes(self, token: int) -> bytes:
         got = self._bytes.get(token)
         if got is None:

@@ -692,6 +692,12 @@ class MlxVocab:
             ids.insert(0, self.bos_id)
         return ids
 
+    def encode_input(self, text: str) -> list[int]:
+        """``text`` as an embedding model reads it alone, with the tokenizer's own
+        special tokens around it."""
+        return [int(t) for t in self._tok.encode(text, add_special_tokens=True,
+                                                 split_special_tokens=True)]
+
     def token_bytes(self, token: int) -> bytes:
         got = self._bytes.get(token)
         if got is None:

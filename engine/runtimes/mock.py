@@ -79,13 +79,23 @@ class MockTokenizer:
                 i += 1
         return out
 
+    def encode_input(self, text: str) -> list[int]:
+        """An embedding's input: its bytes (the mock vocabulary adds nothing)."""
+        return list(text.encode("utf-8"))
+
     def token_bytes(self, token: int) -> bytes:
         return bytes((token,)) if 0 <= token < 256 else b""
 
     def special_text(self, token: int) -> str:
         return _SPECIAL_TEXT.get(token, self.token_bytes(token).decode("latin-1"))
 
+    def __init__(self, *, embedding: bool = False) -> None:
+        self.embedding = embedding  # the vocabulary of the mock embedding model
+
     def metadata(self) -> dict[str, str]:
+        if self.embedding:  # a pooling type: engine.runtimes.embedding.is_embedding_model
+            return {"general.architecture": "mock", "general.name": "mock embeddings",
+                    "mock.pooling_type": "1"}
         return {"general.architecture": "mock", "general.name": "mock",
                 "tokenizer.chat_template": CHATML_TEMPLATE}
 

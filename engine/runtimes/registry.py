@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from engine.runtimes import llamacpp, mlx, mock
+from engine.runtimes import llamacpp, mlx, mock, mock_embed
 from engine.runtimes.base import Engine, RuntimeUnavailable, Tokenizer
+from engine.runtimes.embedding import is_embedding_model
 from engine.runtimes.upstream import llama_server, vllm
 from engine.runtimes.upstream.dialect import Dialect
 from engine.runtimes.upstream.engine import UpstreamEngine
@@ -52,6 +53,7 @@ class EngineSpec:
     memory_budget: int | None = None  # bytes for the model and its KV pool; None: default
     kv_type: str = "f16"  # the KV pool's number type: f16 or q8_0 (llama.cpp only)
     gpu: str = "auto"  # auto | off | a device name or part of its description (llama.cpp)
+    embedding: bool = False  # the model makes embeddings (makes_embeddings said so)
 
 
 class ResolvedModel(NamedTuple):
@@ -92,6 +94,11 @@ def _gguf_model(spec: str | None, home: Path, offline: bool, progress: Progress 
 
 
 def _llamacpp_engine(spec: EngineSpec) -> Engine:
+    if spec.embedding:
+        from engine.runtimes.llamacpp_embed import LlamaCppEmbedder
+
+        _ignores_gpu("llamacpp", spec, "an embedding model runs on the CPU")
+        return LlamaCppEmbedder(spec.path, model_name=spec.model_name, lanes=spec.lanes)
     return llamacpp.LlamaCppEngine(spec.path, model_name=spec.model_name, lanes=spec.lanes,
                                    max_context=spec.max_context,
                                    memory_budget=spec.memory_budget, kv_type=spec.kv_type,
@@ -143,12 +150,15 @@ def _mock_model(spec: str | None, home: Path, offline: bool, progress: Progress 
 
 
 def _mock_engine(spec: EngineSpec) -> Engine:
+    if spec.embedding or spec.model_name.endswith(mock_embed.MOCK_EMBED_SUFFIX):
+        return mock_embed.MockEmbedder(model=spec.model_name, lanes=spec.lanes,
+                                       context_window=spec.max_context or 512)
     return mock.MockEngine(model=spec.model_name, lanes=spec.lanes,
                            context_window=spec.max_context or 4096, speed=spec.mock_speed)
 
 
 def _mock_vocab(path: str) -> Tokenizer:
-    return mock.MockTokenizer()
+    return mock.MockTokenizer(embedding=path.endswith(mock_embed.MOCK_EMBED_SUFFIX))
 
 
 # -- llama-server, vllm: an engine the user runs, reached at a URL ------------------------
@@ -247,17 +257,32 @@ def resolve_model(runtime_id: str, spec: str | None, *, home: Path, offline: boo
     return entry.find_model(spec, home, offline, progress, cancel)
 
 
+def makes_embeddings(runtime_id: str, path: str) -> bool:
+    """Whether the model at ``path`` makes embeddings rather than text, from its metadata
+    (blocking: a vocabulary loads; run it off the loop). Only llama.cpp and the mock serve
+    embedding models."""
+    if runtime_id not in ("llamacpp", "mock"):
+        return False
+    vocab = load_vocab(runtime_id, path)
+    try:
+        return is_embedding_model(vocab.metadata())
+    finally:
+        close = getattr(vocab, "close", None)
+        if close is not None:
+            close()
+
+
 def make_engine(runtime_id: str, path: str, *, model_name: str, lanes: int = 8,
                 max_context: int | None = None, mock_speed: float = 0.0,
                 memory_budget: int | None = None, kv_type: str = "f16",
-                gpu: str = "auto") -> Engine:
+                gpu: str = "auto", embedding: bool = False) -> Engine:
     """A node's engine, not started yet (``await engine.start()`` loads the model).
     ``memory_budget`` and ``kv_type``: for the runtimes that size a KV pool (llama.cpp
     takes both, mlx the budget; the mock and the engines a node fronts, neither);
     ``gpu``: the device llama.cpp runs on (auto, off or a name; the others choose their own)."""
     spec = EngineSpec(path=path, model_name=model_name, lanes=lanes, max_context=max_context,
                       mock_speed=mock_speed, memory_budget=memory_budget, kv_type=kv_type,
-                      gpu=gpu)
+                      gpu=gpu, embedding=embedding)
     return get_runtime(runtime_id).make_engine(spec)
 
 

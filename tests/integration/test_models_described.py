@@ -36,7 +36,7 @@ async def test_models_describe_themselves():
         models = {m.id: m.model_dump() for m in (await call(client.models.list)).data}
         assert set(models) == {MODEL, "coder", "gone"}
         flags = {"chat": True, "completion": True, "tools": True, "fill_in_middle": False,
-                 "thinking": False}
+                 "thinking": False, "embeddings": False}
         real = models[MODEL]
         assert real["context_window"] == real["context_length"] == 4096
         assert real["capabilities"] == flags and real["available"] is True

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import shlex
 import tomllib
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import yaml
 
 from app import editors
-from app.editors import NO_FIM, Offer, offers, root_url, snippets
+from app.editors import NO_EMBED, NO_FIM, Offer, offers, root_url, snippets
 from engine.snapshot import AliasSnapshot, FleetSnapshot, ModelSnapshot, Roles
 
 pytestmark = pytest.mark.ui
@@ -20,6 +21,7 @@ BASE = "http://127.0.0.1:8453/v1"
 CHAT = Offer("qwen2.5-coder-7b", 32768, tools=True, fim=True)
 PLAIN = Offer("llama-3.2-3b", 8192, tools=False, fim=False)
 ODD = Offer('org/repo:Q4_K_M "x" #1', 0, tools=False, fim=False)  # quotes, colon, hash
+EMBED = Offer("all-minilm-l6-v2", 512, tools=False, fim=False, embeddings=True)
 
 
 def shell_env(text: str) -> tuple[dict[str, str], list[list[str]]]:
@@ -66,16 +68,74 @@ def test_continue_yaml_has_a_chat_model_per_name_and_fim_autocomplete():
     assert chat[0]["capabilities"] == ["tool_use"] and "capabilities" not in chat[1]
     assert chat[2]["defaultCompletionOptions"]["contextLength"] == editors.DEFAULT_WINDOW
     [auto] = [m for m in models if m["roles"] == ["autocomplete"]]
-    assert auto["model"] == CHAT.name and s.warning == ""
+    assert auto["model"] == CHAT.name and all("embed" not in m["roles"] for m in models)
+    assert s.warning == NO_EMBED and "# " + NO_EMBED in s.text  # no embedding model served
 
 
 def test_continue_says_plainly_when_no_model_has_fim():
     s = editors.continue_yaml(BASE, [PLAIN])
     doc = yaml.safe_load(s.text)
     assert all("autocomplete" not in m["roles"] for m in doc["models"])
-    assert s.warning == NO_FIM and "# " + NO_FIM in s.text
+    assert s.warning.splitlines() == [NO_FIM, NO_EMBED] and "# " + NO_FIM in s.text
     empty = editors.continue_yaml(BASE, [])
     assert yaml.safe_load(empty.text)["models"] == [] and empty.warning == ""
+
+
+def test_continue_yaml_gives_chat_autocomplete_and_embed_each_a_model():
+    # the embedding model first, and even asked for as the chat model: never a chat model
+    s = editors.continue_yaml(BASE, [EMBED, PLAIN, CHAT], chat=EMBED.name)
+    models = yaml.safe_load(s.text)["models"]
+    by_role = {role: [m["model"] for m in models if role in m["roles"]]
+               for role in ("chat", "edit", "apply", "autocomplete", "embed")}
+    assert by_role == {"chat": [PLAIN.name, CHAT.name], "edit": [PLAIN.name, CHAT.name],
+                       "apply": [PLAIN.name, CHAT.name], "autocomplete": [CHAT.name],
+                       "embed": [EMBED.name]}
+    [embed] = [m for m in models if m["model"] == EMBED.name]
+    # Continue's openai provider posts to apiBase + "embeddings": the API's /v1/embeddings
+    assert embed == {"name": f"Shoal embeddings: {EMBED.name}", "provider": "openai",
+                     "model": EMBED.name, "apiBase": BASE, "roles": ["embed"]}
+    assert s.warning == "" and not [line for line in s.text.splitlines() if "#" in line]
+    # only an embedding model: Continue indexes with it, and there is nothing to chat with
+    alone = yaml.safe_load(editors.continue_yaml(BASE, [EMBED]).text)["models"]
+    assert [m["roles"] for m in alone] == [["embed"]]
+
+
+def test_an_embedding_model_is_no_client_s_chat_model():
+    got = snippets(BASE, [EMBED, ODD, CHAT], chat=EMBED.name)
+    for s in got:
+        if s.client == "Continue":
+            entries = yaml.safe_load(s.text)["models"]
+            assert [m["roles"] for m in entries if m["model"] == EMBED.name] == [["embed"]]
+        else:
+            assert EMBED.name not in s.text + s.where, s.client
+    # the chosen chat model is one that makes text: the first of them
+    jet = fields(next(s for s in got if s.client == "JetBrains AI Assistant").text)
+    assert jet["Model"] == ODD.name
+    assert json.loads(next(s for s in got if s.client == "Cline CLI").text)[
+        "providers"]["openai-compatible"]["settings"]["model"] == ODD.name
+    # an agent with only an embedding model served has no model to warn about
+    assert editors.claude_code_shell(BASE, [EMBED]).warning == ""
+    assert "ANTHROPIC_MODEL" not in shell_env(editors.claude_code_shell(BASE, [EMBED]).text)[0]
+
+
+def test_zed_predicts_edits_with_a_fim_model_through_completions():
+    coder = Offer("starcoder2-3b", 16384, tools=False, fim=True)
+    doc = json.loads(editors.zed_json(BASE, [PLAIN, coder, CHAT, EMBED], CHAT.name).text)
+    # the chosen chat model has FIM tokens: it predicts; Zed formats the FIM prompt itself
+    assert doc["edit_predictions"] == {"provider": "open_ai_compatible_api",
+                                       "open_ai_compatible_api": {
+                                           "api_url": BASE + "/completions",
+                                           "model": CHAT.name, "prompt_format": "infer"}}
+    names = [m["name"] for m in
+             doc["language_models"]["openai_compatible"]["Shoal"]["available_models"]]
+    assert names == [PLAIN.name, coder.name, CHAT.name]
+    picked = json.loads(editors.zed_json(BASE + "/", [PLAIN, coder], PLAIN.name).text)
+    assert picked["edit_predictions"]["open_ai_compatible_api"]["model"] == coder.name
+    assert picked["edit_predictions"]["open_ai_compatible_api"]["api_url"] == \
+        BASE + "/completions"
+    plain = editors.zed_json(BASE, [PLAIN, EMBED])
+    assert "edit_predictions" not in json.loads(plain.text)
+    assert "edit_predictions" not in plain.where
 
 
 def test_zed_json_lists_every_model_under_openai_compatible():
@@ -242,3 +302,19 @@ def test_offers_put_the_main_model_first_then_served_models_then_live_aliases():
     got = offers(_snapshot(aliases=aliases))
     assert [o.name for o in got] == ["b-model", "a-model", "coder"]
     assert got[2] == Offer("coder", 8192, True, True, alias_of="a-model")
+
+
+def test_offers_carry_which_model_embeds_and_one_machine_gets_all_three_roles():
+    """One machine serving a chat model, a FIM model and an embedding model (the snapshot
+    names no other machine): the Continue snippet has every role and no warning."""
+    snap = _snapshot(aliases=(AliasSnapshot("vectors", "minilm", (), 1, 0.0, "minilm", "ok"),))
+    snap = replace(snap, models=(*snap.models,
+                                 ModelSnapshot("minilm", True, 512, False, False,
+                                               embeddings=True)))
+    got = offers(snap)
+    assert [(o.name, o.embeddings) for o in got] == [
+        ("b-model", False), ("a-model", False), ("minilm", True), ("vectors", True)]
+    s = editors.continue_yaml(BASE, got, chat="b-model")
+    roles = {role: m["model"] for m in yaml.safe_load(s.text)["models"] for role in m["roles"]
+             if role in ("autocomplete", "embed")}
+    assert roles == {"autocomplete": "a-model", "embed": "minilm"} and s.warning == ""

@@ -28,7 +28,8 @@ def test_capabilities_come_from_the_template_and_vocabulary():
     thinking = capabilities(model_with("{% if enable_thinking %}<think>{% endif %}"))
     assert thinking.thinking and thinking.names() == ["completion", "thinking"]
     assert thinking.flags() == {"chat": True, "completion": True, "tools": False,
-                                "fill_in_middle": False, "thinking": True}
+                                "fill_in_middle": False, "thinking": True,
+                                "embeddings": False}
 
 
 class Fim(MockTokenizer):

@@ -185,14 +185,25 @@ class SessionRunner:
     async def _acquire(self, job: Job, session: Session, prompt_len: int, max_tokens: int,
                        exclude: frozenset[str], deadline: float
                        ) -> tuple[NodePool, NodeConn, str]:
-        """A connection to the best node, waiting in FIFO order when every node is full."""
+        def waiting(state: SessionState) -> None:
+            session.state = state
+
+        return await self.acquire(job, prompt_len, max_tokens, exclude, deadline, waiting)
+
+    async def acquire(self, job: Job, prompt_len: int, max_tokens: int,
+                      exclude: frozenset[str], deadline: float,
+                      waiting: Callable[[SessionState], None] = lambda _state: None
+                      ) -> tuple[NodePool, NodeConn, str]:
+        """A connection to the best node, waiting in FIFO order when every node is full
+        (``waiting`` hears why it waits). Raises RequestError when none comes by
+        ``deadline`` or none ever can."""
         fut: asyncio.Future[None] | None = None
         if not len(self.gate):
             got = self._try_place(job, prompt_len, max_tokens, exclude)
             if not isinstance(got, NoPlacement):
                 return got
             self._raise_if_final(got)
-            session.state = _waiting_state(got)
+            waiting(_waiting_state(got))
         fut = self.gate.enqueue()
         try:
             last: NoPlacement | None = None
@@ -203,7 +214,7 @@ class SessionRunner:
                         return got
                     self._raise_if_final(got)
                     last = got
-                    session.state = _waiting_state(got)
+                    waiting(_waiting_state(got))
                 remaining = deadline - self.clock()
                 if remaining <= 0:
                     raise self._timeout_error(last)

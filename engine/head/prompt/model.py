@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.head.prompt.templates import ChatTemplate, load_chat_template
+from engine.runtimes.embedding import is_embedding_model
 from engine.runtimes.registry import load_vocab
 
 
@@ -19,6 +20,8 @@ class HeadVocab(Protocol):
     def eos_ids(self) -> frozenset[int]: ...
 
     def encode(self, text: str, *, special: bool = True) -> list[int]: ...
+
+    def encode_input(self, text: str) -> list[int]: ...
 
     def token_bytes(self, token: int) -> bytes: ...
 
@@ -42,6 +45,8 @@ class HeadModel:
     vocab: HeadVocab
     template: ChatTemplate
     stop_ids: frozenset[int]
+    # it makes embeddings, not text (engine.runtimes.embedding.is_embedding_model)
+    embedding: bool = False
 
     def render(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None,
                prefill: str = "", **kwargs: Any) -> list[int]:
@@ -59,9 +64,13 @@ class Capabilities:
     tools: bool  # its chat template takes tool definitions
     fill_in_middle: bool  # its vocabulary has the prefix, suffix and middle tokens
     thinking: bool  # its template can switch reasoning on and off
+    embedding: bool = False  # it makes embeddings, and no text
 
     def names(self) -> list[str]:
-        """In Ollama's words: ``completion``, ``tools``, ``insert``, ``thinking``."""
+        """In Ollama's words: ``completion``, ``tools``, ``insert``, ``thinking``, and
+        ``embedding`` alone for an embedding model."""
+        if self.embedding:
+            return ["embedding"]
         out = ["completion"]
         if self.tools:
             out.append("tools")
@@ -72,13 +81,16 @@ class Capabilities:
         return out
 
     def flags(self) -> dict[str, bool]:
-        return {"chat": True, "completion": True, "tools": self.tools,
-                "fill_in_middle": self.fill_in_middle, "thinking": self.thinking}
+        return {"chat": not self.embedding, "completion": not self.embedding,
+                "tools": self.tools, "fill_in_middle": self.fill_in_middle,
+                "thinking": self.thinking, "embeddings": self.embedding}
 
 
 def capabilities(model: HeadModel) -> Capabilities:
     """The one place that says what ``model`` can do, read from its template and
     vocabulary (the context window is the fleet's to say: it depends on the nodes)."""
+    if model.embedding:
+        return Capabilities(tools=False, fill_in_middle=False, thinking=False, embedding=True)
     source = model.template.source
     return Capabilities(tools="tools" in source or bool(model.template.tool_source),
                         fill_in_middle=model.vocab.fim_ids() is not None,
@@ -97,4 +109,5 @@ def load_head_model(runtime: str, model: str, *, name: str,
         if len(ids) == 1:
             stop_ids.add(ids[0])
     return HeadModel(name=name, runtime=runtime, vocab=vocab, template=template,
-                     stop_ids=frozenset(stop_ids))
+                     stop_ids=frozenset(stop_ids),
+                     embedding=is_embedding_model(vocab.metadata()))

@@ -1,0 +1,211 @@
+"""Embeddings: OpenAI's ``POST /v1/embeddings`` and Ollama's ``POST /api/embed`` and
+``POST /api/embeddings``. The head tokenizes each input with the model's vocabulary (its
+own special tokens around it), the fleet's nodes serving the model make the vectors
+(engine.head.fleet.embeds), and the route answers in its API's shape: floats, or OpenAI's
+base64 of the float32 bytes. ``dimensions`` below the model's own cuts each vector and
+scales it to length 1 again, as Matryoshka-trained models are meant to be used."""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from engine.api.context import HEAD, model_headers, refuse_resolution, resolve_model, routing_of
+from engine.api.errors import error_for, refusal
+from engine.api.schemas import (
+    MAX_EMBED_INPUTS,
+    BadRequest,
+    OllamaEmbeddingsRequest,
+    OllamaEmbedRequest,
+    OpenAIEmbedRequest,
+    decode_as,
+)
+from engine.errors import RequestError
+from engine.head.fleet.embeds import EmbedAnswer, EmbedJob, embed
+from engine.head.head import Head
+from engine.head.prompt.model import HeadModel
+from engine.head.prompt.turn import off_loop
+from engine.runtimes.embedding import pack, unit, unpack
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    texts: list[str] | None  # texts to tokenize here
+    ids: list[list[int]] | None  # token ids given as they are (OpenAI's arrays)
+
+
+def read_input(value: Any, field: str = "input") -> Inputs:
+    """OpenAI's ``input`` (and Ollama's): a string, a list of strings, a list of token ids,
+    or a list of such lists. BadRequest naming what is wrong."""
+    if isinstance(value, str):
+        return Inputs([value], None)
+    if not isinstance(value, list) or not value:
+        raise BadRequest(f"'{field}' must be a string or a non-empty list of strings or of "
+                         "token ids")
+    if len(value) > MAX_EMBED_INPUTS:
+        raise BadRequest(f"'{field}' holds {len(value)} inputs; send at most {MAX_EMBED_INPUTS} "
+                         "per request")
+    if all(isinstance(v, str) for v in value):
+        return Inputs(list(value), None)
+    if all(_is_id(v) for v in value):
+        return Inputs(None, [list(value)])
+    if all(isinstance(v, list) and v and all(_is_id(t) for t in v) for v in value):
+        return Inputs(None, [list(v) for v in value])
+    raise BadRequest(f"'{field}' must be a string, a list of strings, a list of token ids "
+                     "or a list of lists of token ids, each non-empty")
+
+
+def _is_id(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 31
+
+
+def tokenize(model: HeadModel, inputs: Inputs, *, window: int, truncate: bool) -> list[list[int]]:
+    """Each input's ids with the vocabulary's special tokens around it; one longer than
+    ``window`` is cut to it (its closing special token kept) where ``truncate``, else
+    refused. Runs off the loop for a large request."""
+    if inputs.ids is not None:
+        out = inputs.ids
+    else:
+        assert inputs.texts is not None
+        if any(not t for t in inputs.texts):
+            raise RequestError("an input is empty; send some text to embed")
+        out = [model.vocab.encode_input(t) for t in inputs.texts]
+    closing = model.vocab.encode_input("")[-1:]  # BERT's SEP; nothing for most others
+    for i, ids in enumerate(out):
+        if len(ids) <= window or window <= 0:
+            continue
+        if not truncate:
+            raise RequestError(f"input {i} is {len(ids)} tokens, more than the model's window "
+                               f"of {window}; shorten it or split it",
+                               code="context_length_exceeded")
+        end = closing if closing and ids[-1:] == closing else []
+        out[i] = ids[:window - len(end)] + end
+    return out
+
+
+def vectors_of(answer: EmbedAnswer, dimensions: int | None) -> list[list[float]]:
+    """The answer's vectors as floats, cut to ``dimensions`` (then of length 1 again)."""
+    vectors = unpack(answer.vectors, answer.dims)
+    if dimensions is None or dimensions == answer.dims:
+        return vectors
+    return [unit(v[:dimensions]) for v in vectors]
+
+
+def _packed(vectors: Sequence[Sequence[float]]) -> list[bytes]:
+    return [pack([v]) for v in vectors]
+
+
+async def _run(request: web.Request, head: Head, requested: str, inputs: Inputs, *,
+               truncate: bool, dimensions: int | None, ollama: bool = False
+               ) -> tuple[EmbedAnswer, dict[str, str]] | web.Response:
+    """Resolve, tokenize and embed; the refusal as the route's error where that fails."""
+    found = resolve_model(head, requested, ollama=ollama)
+    refused = refuse_resolution(request, found)
+    if refused is not None:
+        return refused
+    assert found.model is not None
+    names = model_headers(found)
+    model = head.models[found.model]
+    if not model.embedding:
+        embedders = sorted(n for n, m in head.models.items() if m.embedding)
+        served = (f"the fleet's embedding models: {', '.join(embedders)}" if embedders
+                  else "the fleet serves no embedding model; serve one (e.g. shoal models "
+                       "pull an embedding model from the catalog)")
+        return error_for(request, 400, f"'{found.model}' makes text, not embeddings; name an "
+                         f"embedding model ({served})", code="model_not_embedding",
+                         param="model", headers=names)
+    window = head.fleet.context_window(model.name)
+    size = sum(len(t) for t in inputs.texts or ()) + sum(len(i) for i in inputs.ids or ())
+    routing = routing_of(request)
+    try:
+        ids = await off_loop(size, lambda: tokenize(model, inputs, window=window,
+                                                     truncate=truncate))
+        answer = await embed(head.runner, EmbedJob(
+            session="e-" + secrets.token_hex(8), model=model.name, inputs=ids,
+            pin_host=routing.pin_host, prefer=routing.prefer))
+    except RequestError as exc:
+        return refusal(request, exc, names)
+    if dimensions is not None and dimensions > answer.dims:
+        return error_for(request, 400, f"'{model.name}' makes vectors of {answer.dims} "
+                         f"dimensions; ask for at most that many", code="invalid_request",
+                         param="dimensions", headers=names)
+    return answer, names
+
+
+async def _json(body: dict[str, Any], size: int, headers: dict[str, str]) -> web.Response:
+    text = await off_loop(size, lambda: json.dumps(body))
+    return web.Response(text=text, content_type="application/json", headers=headers)
+
+
+async def openai_embeddings(request: web.Request) -> web.StreamResponse:
+    head = request.app[HEAD]
+    try:
+        req: OpenAIEmbedRequest = decode_as(OpenAIEmbedRequest, await request.read())
+        if req.encoding_format not in ("float", "base64"):
+            raise BadRequest(f"encoding_format {req.encoding_format!r} is not one of 'float' "
+                             "and 'base64'")
+        inputs = read_input(req.input)
+    except BadRequest as exc:
+        return error_for(request, 400, str(exc), code="invalid_request")
+    got = await _run(request, head, req.model, inputs, truncate=False,
+                     dimensions=req.dimensions)
+    if isinstance(got, web.Response):
+        return got
+    answer, names = got
+
+    def body() -> dict[str, Any]:
+        vectors = vectors_of(answer, req.dimensions)
+        data: list[Any] = (
+            [base64.b64encode(b).decode() for b in _packed(vectors)]
+            if req.encoding_format == "base64" else vectors)
+        return {"object": "list", "model": req.model,
+                "data": [{"object": "embedding", "index": i, "embedding": v}
+                         for i, v in enumerate(data)],
+                "usage": {"prompt_tokens": answer.prompt_tokens,
+                          "total_tokens": answer.prompt_tokens}}
+
+    made = await off_loop(len(answer.vectors), body)
+    return await _json(made, len(answer.vectors), names)
+
+
+async def ollama_embed(request: web.Request) -> web.StreamResponse:
+    head = request.app[HEAD]
+    started = time.perf_counter_ns()
+    try:
+        req: OllamaEmbedRequest = decode_as(OllamaEmbedRequest, await request.read())
+        inputs = read_input(req.input)
+    except BadRequest as exc:
+        return error_for(request, 400, str(exc))
+    got = await _run(request, head, req.model, inputs, truncate=req.truncate,
+                     dimensions=req.dimensions, ollama=True)
+    if isinstance(got, web.Response):
+        return got
+    answer, names = got
+    vectors = await off_loop(len(answer.vectors), lambda: vectors_of(answer, req.dimensions))
+    return await _json({"model": req.model, "embeddings": vectors,
+                        "total_duration": time.perf_counter_ns() - started,
+                        "load_duration": 0, "prompt_eval_count": answer.prompt_tokens},
+                       len(answer.vectors), names)
+
+
+async def ollama_embeddings(request: web.Request) -> web.StreamResponse:
+    head = request.app[HEAD]
+    try:
+        req: OllamaEmbeddingsRequest = decode_as(OllamaEmbeddingsRequest, await request.read())
+    except BadRequest as exc:
+        return error_for(request, 400, str(exc))
+    if not req.prompt:  # Ollama answers an empty prompt with an empty embedding
+        return web.json_response({"embedding": []})
+    got = await _run(request, head, req.model, Inputs([req.prompt], None), truncate=True,
+                     dimensions=None, ollama=True)
+    if isinstance(got, web.Response):
+        return got
+    answer, names = got
+    return await _json({"embedding": vectors_of(answer, None)[0]}, len(answer.vectors), names)
