@@ -71,10 +71,11 @@ ANSWER_RESERVE = 512  # pool cells an answer commits at admission (fewer if it a
 RSS_EVERY_S = 0.5  # the process's memory is read at most this often
 
 
-def answer_reserve(prompt_tokens: int, max_tokens: int, window: int) -> int:
+def answer_reserve(prompt_tokens: int, max_tokens: int, window: int,
+                   reserve: int = ANSWER_RESERVE) -> int:
     """Cells a generation commits for its answer: what it asks, within the window, at
-    most ``ANSWER_RESERVE`` (it may grow past that while cells are free)."""
-    return max(min(max_tokens, window - prompt_tokens, ANSWER_RESERVE), 1)
+    most ``reserve`` (it may grow past that while cells are free)."""
+    return max(min(max_tokens, window - prompt_tokens, reserve), 1)
 
 
 class PoolFull(RuntimeError):
@@ -125,6 +126,9 @@ _STOP = _Stop()
 
 class DecodeThreadEngine(abc.ABC, Generic[J]):
     """An engine whose lanes one decode thread runs; see the module's docstring."""
+
+    # cells an answer commits at admission; tests of the growth past it make it small
+    answer_reserve = ANSWER_RESERVE
 
     def __init__(
         self,
@@ -301,7 +305,8 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
             raise RuntimeError("the engine is not running; await start() first")
         prompt = check_prompt(request.prompt, window=self._window, n_vocab=self._n_vocab)
         sink = TokenSink(asyncio.get_running_loop())
-        commit = len(prompt) + answer_reserve(len(prompt), request.max_tokens, self._window)
+        commit = len(prompt) + answer_reserve(len(prompt), request.max_tokens, self._window,
+                                              self.answer_reserve)
         with self._lock:
             if not self._accepting:
                 raise RuntimeError("the engine is closing")
@@ -340,7 +345,8 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
         """None when a session of this size fits the pool now; else why not, one line."""
         if not self._pool:
             return None
-        need = prompt_tokens + answer_reserve(prompt_tokens, max_tokens, self._window)
+        need = prompt_tokens + answer_reserve(prompt_tokens, max_tokens, self._window,
+                                              self.answer_reserve)
         with self._lock:
             return None if self._fits(need) else self._full_text()
 
@@ -353,7 +359,7 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
         free = self._pool - self._committed
         if free >= self._window:
             return self._window - 1
-        return max(free - ANSWER_RESERVE, 1)
+        return max(free - self.answer_reserve, 1)
 
     def _mem_used(self) -> int:
         now = time.monotonic()

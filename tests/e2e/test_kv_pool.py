@@ -41,11 +41,11 @@ def smollm2(path: str, **kw: object) -> LlamaCppEngine:
 
 async def test_eight_sessions_share_the_pool_and_a_ninth_is_refused_as_busy(
         smollm2_gguf: str, vocab: LlamaCppVocab) -> None:
-    async with started(smollm2(smollm2_gguf, lanes=9, pool_cells=2048)) as eng:
-        assert eng.pool_cells == 2048 and eng.info.context_window == 2048
+    async with started(smollm2(smollm2_gguf, lanes=9, pool_cells=1024)) as eng:
+        assert eng.pool_cells == 1024 and eng.info.context_window == 1024
         prompts = [vocab.encode(chat(f"Count from {i} to {i + 30}.")) for i in range(9)]
         longest = max(len(p) for p in prompts)
-        answer = 2048 // 8 - longest - 4  # eight prompts and answers fill the pool, nine not
+        answer = 1024 // 8 - longest - 4  # eight prompts and answers fill the pool, nine not
         gens = [eng.generate(GenerationRequest(prompt=p, max_tokens=answer, sampling=GREEDY,
                                                session=f"s{i}"))
                 for i, p in enumerate(prompts[:8])]
@@ -63,7 +63,7 @@ async def test_eight_sessions_share_the_pool_and_a_ninth_is_refused_as_busy(
             results.append(gen.result)
         assert all(r.finish_reason in ("stop", "length") for r in results)
         # the eight ran in one pool: what they held together never passed it
-        assert sum(r.prompt_tokens + r.completion_tokens for r in results) <= 2048
+        assert sum(r.prompt_tokens + r.completion_tokens for r in results) <= 1024
         await until_idle(eng)
         assert eng.admission(len(prompts[8]), answer) is None  # their cells are free again
         _out, res = await run(eng, prompts[8], answer)
@@ -100,12 +100,15 @@ async def test_a_reclaimed_prefix_comes_back_from_the_host_cache(
 
 async def test_an_answer_past_its_reserve_grows_while_cells_are_free(
         smollm2_gguf: str, vocab: LlamaCppVocab) -> None:
-    async with started(smollm2(smollm2_gguf, lanes=2, pool_cells=1024)) as eng:
+    eng = smollm2(smollm2_gguf, lanes=2, pool_cells=256)
+    eng.answer_reserve = 32  # (512 in use): the same growth, at an eighth of the decode
+    async with started(eng):
         prompt = vocab.encode(chat("Write a very long story about a dragon."))
-        out, res = await run(eng, prompt, 900)  # reserve 512, then cell by cell
-        assert res.prompt_tokens + len(out) <= 1024
+        out, res = await run(eng, prompt, 225)  # reserve 32, then cell by cell
+        assert len(out) > eng.answer_reserve  # it grew past its reserve
+        assert res.prompt_tokens + len(out) <= 256
         if res.finish_reason == "length":
-            assert len(out) == min(900, 1024 - len(prompt))
+            assert len(out) == min(225, 256 - len(prompt))
 
 
 @contextlib.asynccontextmanager
@@ -238,7 +241,9 @@ async def test_a_long_prefill_on_a_node_loaded_by_other_work_is_not_failed_over(
             await collect(runner, Job(session=f"w{words}", model="smollm2", max_tokens=2,
                                       prompt=vocab.encode(chat(text)), sampling=greedy))
         await until(lambda: eng.stats().prefill_s_per_token > 0, "the node's prefill fit")
-        long_prompt = vocab.encode(chat(" ".join(f"entry{i}" for i in range(700))))
+        # about 1,000 tokens: a prefill of seconds on one CPU, twice that beside the hogs,
+        # past its bound of the lease plus the fitted cost
+        long_prompt = vocab.encode(chat(" ".join(f"entry{i}" for i in range(250))))
         # then other work takes every core: the prompt's prefill runs far past the bound
         # its fitted cost gives, and only the node's progress reports keep the attempt alive.
         # The hogs end at the first token: each later one is due within one lease, and an
