@@ -71,6 +71,9 @@ class NodeSnapshot:
     pull_done: int = 0
     pull_total: int = 0
     serve_failed: str = ""  # why the model a head chose for it could not be served
+    # what sets its decode speed (bytes/s; 0: not said): its RAM's, its GPU's
+    mem_bandwidth: int = 0
+    gpu_bandwidth: int = 0
 
     @property
     def kv_percent(self) -> float:

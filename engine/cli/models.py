@@ -15,6 +15,8 @@ from typing import Any
 
 from engine.errors import StartError
 from engine.models import store as model_store
+from engine.models.fit import Suggestion, tokens_text
+from engine.models.speed import AUTOCOMPLETE_TPS, CHAT_TPS
 from engine.settings import HTTP_DEFAULT
 from engine.sizes import amount
 
@@ -136,9 +138,10 @@ def _catalog(home: Path, *, fits: bool, budget: str | None) -> int:
         print(line)
     head = f"catalog v{catalog.version} ({catalog.updated}), {len(catalog.entries)} models"
     results = None
+    split: tuple[Suggestion, ...] = ()
     if fits:
         from engine.config import ConfigError, machine_settings
-        from engine.models.choice import fits_for
+        from engine.models.choice import fits_for, fleet_split
         from engine.models.machine import this_machine
         from engine.sizes import parse_budget
 
@@ -148,15 +151,19 @@ def _catalog(home: Path, *, fits: bool, budget: str | None) -> int:
             chosen = parse_budget(budget) if budget else (node.memory_budget if node else None)
         except (ConfigError, ValueError) as exc:
             raise StartError(str(exc)) from None
-        machine, facts = this_machine(home, budget=chosen, gpu=node.gpu if node else "auto")
+        machine, facts = this_machine(home, budget=chosen, gpu=node.gpu if node else "auto",
+                                      name="this machine")
         kept = [m.spec for m in model_store.kept_models(home)]
         results = {f.entry.id: f for f in fits_for(catalog, machine, kept=kept)}
         head += f"; the fit for this machine: {facts}"
+        split = fleet_split(catalog, [machine])
     print(head)
     for e in catalog.entries:
         caps = ", ".join(c for c, on in (("tools", e.tools), ("fill-in-the-middle", e.fim),
                                           ("thinking", e.thinking)) if on) or "chat"
-        print(f"\n{e.id}: {e.name}, {e.params_b:g}B, {e.context // 1024}K window, {caps}; "
+        if e.embeddings:
+            caps = f"embeddings, {e.dimensions} dimensions"
+        print(f"\n{e.id}: {e.name}, {e.params_b:g}B, {tokens_text(e.context)} window, {caps}; "
               f"{e.license}" + (f"; MLX {e.mlx_repo}" if e.mlx_repo else ""))
         fitted = {q.quant.name: q for q in results[e.id].quants} if results else {}
         for q in e.quants:
@@ -168,7 +175,23 @@ def _catalog(home: Path, *, fits: bool, budget: str | None) -> int:
             print(text)
     print("\n* the default quantisation; serve one with `shoal serve ID` or pull it with "
           "`shoal models pull ID`")
+    if results is not None:
+        _suggested(split)
     return 0
+
+
+def _suggested(split: tuple[Suggestion, ...]) -> None:
+    """The models suggested for this machine, fitting together: its main model, and the
+    autocomplete and embeddings models beside it."""
+    if not split:
+        print("\nnothing in the catalog fits this machine's budget; raise it with "
+              "--memory-budget")
+        return
+    print(f"\nsuggested for this machine, together within its budget (usable: chat from "
+          f"{CHAT_TPS:g} tok/s, autocomplete from {AUTOCOMPLETE_TPS:g}):")
+    for s in split:
+        roles = " and ".join((s.role, *s.also))
+        print(f"  {roles}: {s.candidate.entry_id} {s.candidate.quant} ({s.fit_line})")
 
 
 def _pull(home: Path, model: str) -> int:

@@ -31,8 +31,10 @@ from engine.sizes import amount
 CATALOG_FILE = "catalog.toml"
 # the sizes a catalog may be read at: a larger file is not a catalog
 MAX_CATALOG_BYTES = 4 << 20
-USES = ("code", "chat", "autocomplete", "agents", "small")
+USES = ("code", "chat", "autocomplete", "agents", "small", "embeddings")
 MIN_CONTEXT = 2048
+MIN_EMBEDDINGS_CONTEXT = 512  # BERT-style embedding models are trained on 512 tokens
+MAX_DIMENSIONS = 16384  # engine.link.messages.MAX_EMBED_DIMS
 # a quantisation's size must lie this close to params x bits / 8: further off, a figure
 # (the size, the parameter count or the quant's name) is wrong
 PLAUSIBLE = (0.6, 1.7)
@@ -52,7 +54,7 @@ _FILE_RE = re.compile(r"^(?!/)(?!.*\.\.)[A-Za-z0-9._/-]{1,200}\.gguf$")
 # what `estimated` may name: the entry's figures, and a quantisation's size or files
 _ESTIMABLE = frozenset({"params_b", "context", "layers", "embedding", "kv_heads",
                         "head_dim", "license", "tools", "fim", "thinking", "mlx_repo",
-                        "size", "files"})
+                        "size", "files", "dimensions", "active_b"})
 
 
 class CatalogError(ValueError):
@@ -102,6 +104,12 @@ class CatalogEntry:
     mlx_repo: str | None
     estimated: tuple[str, ...]
     note: str
+    dimensions: int = 0  # an embeddings model's vector length (0: not one)
+    active_b: float | None = None  # a mixture of experts: the parameters one token uses
+
+    @property
+    def embeddings(self) -> bool:
+        return "embeddings" in self.uses
 
     def quant(self, name: str | None = None) -> CatalogQuant:
         """The quantisation called ``name`` (any case), or the default one for None."""
@@ -279,10 +287,30 @@ def _entry(table: object, index: int) -> CatalogEntry:
     if not uses or unknown:
         raise _Refusal(f"'uses' {'is empty' if not uses else f'has {unknown[0]!r}'}",
                        f"list some of {', '.join(USES)}")
+    embeddings = "embeddings" in uses
+    if embeddings and len(uses) > 1:
+        raise _Refusal("'uses' names embeddings with other uses",
+                       'an embeddings model is only that: uses = ["embeddings"]')
     context = _positive_int(table, "context")
-    if context < MIN_CONTEXT:
+    least = MIN_EMBEDDINGS_CONTEXT if embeddings else MIN_CONTEXT
+    if context < least:
         raise _Refusal(f"'context' is {context} tokens",
-                       f"give the trained window, at least {MIN_CONTEXT}")
+                       f"give the trained window, at least {least}")
+    dimensions = 0
+    if embeddings:
+        dimensions = _positive_int(table, "dimensions")
+        if dimensions > MAX_DIMENSIONS:
+            raise _Refusal(f"'dimensions' is {dimensions}",
+                           f"give the vector length, at most {MAX_DIMENSIONS}")
+    elif "dimensions" in table:
+        raise _Refusal("'dimensions' is set on a model that is not for embeddings",
+                       'remove it, or set uses = ["embeddings"]')
+    active_b = table.get("active_b")
+    if active_b is not None and (not isinstance(active_b, int | float)
+                                 or isinstance(active_b, bool)
+                                 or not 0 < active_b <= params_b):
+        raise _Refusal(f"'active_b' is {active_b!r:.30}",
+                       "give the parameters one token uses, in billions, at most params_b")
     raw_quants = _field(table, "quant", "a list of tables", lambda v: isinstance(v, list),
                         "[[model.quant]] tables")
     quants = tuple(_quant(q, i, float(params_b)) for i, q in enumerate(raw_quants))
@@ -314,7 +342,8 @@ def _entry(table: object, index: int) -> CatalogEntry:
         layers=_positive_int(table, "layers"), embedding=_positive_int(table, "embedding"),
         kv_heads=_positive_int(table, "kv_heads"), head_dim=_positive_int(table, "head_dim"),
         gguf_repo=_hub_repo(_text(table, "gguf_repo"), "gguf_repo"), default_quant=default,
-        quants=quants, mlx_repo=mlx, estimated=estimated, note=_text(table, "note", empty=True))
+        quants=quants, mlx_repo=mlx, estimated=estimated, note=_text(table, "note", empty=True),
+        dimensions=dimensions, active_b=None if active_b is None else float(active_b))
 
 
 def _is_date(text: str) -> bool:

@@ -19,9 +19,12 @@ from engine.models.fit import (
 
 
 def shape_of(entry: CatalogEntry, quant: CatalogQuant, kv_type: str = "f16") -> ModelShape:
+    # a mixture of experts reads its active share of the weights a token (about: the
+    # attention and embeddings every token uses are counted at that share too)
+    active = 0 if entry.active_b is None else int(quant.size * entry.active_b / entry.params_b)
     return ModelShape(size=quant.size, layers=entry.layers, embedding=entry.embedding,
                       kv_bytes_per_token=entry.kv_bytes_per_token(kv_type),
-                      context=entry.context)
+                      context=entry.context, active_size=active, embeddings=entry.embeddings)
 
 
 def candidates(catalog: Catalog, kv_type: str = "f16") -> list[Candidate]:

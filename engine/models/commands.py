@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import CommandError
+from engine.models import bandwidth
 from engine.models import store as model_store
 from engine.models.fit import Machine, Suggestion
 from engine.settings import Settings
@@ -45,8 +46,14 @@ class FleetFits:
     catalog: Catalog
     note: str  # a line about the catalog file used, or ""
     machines: tuple[MachineFits, ...]  # this machine first
-    split: tuple[Suggestion, ...]  # Suggestion.machine is a MachineFits.key
+    # one model a machine, its main one, with its fit there alone (as the catalog shows
+    # it); Suggestion.machine is a MachineFits.key
+    split: tuple[Suggestion, ...]
     facts: str  # this machine's figures, for people
+    # the models suggested beside each machine's main one, chosen to fit together with it
+    # in the machine's budget (their fits as placed beside it): an autocomplete model on a
+    # machine alone and an embeddings model, for a node that keeps several models
+    beside: tuple[Suggestion, ...] = ()
 
 
 def machine_of(node: NodeSnapshot) -> Machine | None:
@@ -54,10 +61,15 @@ def machine_of(node: NodeSnapshot) -> Machine | None:
     if node.ram_total <= 0:
         return None
     kind = node.device_kind if node.device_kind in ("gpu", "igpu") else ""
+    # a node's Stats carry its RAM's bandwidth (0: an older node, which measured none:
+    # no estimate); its GPU's, where it does not say, is read from the GPU's name
+    mem_bw = node.mem_bandwidth
+    gpu_bw = node.gpu_bandwidth or bandwidth.gpu_bandwidth(node.device or "", kind, mem_bw)
     return Machine(node.identity or node.key, ram_total=node.ram_total,
                    budget=node.mem_budget, device_kind=kind,  # type: ignore[arg-type]
                    device_total=node.device_total, device_free=node.device_free,
-                   disk_free=node.disk_free or None, lanes=max(node.lanes, 1))
+                   disk_free=node.disk_free or None, lanes=max(node.lanes, 1),
+                   mem_bandwidth=mem_bw, gpu_bandwidth=gpu_bw if mem_bw else 0)
 
 
 class ModelCommands:
@@ -153,5 +165,14 @@ class ModelCommands:
                 rows.append(MachineFits(n.key, n.identity or n.key, other,
                                         tuple(fits_for(catalog, other, kv_type=kv)), False))
         machines = [replace(r.machine, name=r.key) for r in rows]
-        return FleetFits(catalog, note, tuple(rows), fleet_split(catalog, machines, kv_type=kv),
-                         facts)
+        # a machine's main model is shown with its fit there alone, as the catalog shows
+        # it (the split chose it leaving room for the models beside it)
+        alone = {(r.key, q.spec): q.fit for r in rows for f in r.fits for q in f.quants}
+        main: list[Suggestion] = []
+        beside: list[Suggestion] = []
+        for s in fleet_split(catalog, machines, kv_type=kv):  # each machine's main first
+            if any(m.machine == s.machine for m in main):
+                beside.append(s)
+            else:
+                main.append(replace(s, fit=alone.get((s.machine, s.candidate.spec), s.fit)))
+        return FleetFits(catalog, note, tuple(rows), tuple(main), facts, tuple(beside))

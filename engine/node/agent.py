@@ -641,7 +641,8 @@ class NodeAgent:
                        device_free=st.device_free, disk_free=facts.disk_free,
                        pull_model=facts.pull_model[:m.MAX_NAME], pull_done=facts.pull_done,
                        pull_total=facts.pull_total, paused=self.paused,
-                       serve_failed=facts.serve_failed[:m.MAX_ANSWER])
+                       serve_failed=facts.serve_failed[:m.MAX_ANSWER],
+                       mem_bandwidth=facts.mem_bandwidth)
 
     def facts(self) -> MachineFacts:
         """What the owner says of the machine now (nothing, without an owner's word)."""

@@ -29,6 +29,7 @@ class MachineFacts:
     # why the last model a head chose for this node could not be served ("" none): the
     # head that asked hears the outcome, not only the node's own log
     serve_failed: str = ""
+    mem_bandwidth: int = 0  # bytes/s its RAM reads at, measured once per machine
 
 
 def free_bytes(folder: Path) -> int:

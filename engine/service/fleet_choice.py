@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from engine.errors import ShoalError
 from engine.events import Notice, ShoalEvent
+from engine.models import bandwidth
 from engine.models import cache as model_cache
 from engine.models import store as model_store
 from engine.models.loading import Pulls, Resolved
@@ -69,6 +70,8 @@ class FleetChoice:
         self._spec = ""
         self._failed = ""  # why the model a head chose last could not be served
         self._disk: DiskFree | None = None  # the disk free where this node keeps models
+        # this machine's RAM bandwidth, measured once per machine off the loop (0 until read)
+        self._bandwidth: asyncio.Future[int] | None = None
         self._stopping = False
 
     async def ask(self, spec: str) -> tuple[bool, str]:
@@ -119,10 +122,23 @@ class FleetChoice:
         pull = next((p for p in reversed(self._pulls.running.values())
                      if p.state == "running"), None)
         return MachineFacts(ram_total=self._ram_total(), disk_free=self._disk.now(),
+                            mem_bandwidth=self._mem_bandwidth(),
                             pull_model=pull.model if pull else "",
                             pull_done=pull.done_bytes if pull else 0,
                             pull_total=pull.total_bytes if pull else 0,
                             serve_failed=self._failed)
+
+    def _mem_bandwidth(self) -> int:
+        """The RAM's bandwidth once read; the first call starts the reading in a worker
+        thread (kept in the user's cache: a second start reads the file)."""
+        if self._bandwidth is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return 0
+            self._bandwidth = loop.run_in_executor(None, bandwidth.memory_bandwidth)
+        done = self._bandwidth.done() and not self._bandwidth.cancelled()
+        return self._bandwidth.result() if done and self._bandwidth.exception() is None else 0
 
     async def _serve(self, spec: str, runtime: str | None, quota: Quota,
                      room: asyncio.Future[str | None]) -> None:

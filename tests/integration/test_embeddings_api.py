@@ -216,8 +216,13 @@ async def test_the_models_list_says_which_model_embeds():
                 tags = await r.json()
             async with http.post(h.url("/api/show"), json={"model": EMBED}) as r:
                 shown = await r.json()
+            async with http.get(h.url("/v1/models")) as r:
+                listed = {m["id"]: m for m in (await r.json())["data"]}
         assert {t["name"].split(":")[0] for t in tags["models"]} >= {CHAT, EMBED}, tags
         assert shown["capabilities"] == ["embedding"], shown
+        assert listed[EMBED]["capabilities"]["embeddings"] is True
+        assert listed[EMBED]["capabilities"]["chat"] is False
+        assert listed[CHAT]["capabilities"]["embeddings"] is False
 
 
 async def test_shoal_processes_serve_chat_and_embeddings_from_two_nodes(cluster):

@@ -37,14 +37,17 @@ def test_the_shipped_catalog_is_the_bundled_one_and_loads_without_a_line(
 
 def test_every_entry_has_its_fields_and_2_to_4_quants_with_q4_k_m(
         shipped: cat.Catalog) -> None:
-    assert 15 <= len(shipped.entries) <= 27
+    models = [e for e in shipped.entries if not e.embeddings]
+    assert 15 <= len(models) <= 27
+    assert 3 <= len(shipped.entries) - len(models) <= 6  # embeddings models
     for e in shipped.entries:
         assert e.name and e.license and e.gguf_repo and e.note, e.id
-        assert e.params_b > 0 and e.context >= 2048, e.id
+        assert e.params_b > 0 and e.context >= (512 if e.embeddings else 2048), e.id
         assert min(e.layers, e.embedding, e.kv_heads, e.head_dim) > 0, e.id
         assert e.uses and set(e.uses) <= set(cat.USES), e.id
-        assert 2 <= len(e.quants) <= 4, e.id
-        assert "Q4_K_M" in {q.name for q in e.quants}, e.id
+        # an embeddings model's repository may hold one quantisation only
+        assert (1 if e.embeddings else 2) <= len(e.quants) <= 4, e.id
+        assert e.embeddings or "Q4_K_M" in {q.name for q in e.quants}, e.id
         assert e.quant().name == e.default_quant, e.id
         assert set(e.estimated) <= cat._ESTIMABLE, e.id
         for q in e.quants:
@@ -364,3 +367,80 @@ def test_a_deeply_nested_catalog_in_home_leaves_the_bundled_one_in_use(tmp_path)
     used, line = cat.load_catalog(tmp_path)
     assert used.version < 99
     assert "nests too deep" in line and "fix or remove it" in line
+
+
+# --- embeddings models -------------------------------------------------------------------
+
+EMBEDDINGS: dict[str, Any] = {
+    "id": "tiny-embed", "name": "Tiny Embed", "params_b": 0.137, "uses": ["embeddings"],
+    "tools": False, "fim": False, "thinking": False, "context": 512, "license": "mit",
+    "layers": 12, "embedding": 768, "kv_heads": 12, "head_dim": 64,
+    "gguf_repo": "org/Tiny-Embed-GGUF", "default_quant": "Q8_0", "estimated": [],
+    "dimensions": 768, "note": "",
+    "quant": [{"name": "Q8_0", "files": ["tiny-embed.Q8_0.gguf"], "size": 146_146_432}],
+}
+
+
+def test_the_shipped_embeddings_models_say_their_dimensions(shipped: cat.Catalog) -> None:
+    emb = {e.id: e for e in shipped.entries if e.embeddings}
+    assert {"nomic-embed-text-v1.5", "qwen3-embedding-0.6b"} <= set(emb)
+    assert emb["nomic-embed-text-v1.5"].gguf_repo == "nomic-ai/nomic-embed-text-v1.5-GGUF"
+    assert emb["nomic-embed-text-v1.5"].dimensions == 768
+    assert emb["qwen3-embedding-0.6b"].dimensions == 1024
+    for e in emb.values():
+        assert e.uses == ("embeddings",) and not (e.tools or e.fim or e.thinking), e.id
+        assert 0 < e.dimensions <= cat.MAX_DIMENSIONS, e.id
+    assert all(e.dimensions == 0 for e in shipped.entries if not e.embeddings)
+
+
+def test_an_embeddings_model_parses_with_a_bert_window_and_its_dimensions() -> None:
+    doc = {**copy.deepcopy(GOOD), "model": [copy.deepcopy(EMBEDDINGS)]}
+    (e,) = parse_catalog(_text(doc), source="x.toml").entries
+    assert (e.embeddings, e.dimensions, e.context, e.active_b) == (True, 768, 512, None)
+
+
+def _embeddings_with(change: Any) -> str:
+    doc = {**copy.deepcopy(GOOD), "model": [copy.deepcopy(EMBEDDINGS)]}
+    change(_entry(doc))
+    return _text(doc)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    (_embeddings_with(lambda e: e.pop("dimensions")),
+     "entry 'tiny-embed': 'dimensions' is missing; add dimensions = <a positive integer>"),
+    (_embeddings_with(lambda e: e.update(dimensions=100_000)),
+     "entry 'tiny-embed': 'dimensions' is 100000; give the vector length, at most 16384"),
+    (_embeddings_with(lambda e: e.update(uses=["embeddings", "chat"])),
+     "entry 'tiny-embed': 'uses' names embeddings with other uses"),
+    (_embeddings_with(lambda e: e.update(context=256)),
+     "entry 'tiny-embed': 'context' is 256 tokens; give the trained window, at least 512"),
+    (_with(lambda d: _entry(d).update(dimensions=768)),
+     "entry 'tiny-coder': 'dimensions' is set on a model that is not for embeddings"),
+    (_with(lambda d: _entry(d).update(context=512)),
+     "entry 'tiny-coder': 'context' is 512 tokens; give the trained window, at least 2048"),
+    (_with(lambda d: _entry(d).update(active_b=9.0)), "entry 'tiny-coder': 'active_b' is 9.0"),
+])
+def test_embeddings_and_expert_figures_are_checked(text: str, expected: str) -> None:
+    with pytest.raises(CatalogError) as got:
+        parse_catalog(text, source="x.toml")
+    assert str(got.value).startswith(f"x.toml: {expected}")
+
+
+def test_a_mixture_of_experts_is_estimated_at_its_active_share(shipped: cat.Catalog) -> None:
+    from engine.models.choice import shape_of
+
+    e = shipped.get("qwen3-30b-a3b-instruct-2507")
+    assert e is not None and e.active_b == 3.3
+    shape = shape_of(e, e.quant())
+    assert shape.active_size == int(e.quant().size * 3.3 / 30.5)
+
+
+def test_the_fit_of_an_embeddings_entry_has_no_decode_speed(shipped: cat.Catalog) -> None:
+    from engine.models.choice import fits_for
+    from engine.models.fit import Machine
+
+    desk = Machine("desk", ram_total=16 << 30, mem_bandwidth=20_000_000_000)
+    fits = {f.entry.id: f for f in fits_for(shipped, desk)}
+    assert fits["nomic-embed-text-v1.5"].best.fit.fits
+    assert fits["nomic-embed-text-v1.5"].best.fit.tps is None
+    assert fits["qwen2.5-coder-7b-instruct"].best.fit.tps is not None

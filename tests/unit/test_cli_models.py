@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,27 @@ def test_rm_of_a_model_not_kept_says_what_is(
     assert capsys.readouterr().err == (
         "shoal: no model 'org/none:Q4_K_M' is kept on this machine (kept: none); "
         "`shoal models list` shows them\n")
+
+
+def test_fits_shows_each_speed_and_three_models_that_fit_together(
+        home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.models import bandwidth
+
+    # this machine's bandwidth as if measured before: 20 GB/s (no measuring in a test)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
+    bandwidth.machine_cache().mkdir(parents=True)
+    (bandwidth.machine_cache() / bandwidth.SPEED_FILE).write_text(json.dumps(
+        {"key": bandwidth.machine_key(), "mem_bandwidth": 20_000_000_000}))
+    assert main(["models", "catalog", "--fits", "--memory-budget", "8GiB"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].endswith(", RAM read at 20 GB/s")
+    big = entry_block(out, "qwen2.5-coder-7b-instruct")
+    assert "slow here: ~" in big and "(chat wants 10)" in big
+    emb = entry_block(out, "nomic-embed-text-v1.5")
+    assert "embeddings, 768 dimensions" in emb.splitlines()[0] and "tok/s" not in emb
+    tail = out.split("\nsuggested for this machine", 1)[1].splitlines()[1:]
+    roles = [line.strip().split(":")[0] for line in tail]
+    assert len(tail) >= 2 and roles[-1] == "embeddings"
+    assert any("autocomplete" in r for r in roles) and any(
+        r.startswith(("agents", "chat")) for r in roles)
+    assert all("tok/s" in line for line in tail if not line.strip().startswith("embeddings"))

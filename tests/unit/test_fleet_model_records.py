@@ -83,8 +83,10 @@ def test_the_new_figures_come_after_every_older_field() -> None:
     # an older head reads a newer node's Stats because they only add at the end
     sent = m.decode(m._encoder.encode([*OLD_STATS, *FACTS]))
     paused, serve_failed = False, ""  # added after the facts, as an older node sends none
+    mem_bandwidth = gpu_bandwidth = 0  # added after those (issue 32's speed estimate)
     assert msgspec.msgpack.decode(m.encode(sent)) == [*OLD_STATS, *FACTS, paused,
-                                                      serve_failed]
+                                                      serve_failed, mem_bandwidth,
+                                                      gpu_bandwidth]
 
 
 @pytest.mark.parametrize(("index", "bad"), [

@@ -129,6 +129,8 @@ class PoolReport(TypedDict):
     pull_done: int
     pull_total: int
     serve_failed: str
+    mem_bandwidth: int
+    gpu_bandwidth: int
 
 
 @dataclass
@@ -376,7 +378,8 @@ class NodePool:
                           device_total=st.device_total, device_free=st.device_free,
                           disk_free=st.disk_free, pull_model=st.pull_model,
                           pull_done=st.pull_done, pull_total=st.pull_total,
-                          serve_failed=st.serve_failed)
+                          serve_failed=st.serve_failed, mem_bandwidth=st.mem_bandwidth,
+                          gpu_bandwidth=st.gpu_bandwidth)
 
     def shown_state(self) -> ShownState:
         """The link's state; for a linked node, "paused" when its user paused serving and
