@@ -467,25 +467,28 @@ class NodeAgent:
         self._peak = max(self._peak, self._busy)
         self._touch()
         self._broadcast_stats()
-        return self._tasks.spawn(self._embedding(link, rec), f"embed-{rec.session}")
+        task = self._tasks.spawn(self._embedding(link, rec), f"embed-{rec.session}")
+        # freed when the task ends, also if it is cancelled before it ever ran
+        task.add_done_callback(self._embedded)
+        return task
+
+    def _embedded(self, _task: asyncio.Task[None]) -> None:
+        self._busy -= 1
+        self._touch()
+        self._broadcast_stats()
 
     async def _embedding(self, link: Carrier, rec: m.Embed) -> None:
-        try:
-            if self.sleep:
-                try:
-                    await self.wake()
-                except Exception as exc:
-                    with contextlib.suppress(LinkClosed):
-                        link.send(m.Error(code="internal", message="the node could not load "
-                                          f"its model again: {str(exc)[:3000]}"))
-                    return
-            engine = self.engine
-            assert isinstance(engine, Embedder)
-            await embeds.answer(engine, link, rec)
-        finally:
-            self._busy -= 1
-            self._touch()
-            self._broadcast_stats()
+        if self.sleep:
+            try:
+                await self.wake()
+            except Exception as exc:
+                with contextlib.suppress(LinkClosed):
+                    link.send(m.Error(code="internal", message="the node could not load "
+                                      f"its model again: {str(exc)[:3000]}"))
+                return
+        engine = self.engine
+        assert isinstance(engine, Embedder)
+        await embeds.answer(engine, link, rec)
 
     def _start(self, link: Carrier, gen: m.Generate) -> Generation | None:
         """The engine takes ``gen``; None when it refuses (the head was told why)."""
