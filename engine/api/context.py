@@ -11,9 +11,11 @@ from typing import Any
 from aiohttp import web
 
 from engine.api.errors import STATUS, error_for
+from engine.errors import RequestError
 from engine.head.head import Head
 from engine.head.naming import aliases as al
 from engine.head.prompt.turn import Routing
+from engine.node.model_set import DEFAULT_KEEP_ALIVE_S, BadKeepAlive, keep_alive_seconds
 
 HEAD: web.AppKey[Head] = web.AppKey("head", Head)
 
@@ -64,9 +66,22 @@ def key_name_of(request: web.Request) -> str:
     return str(request.get(KEY_NAME) or "")
 
 
+def keep_alive_of(value: float | str | None) -> float | None:
+    """Ollama's ``keep_alive`` in seconds (inf: never unload), None when not given;
+    RequestError (400) for one that is no duration."""
+    if value is None:
+        return None
+    try:
+        return keep_alive_seconds(value, DEFAULT_KEEP_ALIVE_S)
+    except BadKeepAlive as exc:
+        raise RequestError(str(exc)) from None
+
+
 def routing_of(request: web.Request, conversation: Conversation | None = None, *,
-               cache_key: str | None = None) -> Routing:
-    """The request's placement hints: affinity, ?host= and ?prefer=.
+               cache_key: str | None = None, keep_alive: float | str | None = None
+               ) -> Routing:
+    """The request's placement hints: affinity, ?host= and ?prefer=, and Ollama's
+    ``keep_alive`` (RequestError when it is no duration).
 
     Affinity: ``X-Session-Id`` (or ``X-Session-Affinity``) when sent; else a key the
     body names (``cache_key``: the Responses API's ``prompt_cache_key``); else, for a
@@ -89,7 +104,8 @@ def routing_of(request: web.Request, conversation: Conversation | None = None, *
     prefer_raw = request.query.get("prefer") or request.headers.get("X-Shoal-Prefer") or ""
     prefer = tuple(p.strip() for p in prefer_raw.split(",") if p.strip())[:16]
     return Routing(affinity=affinity[:256] if affinity else None, first_turn=first_turn,
-                   pin_host=pin[:256] if pin else None, prefer=prefer, keyed=bool(key))
+                   pin_host=pin[:256] if pin else None, prefer=prefer, keyed=bool(key),
+                   keep_alive_s=keep_alive_of(keep_alive))
 
 
 def resolve_model(head: Head, requested: str, *, ollama: bool = False) -> al.Resolution:

@@ -103,8 +103,8 @@ def _packed(vectors: Sequence[Sequence[float]]) -> list[bytes]:
 
 
 async def _run(request: web.Request, head: Head, requested: str, inputs: Inputs, *,
-               truncate: bool, dimensions: int | None, ollama: bool = False
-               ) -> tuple[EmbedAnswer, dict[str, str]] | web.Response:
+               truncate: bool, dimensions: int | None, ollama: bool = False,
+               keep_alive: Any = None) -> tuple[EmbedAnswer, dict[str, str]] | web.Response:
     """Resolve, tokenize and embed; the refusal as the route's error where that fails."""
     found = resolve_model(head, requested, ollama=ollama)
     refused = refuse_resolution(request, found)
@@ -123,13 +123,14 @@ async def _run(request: web.Request, head: Head, requested: str, inputs: Inputs,
                          param="model", headers=names)
     window = head.fleet.context_window(model.name)
     size = sum(len(t) for t in inputs.texts or ()) + sum(len(i) for i in inputs.ids or ())
-    routing = routing_of(request)
     try:
+        routing = routing_of(request, keep_alive=keep_alive)
         ids = await off_loop(size, lambda: tokenize(model, inputs, window=window,
                                                      truncate=truncate))
         answer = await embed(head.runner, EmbedJob(
             session="e-" + secrets.token_hex(8), model=model.name, inputs=ids,
-            pin_host=routing.pin_host, prefer=routing.prefer))
+            pin_host=routing.pin_host, prefer=routing.prefer,
+            keep_alive_s=routing.keep_alive_s))
     except RequestError as exc:
         return refusal(request, exc, names)
     if dimensions is not None and dimensions > answer.dims:
@@ -184,7 +185,7 @@ async def ollama_embed(request: web.Request) -> web.StreamResponse:
     except BadRequest as exc:
         return error_for(request, 400, str(exc))
     got = await _run(request, head, req.model, inputs, truncate=req.truncate,
-                     dimensions=req.dimensions, ollama=True)
+                     dimensions=req.dimensions, ollama=True, keep_alive=req.keep_alive)
     if isinstance(got, web.Response):
         return got
     answer, names = got
@@ -204,7 +205,7 @@ async def ollama_embeddings(request: web.Request) -> web.StreamResponse:
     if not req.prompt:  # Ollama answers an empty prompt with an empty embedding
         return web.json_response({"embedding": []})
     got = await _run(request, head, req.model, Inputs([req.prompt], None), truncate=True,
-                     dimensions=None, ollama=True)
+                     dimensions=None, ollama=True, keep_alive=req.keep_alive)
     if isinstance(got, web.Response):
         return got
     answer, names = got

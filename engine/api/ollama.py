@@ -249,8 +249,9 @@ async def chat(request: web.Request) -> web.StreamResponse:
         chat_req, messages, conversation = await off_loop(
             len(await request.read()), lambda: _chat_parts(req, key_name))
         turn = await chat_request_turn(head.models[model_name], head.runner, chat_req,
-                                       routing_of(request, conversation), messages=messages,
-                                       tool_parser=head.tool_parser)
+                                       routing_of(request, conversation,
+                                                  keep_alive=req.keep_alive),
+                                       messages=messages, tool_parser=head.tool_parser)
     except RequestError as exc:
         return refusal(request, exc, names)
     return await answer(request, head, turn,
@@ -284,7 +285,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
     sampling = sampling_of(SamplingRequest(**_sampling_fields(req.options)))
     try:
         prompt = await _generate_prompt(model, req)
-        turn = Turn(model, head.runner, prompt, routing=routing_of(request), sampling=sampling,
+        turn = Turn(model, head.runner, prompt,
+                    routing=routing_of(request, keep_alive=req.keep_alive), sampling=sampling,
                     max_tokens=_max_tokens(req.options), stops=_stops(req.options),
                     requested=req.model)
     except RequestError as exc:

@@ -35,6 +35,7 @@ _Probe = Annotated[list[Annotated[list[Annotated[int, msgspec.Meta(ge=0, lt=1 <<
                                   msgspec.Meta(max_length=256)]],
                    msgspec.Meta(max_length=16)]
 _Rate = Annotated[float, msgspec.Meta(ge=0.0)]
+_KeepAlive = Annotated[float, msgspec.Meta(ge=0.0)] | None
 _Bytes = Annotated[int, msgspec.Meta(ge=0, lt=1 << 62)]  # RAM, disk, a device's memory
 MAX_KIND = 16
 MAX_SPEC = 256
@@ -110,6 +111,9 @@ class Generate(msgspec.Struct, frozen=True, array_like=True, tag="generate", tag
     max_tokens: Annotated[int, msgspec.Meta(ge=1, lt=1 << 31)]
     sampling: SamplingParams = SamplingParams()
     stop_ids: _Ids = msgspec.field(default_factory=list)
+    # how long the node keeps its model loaded once idle after this request (Ollama's
+    # keep_alive, in seconds: 0 unloads at once, inf never); None: the node's own default
+    keep_alive_s: _KeepAlive = None
 
 
 class Accepted(msgspec.Struct, frozen=True, array_like=True, tag="accepted", tag_field="t"):
@@ -252,6 +256,7 @@ class Embed(msgspec.Struct, frozen=True, array_like=True, tag="embed", tag_field
 
     session: _Name
     inputs: Annotated[list[_Ids], msgspec.Meta(min_length=1, max_length=MAX_EMBED_INPUTS)]
+    keep_alive_s: _KeepAlive = None  # as Generate's
 
 
 class Embedded(msgspec.Struct, frozen=True, array_like=True, tag="embedded", tag_field="t"):

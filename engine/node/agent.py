@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import socket
 import time
@@ -141,6 +142,8 @@ class NodeAgent:
         self._last_active = clock()
         self._activity = asyncio.Event()  # a session started or ended: re-time the unload
         self._sleep_task: asyncio.Task[None] | None = None
+        # the last request's keep_alive (seconds; inf: never unload), over idle_unload_s
+        self.keep_alive_s: float | None = None
         self._engine_lock = asyncio.Lock()  # one unload or load at a time
 
     # -- lifecycle -------------------------------------------------------------
@@ -165,8 +168,18 @@ class NodeAgent:
     def _ensure_stats(self) -> None:
         if self._stats_task is None:
             self._stats_task = asyncio.create_task(self._stats_loop(), name="node-stats")
-        if self._sleep_task is None and self.idle_unload_s:
+        if self._sleep_task is None and (self.idle_unload_s or self.keep_alive_s is not None):
             self._sleep_task = asyncio.create_task(self._sleep_loop(), name="node-idle-unload")
+
+    def _keep_alive(self, seconds: float | None) -> None:
+        """A request's keep_alive (None: it said none) holds from now on, as Ollama's does:
+        the model stays loaded that long once idle."""
+        if seconds is None or not isinstance(self.engine, Sleeper):
+            return
+        self.keep_alive_s = seconds
+        self._activity.set()
+        if self._servers:
+            self._ensure_stats()
 
     async def close(self) -> None:
         self._closing = True
@@ -437,6 +450,7 @@ class NodeAgent:
                 return None
         self._busy += 1
         self._peak = max(self._peak, self._busy)
+        self._keep_alive(gen.keep_alive_s)
         self._touch()
         run = _Run(gen, leases.grant(self._clock(), gen.lease_ms / 1000), generation,
                    progress=progress)
@@ -465,6 +479,7 @@ class NodeAgent:
             return None
         self._busy += 1
         self._peak = max(self._peak, self._busy)
+        self._keep_alive(rec.keep_alive_s)
         self._touch()
         self._broadcast_stats()
         task = self._tasks.spawn(self._embedding(link, rec), f"embed-{rec.session}")
@@ -653,17 +668,24 @@ class NodeAgent:
 
     # -- idle unload -----------------------------------------------------------------
 
+    def idle_s(self) -> float | None:
+        """How long the model stays loaded once idle: the last request's keep_alive, else
+        ``idle_unload_s`` (None or inf: for ever)."""
+        idle = self.keep_alive_s if self.keep_alive_s is not None else self.idle_unload_s
+        return None if idle is None or math.isinf(idle) else idle
+
     async def _sleep_loop(self) -> None:
-        """Unload the engine once no session has run for ``idle_unload_s``."""
-        assert self.idle_unload_s
+        """Unload the engine once no session has run for ``idle_s()``."""
         while True:
             self._activity.clear()
-            delay = self._last_active + self.idle_unload_s - self._clock()
-            if not self.sleep and not self._busy and delay <= 0:
+            idle = self.idle_s()
+            delay = None if idle is None else self._last_active + idle - self._clock()
+            if delay is not None and not self.sleep and not self._busy and delay <= 0:
                 await self._suspend()
                 continue
             with contextlib.suppress(TimeoutError):
-                # asleep or busy: until a session starts or ends; else until it is due
+                # asleep, busy or kept for ever: until a session starts or ends (or a
+                # keep_alive comes); else until it is due
                 async with asyncio.timeout(None if self.sleep or self._busy else delay):
                     await self._activity.wait()
 
@@ -675,8 +697,8 @@ class NodeAgent:
                 return
             self.sleep = "asleep"
             await engine.suspend()
-        log.info("no session for %.0f min: unloaded the model (it loads again on the next "
-                 "request)", (self.idle_unload_s or 0) / 60)
+        log.info("no session for %.0f s: unloaded the model (it loads again on the next "
+                 "request)", self.idle_s() or 0)
         self._broadcast_stats()
 
     async def wake(self) -> None:

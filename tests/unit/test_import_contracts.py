@@ -18,7 +18,8 @@ CONTRACTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["import
 APP_API = {"engine", "engine.service", "engine.settings", "engine.config", "engine.events",
            "engine.snapshot", "engine.errors", "engine.sizes", "engine.tasks", "engine.models",
            "engine.models.store", "engine.models.commands", "engine.models.choice",
-           "engine.models.fit", "engine.models.pulls", "engine.models.pulls.text",
+           "engine.models.fit", "engine.models.speed", "engine.models.pulls",
+           "engine.models.pulls.text",
            "engine.models.pulls.quota"}
 
 

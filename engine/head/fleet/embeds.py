@@ -30,6 +30,7 @@ class EmbedJob:
     inputs: list[list[int]]  # token ids, the model's special tokens included
     pin_host: str | None = None
     prefer: tuple[str, ...] = ()
+    keep_alive_s: float | None = None  # Ollama's keep_alive (Embed.keep_alive_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +106,8 @@ async def _record(runner: SessionRunner, job: EmbedJob, index: int,
         pool, conn, _reason = await runner.acquire(placing, longest, 1, exclude, deadline)
         reply: Inbound | None = None
         try:
-            reply = await _ask(conn, m.Embed(session=session, inputs=part))
+            reply = await _ask(conn, m.Embed(session=session, inputs=part,
+                                             keep_alive_s=job.keep_alive_s))
             verdict = judge(reply, len(part))
         finally:
             clean = isinstance(reply, m.Embedded | m.Error) and not conn.closed

@@ -69,6 +69,7 @@ class Job:
     # an issued API key's request: the cached tokens it is told are only those its own
     # conversation left on the node (another key's prompt is never confirmed to it)
     keyed: bool = False
+    keep_alive_s: float | None = None  # Ollama's keep_alive (Generate.keep_alive_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -563,7 +564,8 @@ class _Attempt:
         try:
             self.conn.link.send(m.Generate(session=job.session, lease_ms=self.runner.lease_ms,
                                            prompt=self.context, max_tokens=self.max_tokens,
-                                           sampling=job.sampling, stop_ids=job.stop_ids))
+                                           sampling=job.sampling, stop_ids=job.stop_ids,
+                                           keep_alive_s=job.keep_alive_s))
         except LinkClosed as exc:
             self.final = at.Failover(str(exc), drop=False)
             return

@@ -31,6 +31,8 @@ class Routing:
     keyed: bool = False  # came with an issued API key: cached tokens only of its own turns
     pin_host: str | None = None
     prefer: tuple[str, ...] = ()
+    # Ollama's keep_alive, in seconds (inf: never unload); None: the node's own default
+    keep_alive_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +131,7 @@ class TurnReader:
                   max_tokens=turn.max_tokens, sampling=turn.sampling,
                   stop_ids=sorted(model.stop_ids), affinity=r.affinity,
                   first_turn=r.first_turn, pin_host=r.pin_host, prefer=r.prefer,
-                  keyed=r.keyed)
+                  keyed=r.keyed, keep_alive_s=r.keep_alive_s)
         self._calls: list[dict[str, Any]] = []
         self._clock = turn.runner.clock
         self._started = self._clock()
