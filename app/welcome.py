@@ -4,9 +4,11 @@ end on connecting an editor. Finishing sets ``prefs.welcomed`` and saves it.
 Steps: choose → (start: name the fleet, show its code | join: a head found, or the code)
 → model → editor.
 
-The model step offers the catalog's models that fit this machine, the one suggested for it
-chosen already (app/pages/model_options.py): the step's button pulls and serves the choice,
-with its progress and a Cancel, then goes on; the embedded default starts with no download.
+The model step offers the catalog's models that fit this machine, each with its speed
+estimate here, the one suggested for it chosen already (app/pages/model_options.py), and
+names the models suggested beside it for an editor (autocomplete, embeddings): the step's
+button pulls and serves the choice, with its progress and a Cancel, then goes on; the
+embedded default starts with no download.
 """
 
 from __future__ import annotations
@@ -32,7 +34,13 @@ from PySide6.QtWidgets import (
 from app.bridge import ShoalBridge
 from app.editors import EditorsPanel
 from app.join import JoinPanel, in_the_app, joined_line
-from app.pages.model_options import ModelOption, ModelOptions, not_offered, welcome_options
+from app.pages.model_options import (
+    ModelOption,
+    ModelOptions,
+    beside_line,
+    not_offered,
+    welcome_options,
+)
 from app.pages.pairing import PairingView
 from app.pages.serve_model import ServeModel
 from app.widgets import Card, PageHeader, heading, inline_error, note, run, say
@@ -207,6 +215,10 @@ class Welcome(QDialog):
         self.options = ModelOptions()
         self.options.changed.connect(self._option_changed)
         card.add(self.options, 1)
+        self.beside = note("")
+        self.beside.setObjectName("welcomeBeside")
+        self.beside.hide()
+        card.add(self.beside)
         self.left_out = note("")
         self.left_out.setObjectName("welcomeLeftOut")
         card.add(self.left_out)
@@ -318,6 +330,7 @@ class Welcome(QDialog):
         self._serving = node.model if node is not None else ""
         options = welcome_options(self._fits, self._kept, self._serving)
         self.options.set_options(options, self._picked)
+        say(self.beside, beside_line(self._fits))
         more = not_offered(self._fits, options)
         say(self.left_out, f"{more} more in the catalog need more memory than this machine "
                            "gives a model; the Models page lists them all." if more else "")

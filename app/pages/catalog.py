@@ -1,5 +1,6 @@
 """The Models page's "Choose a model" card: the catalog as a table, with one column per
-machine of the fleet saying whether the quantisation shown fits there, a chooser of that
+machine of the fleet saying whether the quantisation shown fits there and how fast it
+would answer (the fit's estimate, "slow" where too slow for chat), a chooser of that
 quantisation, "Serve on this machine", and "Other model…" for a file or a hub id.
 
 The fits come from the engine (``shoal.models.fits()``); this card only renders them and
@@ -17,6 +18,7 @@ from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QToolButton, QWidg
 from app.pages.serve_model import ServeModel
 from app.widgets import Card, Cell, RowsModel, fit_rows, inline_error, note, say, table
 from engine.models.fit import Fit, tokens_text
+from engine.models.speed import speed_text
 from engine.sizes import amount
 
 if TYPE_CHECKING:  # the catalog and its fits are read when the page asks for them
@@ -29,13 +31,18 @@ FIT_TONE = {"full": "good", "reduced": "warn", "none": "bad"}
 
 
 def fit_cell(fit: Fit) -> Cell:
-    """A machine's column: "fits", "8K window" (a smaller one than the model's) or "no"."""
+    """A machine's column: "fits", "8K window" (a smaller one than the model's) or "no",
+    with the speed estimate where there is one: "fits · ~35 tok/s", and for a model that
+    fits but would answer too slowly for chat, "fits · slow: ~2.1 tok/s" (in the warning
+    tone; the tooltip has the fit's whole line)."""
     if fit.verdict == "none":
         return Cell("no", tip=fit.line, tone="bad")
     if fit.disk_short:
         return Cell("no disk room", tip=fit.line, tone="bad")
     text = "fits" if fit.verdict == "full" else f"{tokens_text(fit.window)} window"
-    return Cell(text, tip=fit.line, tone=FIT_TONE[fit.verdict])
+    if fit.tps is not None:
+        text += f" · {'slow: ' if fit.slow else ''}{speed_text(fit.tps)}"
+    return Cell(text, tip=fit.line, tone="warn" if fit.slow else FIT_TONE[fit.verdict])
 
 
 def good_for(fitted: EntryFit) -> str:

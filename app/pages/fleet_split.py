@@ -1,8 +1,11 @@
 """The Models page's "Suggested for your fleet" card: which model each machine of the fleet
-should serve (the engine's split, ``FleetFits.split``), and "Use this split", which asks
-each machine to serve its model (``shoal.serve_on``), each pulling its own. Then each
-machine's line says how its pull goes (this machine from its pulls, the others from
-their nodes' stats) until it serves its model.
+should serve (the engine's split, ``FleetFits.split``), each with its fit and speed
+estimate there, and under it the models suggested beside it (``FleetFits.beside``: an
+editor's autocomplete and embeddings models, fitting together with it in the machine's
+budget). "Use this split" asks each machine to serve its main model (``shoal.serve_on``),
+each pulling its own; the models beside it are suggestions only. Then each machine's line
+says how its pull goes (this machine from its pulls, the others from their nodes' stats)
+until it serves its model.
 
 Hidden when the fleet is this machine alone and it already serves what it is offered.
 """
@@ -18,6 +21,7 @@ from app.bridge import ShoalBridge
 from app.pages.catalog import same_model as same
 from app.widgets import Card, Cell, RowsModel, fit_rows, inline_error, note, run, say, table
 from engine.models.pulls.text import progress
+from engine.models.speed import AUTOCOMPLETE_TPS, CHAT_TPS
 from engine.snapshot import FleetSnapshot
 
 if TYPE_CHECKING:
@@ -25,7 +29,16 @@ if TYPE_CHECKING:
     from engine.models.fit import Suggestion
 
 SPLIT_COLUMNS = ("Machine", "Model", "For", "Fit", "Now")
-ROLE = {"agents": "agents and chat", "autocomplete": "editor autocomplete", "chat": "chat"}
+ROLE = {"agents": "agents and chat", "autocomplete": "editor autocomplete", "chat": "chat",
+        "embeddings": "embeddings (codebase search)"}
+BESIDE_TIP = ("Use this split serves each machine's main model; a model beside it is a "
+              "suggestion that fits together with it in the machine's budget")
+
+
+def role_text(s: Suggestion) -> str:
+    """What a suggested model is for: ``agents and chat``, ``agents and chat, editor
+    autocomplete`` (a main model that does fill-in-the-middle serves autocomplete too)."""
+    return ", ".join(ROLE.get(r, r) for r in (s.role, *s.also))
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +83,32 @@ def now_cell(s: Suggestion, snap: FleetSnapshot, asked: Asked | None, here: str)
     return Cell(f"serves {model}" if model else "serves nothing", tone="muted")
 
 
+def slow(s: Suggestion) -> bool:
+    """It fits, but its estimate is below what its role wants (the line says so)."""
+    wants = AUTOCOMPLETE_TPS if "autocomplete" in (s.role, *s.also) else CHAT_TPS
+    return s.fit.fits and not s.fit.usable(wants)
+
+
+def beside_now_cell(s: Suggestion, snap: FleetSnapshot, here: str) -> Cell:
+    """What the fleet does with a model suggested beside a machine's main one: served by a
+    node of the fleet, being pulled here, or not served (the split serves main models)."""
+    spec = s.candidate.spec
+    if any(m.served and same(m.name, spec) for m in snap.models):
+        return Cell("served in the fleet", tone="good")
+    pull = next((p for p in snap.pulls if same(p.model, spec) and p.state == "running"),
+                None) if s.machine == here else None
+    if pull is not None:
+        return Cell("downloading: " + progress(pull.done_bytes, pull.total_bytes,
+                                               pull.rate_bps, pull.eta_s), tone="warn")
+    return Cell("not served", tip=BESIDE_TIP, tone="muted")
+
+
 class SplitCard(Card):
     def __init__(self, bridge: ShoalBridge, parent: QWidget | None = None) -> None:
         super().__init__("Suggested for your fleet", parent)
         self._bridge = bridge
         self.split: tuple[Suggestion, ...] = ()
+        self.beside: tuple[Suggestion, ...] = ()  # the models beside each main one
         self._here = ""  # this machine's key among the fits' machines
         self._labels: dict[str, str] = {}
         self._names: dict[str, str] = {}  # catalog entry id -> its name
@@ -82,9 +116,13 @@ class SplitCard(Card):
         # the split the user accepted: shown until every machine serves its model, while
         # the fleet's machines come and go as they switch (each a new split meanwhile)
         self._accepted: tuple[Suggestion, ...] | None = None
+        self._accepted_beside: tuple[Suggestion, ...] = ()  # and the models beside them
         self.add(note("Which model each machine should serve: the largest with tool calling "
-                      "for agents where it fits, and a small code model for autocomplete on "
-                      "the smallest machine. Each machine pulls its own."))
+                      "for agents that fits and answers at a usable speed (chat wants 10 "
+                      "tokens/s, autocomplete 20; the speeds are estimates), a small code "
+                      "model for autocomplete on the smallest machine, and beside each "
+                      "machine's model the autocomplete and embeddings models an editor "
+                      "needs that fit with it. Each machine pulls and serves its main model."))
         self.rows = RowsModel(SPLIT_COLUMNS, self)
         self.view = table(self.rows, stretch=4)
         self.view.setObjectName("split")
@@ -102,6 +140,7 @@ class SplitCard(Card):
         self._here = next(m.key for m in fits.machines if m.local)
         self._labels.update({m.key: m.label for m in fits.machines})
         self.split = fits.split if self._accepted is None else self._accepted
+        self.beside = fits.beside if self._accepted is None else self._accepted_beside
         self._names = {e.id: e.name for e in fits.catalog.entries}
         self.render(self._bridge.last)
 
@@ -121,16 +160,16 @@ class SplitCard(Card):
         rows = []
         all_serving, failed = True, False
         for s in split:
-            c = s.candidate
             now = now_cell(s, snap, self._asked.get(s.machine), self._here)
             all_serving &= now.text == "serves it"
             failed |= now.tone == "bad"
-            rows.append((s.machine, (
-                Cell(self._machine_label(s.machine)),
-                Cell(f"{self._names.get(c.entry_id, c.entry_id)} {c.quant}", tip=c.spec),
-                Cell(ROLE.get(s.role, s.role)), Cell(s.fit.line, tip=s.line), now)))
+            rows.append((s.machine, self._cells(s, now)))
+            for b in self.beside:  # the models beside it, under it
+                if b.machine == s.machine:
+                    rows.append((f"{b.machine}/{b.role}",
+                                 self._cells(b, beside_now_cell(b, snap, self._here))))
         self.rows.set_rows(rows)
-        fit_rows(self.view, len(rows), least=1, most=6)
+        fit_rows(self.view, len(rows), least=1, most=9)
         if all_serving:
             self._accepted = None
         # a machine that failed (or refused) lets the user ask again
@@ -139,11 +178,18 @@ class SplitCard(Card):
         self.done_line.setText("Every machine serves its suggested model." if split
                                and all_serving else "")
 
+    def _cells(self, s: Suggestion, now: Cell) -> tuple[Cell, ...]:
+        c = s.candidate
+        fit = Cell(s.fit_line, tip=s.line, tone="warn" if slow(s) else "")
+        return (Cell(self._machine_label(s.machine)),
+                Cell(f"{self._names.get(c.entry_id, c.entry_id)} {c.quant}", tip=c.spec),
+                Cell(role_text(s)), fit, now)
+
     def use_split(self) -> None:
         """Ask every machine to serve its model, at once; each answers on its line."""
         say(self.error, "")
         shoal = self._bridge.shoal
-        self._accepted = self.split
+        self._accepted, self._accepted_beside = self.split, self.beside
         for s in self.split:
             key, spec = s.machine, s.candidate.spec
             self._asked[key] = Asked(spec, "asked to serve it…", refused=False)

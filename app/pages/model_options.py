@@ -1,6 +1,8 @@
 """The first-run welcome's "which model" choices: the catalog's models that fit this machine
-(each at its best quantisation, the one suggested for it first), the embedded default that
-starts with no download, and "Other model…" for a file or a hub id.
+(each at its best quantisation, the one suggested for it first; never an embeddings model,
+which makes vectors and cannot chat), the embedded default that starts with no download,
+and "Other model…" for a file or a hub id; and the line naming the models suggested
+beside the suggested one (an editor's autocomplete and embeddings models).
 
 `welcome_options` is pure (the engine's fits, the models kept here and what the node serves
 in; the options out); `ModelOptions` shows them as radio rows, one chosen: the catalog's in
@@ -28,6 +30,7 @@ from PySide6.QtWidgets import (
 
 from app.pages.catalog import good_for
 from app.pages.catalog import same_model as same
+from app.pages.fleet_split import ROLE
 from app.widgets import OK_TEXT, note, tone
 from engine.sizes import amount
 
@@ -54,8 +57,9 @@ class ModelOption:
 
 def welcome_options(fits: FleetFits | None, kept: list[StoredModel],
                     serving: str) -> list[ModelOption]:
-    """The choices, the suggested one first: every catalog model that fits this machine,
-    at its best quantisation (the suggested one at the suggestion's), then the embedded
+    """The choices, the suggested one first: every catalog model that fits this machine
+    (an embeddings model is no model to serve alone: none is offered), at its best
+    quantisation (the suggested one at the suggestion's), then the embedded
     default, what is served now when it is neither, and "Other model…". A catalog model
     whose file is the embedded default's is that option (it needs no download)."""
     out: list[ModelOption] = []
@@ -68,6 +72,8 @@ def welcome_options(fits: FleetFits | None, kept: list[StoredModel],
         mine = next((s for s in fits.split if s.machine == here.key), None)
         for fitted in here.fits:
             e = fitted.entry
+            if e.embeddings:
+                continue
             pick = fitted.best
             suggested = mine is not None and mine.candidate.entry_id == e.id
             if suggested and mine is not None:
@@ -82,9 +88,12 @@ def welcome_options(fits: FleetFits | None, kept: list[StoredModel],
             now = same(serving, pick.spec)
             state = ("serving now" if now else "downloaded" if pick.kept
                      else f"{amount(pick.quant.size)} download")
+            # the fit with its speed estimate (judged for autocomplete where the
+            # suggestion has it serve autocomplete too)
+            line = mine.fit_line if suggested and mine is not None else pick.fit.line
             option = ModelOption(
                 key=pick.spec, kind="catalog", title=f"{e.name} · {pick.quant.name}",
-                line=f"{state} · {pick.fit.line} · for {good_for(fitted)}", spec=pick.spec,
+                line=f"{state} · {line} · for {good_for(fitted)}", spec=pick.spec,
                 download=0 if (pick.kept or now) else pick.quant.size, serving=now,
                 suggested=suggested, entry=e.id)
             if suggested:
@@ -113,10 +122,27 @@ def welcome_options(fits: FleetFits | None, kept: list[StoredModel],
 
 
 def not_offered(fits: FleetFits | None, options: list[ModelOption]) -> int:
-    """How many catalog models the options leave out (they do not fit this machine)."""
+    """How many catalog models the options leave out (they do not fit this machine; the
+    embeddings models, never offered, are not counted)."""
     if fits is None:
         return 0
-    return len(fits.catalog.entries) - len({o.entry for o in options if o.entry})
+    chat = [e for e in fits.catalog.entries if not e.embeddings]
+    return len(chat) - len({o.entry for o in options if o.entry})
+
+
+def beside_line(fits: FleetFits | None) -> str:
+    """The models suggested beside this machine's suggested one, each with what it is for
+    and its fit line: ``Beside the suggested model, for your editor: Qwen2.5 Coder 0.5B
+    Q8_0 for editor autocomplete (fits with …; ~80 tok/s); …``; "" with none."""
+    if fits is None:
+        return ""
+    here = next((m.key for m in fits.machines if m.local), None)
+    names = {e.id: e.name for e in fits.catalog.entries}
+    parts = [f"{names.get(s.candidate.entry_id, s.candidate.entry_id)} {s.candidate.quant} "
+             f"for {ROLE.get(s.role, s.role)} ({s.fit_line})"
+             for s in fits.beside if s.machine == here]
+    return (f"Beside the suggested model, for your editor: {'; '.join(parts)}." if parts
+            else "")
 
 
 def default_choice(options: list[ModelOption]) -> int:

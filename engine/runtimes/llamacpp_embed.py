@@ -74,6 +74,7 @@ class _Loaded:
     batch: Any
     n_vocab: int
     info: EmbedderInfo
+    batch_tokens: int  # n_batch == n_ubatch of its context: what one llama_decode holds
 
 
 def plan_batches(lengths: Sequence[int], *, batch_tokens: int, max_seqs: int) -> list[range]:
@@ -196,13 +197,18 @@ class LlamaCppEmbedder:
                 f"llama.cpp cannot load {self.path}; check that it is a complete GGUF file")
         ctx = None
         try:
+            n_ctx_train = int(lib.llama_model_n_ctx_train(model))
+            # an encoder runs a batch in one micro-batch, whose attention and buffers grow
+            # with the square of its tokens: no larger than the longest input the model
+            # takes (all-MiniLM's 512: half the memory of 2,048, at the same speed)
+            tokens = min(self.batch_tokens, n_ctx_train) if n_ctx_train > 0 \
+                else self.batch_tokens
             cparams = lib.llama_context_default_params()
             cparams.embeddings = True
             cparams.pooling_type = -1  # the model's own
-            # an encoder runs a batch in one micro-batch: both bounds are the batch
-            cparams.n_ctx = self.batch_tokens
-            cparams.n_batch = self.batch_tokens
-            cparams.n_ubatch = self.batch_tokens
+            cparams.n_ctx = tokens
+            cparams.n_batch = tokens
+            cparams.n_ubatch = tokens
             cparams.n_seq_max = self.max_seqs
             cparams.kv_unified = True
             cparams.n_threads = self.n_threads
@@ -218,19 +224,19 @@ class LlamaCppEmbedder:
                 raise self._not_embedding(
                     "ranks pairs (a reranker)" if pooling == _POOLING_RANK
                     else "pools no vector per input (a generative model)")
-            n_ctx_train = int(lib.llama_model_n_ctx_train(model))
-            window = n_ctx_train if n_ctx_train > 0 else self.batch_tokens
+            window = n_ctx_train if n_ctx_train > 0 else tokens
             info = EmbedderInfo(
                 model=self._given_name or meta.get("general.name") or Path(self.path).stem,
                 dims=int(lib.llama_model_n_embd_out(model)),
                 window=window,
-                max_input=min(window, self.batch_tokens),
+                max_input=min(window, tokens),
                 pooling=POOLING_NAMES[pooling],
             )
             vocab = lib.llama_model_get_vocab(model)
             return _Loaded(model=model, ctx=ctx, mem=lib.llama_get_memory(ctx),
-                           batch=lib.llama_batch_init(self.batch_tokens, 0, 1),
-                           n_vocab=int(lib.llama_vocab_n_tokens(vocab)), info=info)
+                           batch=lib.llama_batch_init(tokens, 0, 1),
+                           n_vocab=int(lib.llama_vocab_n_tokens(vocab)), info=info,
+                           batch_tokens=tokens)
         except BaseException:
             if ctx:
                 lib.llama_free(ctx)
@@ -282,7 +288,7 @@ class LlamaCppEmbedder:
                                  f"of {n_vocab}")
         out: list[list[float]] = []
         t0 = time.perf_counter()
-        for run in plan_batches([len(ids) for ids in inputs], batch_tokens=self.batch_tokens,
+        for run in plan_batches([len(ids) for ids in inputs], batch_tokens=loaded.batch_tokens,
                                 max_seqs=self.max_seqs):
             out.extend(self._batch(loaded, [inputs[i] for i in run]))
         elapsed = time.perf_counter() - t0

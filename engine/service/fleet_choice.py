@@ -128,17 +128,21 @@ class FleetChoice:
                             pull_total=pull.total_bytes if pull else 0,
                             serve_failed=self._failed)
 
-    def _mem_bandwidth(self) -> int:
-        """The RAM's bandwidth once read; the first call starts the reading in a worker
-        thread (kept in the user's cache: a second start reads the file)."""
+    async def read_machine(self) -> None:
+        """Read this machine's RAM bandwidth before the node's first stats, off the loop
+        (measured once per machine, then read from the user's cache), so that no head
+        sees a node's figure appear, and what it suggests change, after the node started."""
         if self._bandwidth is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                return 0
-            self._bandwidth = loop.run_in_executor(None, bandwidth.memory_bandwidth)
-        done = self._bandwidth.done() and not self._bandwidth.cancelled()
-        return self._bandwidth.result() if done and self._bandwidth.exception() is None else 0
+            self._bandwidth = asyncio.get_running_loop().run_in_executor(
+                None, bandwidth.memory_bandwidth)
+        await asyncio.wait([self._bandwidth])
+
+    def _mem_bandwidth(self) -> int:
+        """The RAM's bandwidth as read (0 until `read_machine` has read it)."""
+        reading = self._bandwidth
+        if reading is None or not reading.done() or reading.cancelled():
+            return 0
+        return reading.result() if reading.exception() is None else 0
 
     async def _serve(self, spec: str, runtime: str | None, quota: Quota,
                      room: asyncio.Future[str | None]) -> None:

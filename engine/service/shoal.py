@@ -132,6 +132,8 @@ class Shoal:
                 self.keys = KeyCommands(settings.home)
             self._opening = True
             try:
+                if self.settings.node is not None:  # what its stats say, from the first
+                    await self._choice.read_machine()
                 join = self.settings.join
                 await self._roles.open(await read_join_code(join.code)
                                        if join is not None and join.code else None)

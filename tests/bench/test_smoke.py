@@ -24,6 +24,7 @@ import pytest
 
 from engine.models.embedded import ensure_embedded_default, ensure_test_gemma
 from tests.e2e.conftest import CACHE
+from tests.minilm import ensure_minilm_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "scripts" / "bench"
@@ -64,6 +65,11 @@ def smollm2() -> Path:
 @pytest.fixture(scope="session")
 def gemma() -> Path:
     return ensure_test_gemma(CACHE / "home")
+
+
+@pytest.fixture(scope="session")
+def minilm() -> Path:
+    return ensure_minilm_gguf(CACHE)
 
 
 def test_every_benchmark_has_a_smoke_test() -> None:
@@ -136,6 +142,18 @@ def test_node_lanes(llama_server_binary: Path, smollm2: Path, tmp_path: Path) ->
                 "--cache", tmp_path, timeout=200)
     assert got["tps_ratio"] and all(r > 0 for r in got["tps_ratio"])
     assert min(got["cached_second_turn"]) > 0
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_models_on_demand(llama_server_binary: Path, minilm: Path, tmp_path: Path) -> None:
+    got = smoke("models_on_demand.py", "--llama-server", llama_server_binary, "--model",
+                minilm, "--cache", tmp_path, timeout=120)
+    assert got["parts"] == ["embeddings"]
+    assert all(ours > 0 and theirs > 0 for ours, theirs in got["embeddings.inputs_per_s"].values())
+    assert got["embeddings.min_cosine"] >= 0.99
+    assert min(got["embeddings.rss_mib"].values()) > 0
 
 
 @pytest.mark.e2e

@@ -2,7 +2,9 @@
 in process (real sockets on 127.0.0.1): each catalog model's fit on this machine and on a
 second machine of the fleet, the split accepted with one click and each machine then
 serving its model, a catalog model pulled from a local hub and served, the models kept
-here removed (refused while served), and the tray's line for a pull under way."""
+here removed (refused while served), and the tray's line for a pull under way. Each fit
+shows its speed estimate ("fits · ~35 tok/s", "slow" where too slow), and the split
+names the models beside each machine's own (autocomplete, embeddings)."""
 
 from __future__ import annotations
 
@@ -17,12 +19,13 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QPushButton
 
 from app.bridge import sentence
-from app.pages.catalog import BASE_COLUMNS, CatalogCard
+from app.pages.catalog import BASE_COLUMNS, CatalogCard, fit_cell
 from app.pages.models import ModelsPage
 from app.prefs import Prefs
 from app.tray import TrayView, menu_entries
 from app.window import MainWindow
 from engine.models.fit import Fit, tokens_text
+from engine.models.speed import speed_text
 from engine.service import Shoal
 from engine.settings import NodeSettings
 from engine.sizes import amount
@@ -65,9 +68,11 @@ def shown_fit(fit: Fit) -> tuple[str, str, str]:
         return "no", fit.line, "bad"
     if fit.disk_short:
         return "no disk room", fit.line, "bad"
+    speed = "" if fit.tps is None else \
+        f" · {'slow: ' if fit.slow else ''}{speed_text(fit.tps)}"
     if fit.verdict == "full":
-        return "fits", fit.line, "good"
-    return f"{tokens_text(fit.window)} window", fit.line, "warn"
+        return "fits" + speed, fit.line, "warn" if fit.slow else "good"
+    return f"{tokens_text(fit.window)} window" + speed, fit.line, "warn"
 
 
 @contextlib.asynccontextmanager
@@ -111,15 +116,22 @@ async def test_the_catalog_shows_each_models_fit_here_and_on_the_laptop(tmp_path
                 cell = cells[card.catalog.headers.index(column)]
                 assert (cell.text, cell.tip, cell.tone) == shown_fit(q.fit), (name, column)
             texts.append((cells[-2].text, cells[-1].text))
-        # the desk's small budget: some models fit it, the larger ones fit only the laptop
-        assert any(mine == "fits" for mine, _ in texts)
+        # the desk's small budget: some models fit it, the larger ones fit only the laptop;
+        # this machine measured its RAM's speed, so a model that fits here says how fast
+        # (the laptop's node here says none: its cells, checked above, have no estimate)
+        assert any(mine.startswith("fits · ~") and mine.endswith(" tok/s")
+                   for mine, _ in texts), texts
         assert any(mine == "no" and theirs != "no" for mine, theirs in texts)
+        # an embeddings model does not decode: it fits, with no speed to show
+        embeds = [row for row, f in enumerate(here.fits) if f.entry.embeddings]
+        assert embeds and any(card.catalog.rows[row][-2].text == "fits" for row in embeds)
 
         # the model suggested for this machine is the one chosen, at its quantisation
         [mine] = [s for s in fits.split if s.machine == here.key]
         assert card.selected_id() == mine.candidate.entry_id
         assert card.quant.currentData() == mine.candidate.quant
         assert card.fit_line.text().lower() == mine.fit.line.lower()
+        assert mine.fit.tps is not None and speed_text(mine.fit.tps) in card.fit_line.text()
         assert card.serve_here.isEnabled()
 
         # another quantisation of a model: its size and fit in the row, its line below
@@ -138,6 +150,17 @@ async def test_the_catalog_shows_each_models_fit_here_and_on_the_laptop(tmp_path
         assert card.fit_line.text().startswith("Does not fit")
 
 
+ROLES = {"agents": "agents and chat", "chat": "chat", "autocomplete": "editor autocomplete",
+         "embeddings": "embeddings (codebase search)"}
+
+
+def split_rows(fits) -> list:  # type: ignore[no-untyped-def,type-arg]
+    """The split's rows as the card must list them: each machine's main model, then the
+    models beside it."""
+    return [x for s in fits.split
+            for x in (s, *(b for b in fits.beside if b.machine == s.machine))]
+
+
 async def test_the_split_has_each_machine_serve_its_model_with_one_click(tmp_path: Path,
                                                                         qtbot):
     async with desk_and_laptop(tmp_path) as (desk, laptop), bridged(desk) as ui:
@@ -147,17 +170,38 @@ async def test_the_split_has_each_machine_serve_its_model_with_one_click(tmp_pat
         wanted = {s.machine: s.candidate.spec for s in fits.split}
         laptop_key = next(m.key for m in fits.machines if m.label == "laptop")
         assert set(wanted) == {"this machine", laptop_key}
-        await until(lambda: visible(split) and split.rows.rowCount() == 2, "the split shown")
-        assert [split.rows.text(r, "Machine") for r in range(2)] == \
-            ["This machine" if s.machine == "this machine" else "laptop" for s in fits.split]
+        rows = split_rows(fits)
+        await until(lambda: visible(split) and split.rows.rowCount() == len(rows),
+                    "the split shown")
+        # each machine's model, and under it those beside it: the laptop's (a larger
+        # machine) an embeddings model for its editors' codebase search
+        assert [split.rows.text(r, "Machine") for r in range(len(rows))] == \
+            ["This machine" if s.machine == "this machine" else "laptop" for s in rows]
+        beside = [(split.rows.text(r, "Machine"), split.rows.text(r, "For"))
+                  for r, s in enumerate(rows) if s in fits.beside]
+        assert ("laptop", ROLES["embeddings"]) in beside, beside
+        for r, s in enumerate(rows):
+            assert split.rows.text(r, "Fit") == s.fit_line  # with its speed estimate
+            if s in fits.beside:
+                assert split.rows.text(r, "For") == ROLES[s.role]
+        assert any("tok/s" in split.rows.text(r, "Fit") for r in range(len(rows)))
+        mains = [s.machine for s in fits.split]  # their rows' keys
+
         def now() -> list[str]:
-            return [split.rows.text(r, "Now") for r in range(split.rows.rowCount())]
+            return [split.rows.text(split.rows.keys.index(k), "Now") for k in mains]
+
+        def beside_now() -> list[str]:
+            return [split.rows.text(r, "Now") for r, k in enumerate(split.rows.keys)
+                    if k not in mains]
 
         assert now() == ["serves mock-m"] * 2
+        assert beside_now() == ["not served"] * len(fits.beside)
         click(qtbot, split.use)  # the one click
         assert not split.use.isEnabled()  # once: each machine is asked
         await until(lambda: now() == ["serves it"] * 2, "both machines serving their models",
                     timeout=30)
+        # each machine serves its main model only: the ones beside it are suggestions
+        assert beside_now() == ["not served"] * len(fits.beside)
         desk_node, laptop_node = desk.snapshot().roles.node, laptop.snapshot().roles.node
         assert desk_node is not None and desk_node.model == wanted["this machine"]
         assert laptop_node is not None and laptop_node.model == wanted[laptop_key]
@@ -172,8 +216,16 @@ async def test_the_split_is_hidden_for_one_machine_serving_its_suggestion(tmp_pa
         _window, page = models_page(ui)
         fits = await shoal.models.fits()
         [alone] = fits.split
-        await until(lambda: visible(page.split) and page.split.rows.rowCount() == 1,
+        rows = page.split.rows
+        await until(lambda: visible(page.split) and rows.rowCount() == 1 + len(fits.beside),
                     "the split offered")
+        # one machine alone gets every role an editor needs: chat, autocomplete (its own
+        # model, or the main one's fill-in-the-middle) and embeddings
+        roles = [rows.text(r, "For") for r in range(rows.rowCount())]
+        assert roles[0].startswith("agents and chat") or roles[0].startswith("chat"), roles
+        assert ROLES["embeddings"] in roles[1:], roles
+        assert ROLES["autocomplete"] in roles[1:] or roles[0].endswith(
+            ", editor autocomplete"), roles
         await shoal.set_model(alone.candidate.spec, runtime="mock")
         await until(lambda: not page.split.isVisible(), "the split hidden")
 
@@ -253,6 +305,18 @@ async def test_a_catalog_model_is_pulled_and_served_and_the_one_before_removed(
                     f"1 model, {amount(both_sizes - one)} on disk in all."
 
 
+def test_a_model_that_fits_but_is_slow_says_so_in_its_cell():
+    base = "fits with its whole 32K window"
+    fast = Fit("full", 32768, 0, 29, 0, base + "; ~35 tok/s", tps=35.0, base_line=base)
+    slow = replace(fast, line=base + "; slow here: ~2.1 tok/s (chat wants 10)", tps=2.1)
+    unknown = replace(fast, line=base, tps=None)  # the machine's bandwidth is not known
+    cells = [fit_cell(f) for f in (fast, slow, unknown)]
+    assert [(c.text, c.tone) for c in cells] == [
+        ("fits · ~35 tok/s", "good"), ("fits · slow: ~2.1 tok/s", "warn"), ("fits", "good")]
+    assert cells[1].tip == "Fits with its whole 32K window; slow here: ~2.1 tok/s (chat " \
+        "wants 10)".replace("F", "f", 1)
+
+
 def test_the_tray_says_how_far_a_pull_is():
     from tests.ui.test_tray_view import snap
 
@@ -287,8 +351,9 @@ async def test_a_machine_that_cannot_serve_its_model_of_the_split_says_why(
             return mock.make_engine(spec)
 
         monkeypatch.setitem(registry._RUNTIMES, "mock", replace(mock, make_engine=make))
-        await until(lambda: visible(split) and split.rows.rowCount() == 2, "the split shown")
-        row = [s.machine for s in fits.split].index(laptop_key)
+        await until(lambda: visible(split) and split.rows.rowCount() == len(split_rows(fits)),
+                    "the split shown")
+        row = split.rows.keys.index(laptop_key)
         click(qtbot, split.use)
         await until(lambda: "the model file is damaged" in split.rows.text(row, "Now"),
                     "the laptop's failure shown at the desk", timeout=30)

@@ -1,8 +1,10 @@
 """The first-run welcome, clicked through as a new user does: start a fleet here (its QR
 code, then the model, then the editor settings), or join a fleet by pasting its code; the
 way back, and finishing, which remembers that the welcome was done. The model step lists
-the catalog's models that fit this machine with the one suggested for it chosen, and its
-button pulls the model chosen (from a local hub) and serves it, then goes on."""
+the catalog's models that fit this machine (never an embeddings model) with the one
+suggested for it chosen, each with its speed estimate, names the models suggested beside it
+for an editor (autocomplete, embeddings), and its button pulls the model chosen (from a
+local hub) and serves it, then goes on."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import pytest
 from PySide6.QtCore import Qt
 
 from app.welcome import Welcome
+from engine.models.speed import speed_text
 from engine.service import configuration
 from engine.settings import Settings
 from engine.sizes import amount
@@ -84,15 +87,37 @@ async def test_start_a_fleet_here_then_the_model_then_the_editor(
         assert welcome.options.chosen() == first
         assert welcome.next.text() == f"Download and serve ({amount(first.download)})"
         assert welcome.model_facts.text() == f"This machine: {fits.facts}."
-        fitting = {f.entry.id for f in here.fits if f.best.fit.fits and not f.best.fit.disk_short}
+        fitting = {f.entry.id for f in here.fits if f.best.fit.fits
+                   and not f.best.fit.disk_short and not f.entry.embeddings}
         offered = [o for o in options if o.kind == "catalog"]
         by_spec = {q.spec: (f.entry.id, q) for f in here.fits for q in f.quants}
         assert {by_spec[o.spec][0] for o in offered} == fitting
         assert len(offered) == len(fitting)  # each model once, at one quantisation
         assert all(by_spec[o.spec][1].fit.fits for o in offered)
-        assert first.line.startswith(f"{amount(first.download)} download · {mine.fit.line}")
+        # an embeddings model fits here, but makes vectors, not answers: never offered as
+        # the model this machine serves
+        embeddings = {f.entry.id for f in here.fits if f.entry.embeddings and f.best.fit.fits}
+        assert embeddings and not embeddings & {o.entry for o in options}
+        assert not any("embeddings" in o.line for o in offered)
+        # the suggestion's fit, with how fast it would answer here
+        assert first.line.startswith(f"{amount(first.download)} download · {mine.fit_line}")
+        assert mine.fit.tps is not None and speed_text(mine.fit.tps) in first.line
         assert [o.kind for o in options[-3:]] == ["embedded", "current", "other"]
-        left_out = len(fits.catalog.entries) - len(fitting)
+        # beside it, the models an editor needs with it: autocomplete (unless the
+        # suggestion does fill-in-the-middle itself) and embeddings, each with its fit
+        beside = [s for s in fits.beside if s.machine == here.key]
+        assert {s.role for s in beside} | set(mine.also) == {"autocomplete", "embeddings"}
+        assert visible(welcome.beside)
+        shown = welcome.beside.text()
+        assert shown.startswith("Beside the suggested model, for your editor: "), shown
+        names = {e.id: e.name for e in fits.catalog.entries}
+        for s, role in ((s, {"autocomplete": "editor autocomplete",
+                             "embeddings": "embeddings (codebase search)"}[s.role])
+                        for s in beside):
+            said = (f"{names[s.candidate.entry_id]} {s.candidate.quant} for {role} "
+                    f"({s.fit_line})")
+            assert said in shown, (said, shown)
+        left_out = len([e for e in fits.catalog.entries if not e.embeddings]) - len(fitting)
         assert welcome.left_out.text() == (
             f"{left_out} more in the catalog need more memory than this machine gives a "
             "model; the Models page lists them all.")
