@@ -18,6 +18,9 @@ LOOP_BOUND_S = 0.1
 
 # never the developer's keychain: in-process tests keep tokens in their temporary homes
 os.environ["PYTHON_KEYRING_BACKEND"] = "keyring.backends.null.Keyring"
+# the machine's RAM bandwidth, measured once for the whole run (a second of both CPUs)
+# rather than in each of the hundreds of homes the tests' Shoal processes start in
+os.environ.setdefault("SHOAL_MACHINE_CACHE", "/tmp/shoal-test-machine")
 
 
 @pytest_asyncio.fixture

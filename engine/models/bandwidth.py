@@ -177,19 +177,22 @@ def _cached(path: Path, key: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def machine_cache() -> Path:
-    """Where what is true of this machine whatever Shoal's home is kept: the user's cache
-    folder ($XDG_CACHE_HOME/shoal, else ~/.cache/shoal), so one measurement serves every
-    home on the machine (a second SHOAL_HOME, the tests' homes)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "shoal"
+MACHINE_CACHE_ENV = "SHOAL_MACHINE_CACHE"
 
 
-def memory_bandwidth(folder: Path | None = None) -> int:
-    """This machine's RAM bandwidth (bytes/s): kept in ``folder`` (machine_cache()) after
-    its first measurement; 0 when it cannot be measured."""
+def machine_cache(home: Path) -> Path:
+    """Where what is true of this machine is kept: ``home`` (everything Shoal writes is
+    under it), or ``$SHOAL_MACHINE_CACHE`` where set (the tests share one measurement
+    across their many homes)."""
+    env = os.environ.get(MACHINE_CACHE_ENV)
+    return Path(env) if env else home
+
+
+def memory_bandwidth(folder: Path) -> int:
+    """This machine's RAM bandwidth (bytes/s): kept in ``folder`` (machine_cache(home))
+    after its first measurement; 0 when it cannot be measured."""
     key = machine_key()
-    home = folder if folder is not None else machine_cache()
+    home = folder
     path = home / SPEED_FILE
     with _measuring:
         known = _cached(path, key)

@@ -52,7 +52,7 @@ def this_machine(home: Path, *, budget: Budget = None, gpu: str = "auto",
     total = total_memory_bytes()
     limit = budget_bytes(budget, total) or 0
     kind, dev_total, dev_free, desc = gpu_device(gpu)
-    mem_bw = bandwidth.memory_bandwidth()  # once per machine, whatever the home
+    mem_bw = bandwidth.memory_bandwidth(bandwidth.machine_cache(home))  # measured once
     gpu_bw = bandwidth.gpu_bandwidth(desc, kind, mem_bw)
     machine = Machine(name or socket.gethostname(), ram_total=total, budget=limit,
                       device_kind=kind, device_total=dev_total,  # type: ignore[arg-type]

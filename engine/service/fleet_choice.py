@@ -130,11 +130,12 @@ class FleetChoice:
 
     async def read_machine(self) -> None:
         """Read this machine's RAM bandwidth before the node's first stats, off the loop
-        (measured once per machine, then read from the user's cache), so that no head
+        (measured once, then read from where Shoal keeps it), so that no head
         sees a node's figure appear, and what it suggests change, after the node started."""
         if self._bandwidth is None:
+            folder = bandwidth.machine_cache(self._conf.settings.home)
             self._bandwidth = asyncio.get_running_loop().run_in_executor(
-                None, bandwidth.memory_bandwidth)
+                None, bandwidth.memory_bandwidth, folder)
         await asyncio.wait([self._bandwidth])
 
     def _mem_bandwidth(self) -> int:

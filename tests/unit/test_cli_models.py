@@ -63,9 +63,8 @@ def test_fits_shows_each_speed_and_three_models_that_fit_together(
     from engine.models import bandwidth
 
     # this machine's bandwidth as if measured before: 20 GB/s (no measuring in a test)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(home / "cache"))
-    bandwidth.machine_cache().mkdir(parents=True)
-    (bandwidth.machine_cache() / bandwidth.SPEED_FILE).write_text(json.dumps(
+    monkeypatch.delenv(bandwidth.MACHINE_CACHE_ENV, raising=False)  # kept in the home
+    (bandwidth.machine_cache(home) / bandwidth.SPEED_FILE).write_text(json.dumps(
         {"key": bandwidth.machine_key(), "mem_bandwidth": 20_000_000_000}))
     assert main(["models", "catalog", "--fits", "--memory-budget", "8GiB"]) == 0
     out = capsys.readouterr().out
