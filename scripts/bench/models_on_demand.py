@@ -236,6 +236,24 @@ def cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
+SETTLE_WINDOW_S = 0.02  # a process that ran under 1 ms of CPU in this long is idle
+SETTLE_MAX_S = 2.0
+
+
+def settle(pids: list[int]) -> None:
+    """Wait (bounded) until every process of ``pids`` is idle: llama-server's threads poll
+    for work for a while after a request (its --poll), and a request of the other side sent
+    meanwhile would share the CPUs with them."""
+    deadline = time.monotonic() + SETTLE_MAX_S
+    before = sum(cpu_seconds(pid) for pid in pids)
+    while time.monotonic() < deadline:
+        time.sleep(SETTLE_WINDOW_S)
+        now = sum(cpu_seconds(pid) for pid in pids)
+        if now - before < 0.001:
+            return
+        before = now
+
+
 def children(pid: int) -> list[int]:
     out: list[int] = []
     with contextlib.suppress(OSError):
@@ -469,6 +487,7 @@ def measure(sides: list[Side], batches: list[int], rounds: int, texts: Texts,
             used[b] += batch
             got: dict[str, list[list[float]]] = {}
             for side in sides if r % 2 == 0 else sides[::-1]:
+                settle([pid for other in sides for pid in other.pids.values()])
                 wall, vectors = side.embed(batch)
                 side.rates[b].append(b / wall)
                 side.walls[b].append(wall)
@@ -602,7 +621,10 @@ def embeddings_report(bench: Bench, gguf: Path, ours: Side, theirs: Side,
         "### Embeddings", "",
         f"Model: {gguf.name} (all-MiniLM-L6-v2, BERT, mean pooling, 384 dimensions, made "
         "from its PyPI wheel by tests/minilm.py). Both sides loaded for the whole part, "
-        "taking turns, never running at the same time: per batch size a warm-up request "
+        "taking turns, never running at the same time (each request waits until both "
+        "sides' processes are idle: llama-server's threads poll for work for a while after "
+        "a request, `--poll`, and shared the CPUs with our side's next request in an "
+        "earlier version of this benchmark): per batch size a warm-up request "
         f"each, then {args.rounds} rounds, alternating which side goes first, both getting "
         "the same new texts in a round (sentences of 8-20 words made from a word list, "
         "none sent twice). A round's figure is the batch's inputs over the wall time of "
