@@ -34,5 +34,8 @@ def test_slots_called_through_signals_take_no_reference_from_true_false_or_none(
         sender.text.emit("line")
     after = [sys.getrefcount(x) for x in (True, False, None)]
     assert len(kept) == CALLS
-    # nothing here keeps a reference to them: any change is the binding's
-    assert [a - b for a, b in zip(after, before, strict=True)] == [0, 0, 0]
+    # nothing here keeps a reference to them, so a binding that takes one per call moves a
+    # count by CALLS; another thread of the process (a test's pool, an executor) may move
+    # one by a few meanwhile, which is not the bug (a CI run saw True +1, False -1)
+    moved = [a - b for a, b in zip(after, before, strict=True)]
+    assert all(abs(d) < CALLS // 10 for d in moved), moved
