@@ -472,7 +472,7 @@ class OllamaEmbedRequest(msgspec.Struct):
     truncate: bool = True
     dimensions: _Dims | None = None
     options: dict[str, Any] | None = None
-    keep_alive: Any = None
+    keep_alive: _KeepAlive = None
 
 
 class OllamaEmbeddingsRequest(msgspec.Struct):
@@ -481,4 +481,4 @@ class OllamaEmbeddingsRequest(msgspec.Struct):
     model: _Name
     prompt: Annotated[str, msgspec.Meta(max_length=16 << 20)] = ""
     options: dict[str, Any] | None = None
-    keep_alive: Any = None
+    keep_alive: _KeepAlive = None

@@ -207,6 +207,14 @@ async def test_each_route_refuses_the_other_kind_of_model_in_one_line():
         status, raw = await post(h.url("/v1/embeddings"),
                                  {"model": EMBED, "input": "x", "encoding_format": "int8"})
         assert status == 400 and "encoding_format" in raw["error"]["message"], raw
+        # Ollama's keep_alive is a duration or a number: anything else is the request's fault
+        for path, body in (("/api/embed", {"model": EMBED, "input": "x", "keep_alive": [1]}),
+                           ("/api/embeddings", {"model": EMBED, "prompt": "x",
+                                                "keep_alive": {"a": 1}}),
+                           ("/api/embed", {"model": EMBED, "input": "x",
+                                           "keep_alive": "five minutes"})):
+            status, raw = await post(h.url(path), body)
+            assert status == 400, (path, body, raw)
 
 
 async def test_the_models_list_says_which_model_embeds():
