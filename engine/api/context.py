@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from aiohttp import web
 
@@ -138,19 +138,28 @@ def refuse_resolution(request: web.Request, found: al.Resolution) -> web.Respons
 
 
 def runnable(request: web.Request, head: Head, requested: str, *,
-             ollama: bool = False, text: bool = True
+             ollama: bool = False, kind: Literal["text", "embeddings", "any"] = "text"
              ) -> tuple[str, dict[str, str]] | web.Response:
-    """The model a request's name runs and the X-Shoal-* headers, or the refusal (an
-    embedding model makes no text: its routes are engine.api.embeddings; ``text`` False for a
-    route that only describes the model)."""
+    """The model a request's name runs and the X-Shoal-* headers, or the refusal: a route
+    that makes text refuses an embedding model, an embedding route a model that makes
+    text (``kind``; "any" for a route that only describes the model)."""
     found = resolve_model(head, requested, ollama=ollama)
     refused = refuse_resolution(request, found)
     if refused is not None:
         return refused
     assert found.model is not None
-    if text and head.models[found.model].embedding:
+    names = model_headers(found)
+    embedding = head.models[found.model].embedding
+    if kind == "text" and embedding:
         return error_for(request, 400, f"'{found.model}' is an embedding model and makes no "
                          "text; send it to /v1/embeddings (or Ollama's /api/embed), or name a "
-                         "chat model", code="model_not_chat", param="model",
-                         headers=model_headers(found))
-    return found.model, model_headers(found)
+                         "chat model", code="model_not_chat", param="model", headers=names)
+    if kind == "embeddings" and not embedding:
+        embedders = sorted(n for n, m in head.models.items() if m.embedding)
+        served = (f"the fleet's embedding models: {', '.join(embedders)}" if embedders
+                  else "the fleet serves no embedding model; serve one (e.g. shoal models "
+                       "pull an embedding model from the catalog)")
+        return error_for(request, 400, f"'{found.model}' makes text, not embeddings; name an "
+                         f"embedding model ({served})", code="model_not_embedding",
+                         param="model", headers=names)
+    return found.model, names

@@ -11,13 +11,12 @@ import base64
 import json
 import secrets
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from engine.api.context import HEAD, model_headers, refuse_resolution, resolve_model, routing_of
+from engine.api.context import HEAD, routing_of, runnable
 from engine.api.errors import error_for, refusal
 from engine.api.schemas import (
     MAX_EMBED_INPUTS,
@@ -98,29 +97,24 @@ def vectors_of(answer: EmbedAnswer, dimensions: int | None) -> list[list[float]]
     return [unit(v[:dimensions]) for v in vectors]
 
 
-def _packed(vectors: Sequence[Sequence[float]]) -> list[bytes]:
-    return [pack([v]) for v in vectors]
+def vector_bytes(answer: EmbedAnswer, dimensions: int | None) -> list[bytes]:
+    """Each vector as float32 bytes, OpenAI's base64 form: the node's own bytes, sliced,
+    unless ``dimensions`` cuts them."""
+    if dimensions is None or dimensions == answer.dims:
+        width = answer.dims * 4
+        return [answer.vectors[i:i + width] for i in range(0, len(answer.vectors), width)]
+    return [pack([v]) for v in vectors_of(answer, dimensions)]
 
 
 async def _run(request: web.Request, head: Head, requested: str, inputs: Inputs, *,
                truncate: bool, dimensions: int | None, ollama: bool = False,
                keep_alive: Any = None) -> tuple[EmbedAnswer, dict[str, str]] | web.Response:
     """Resolve, tokenize and embed; the refusal as the route's error where that fails."""
-    found = resolve_model(head, requested, ollama=ollama)
-    refused = refuse_resolution(request, found)
-    if refused is not None:
-        return refused
-    assert found.model is not None
-    names = model_headers(found)
-    model = head.models[found.model]
-    if not model.embedding:
-        embedders = sorted(n for n, m in head.models.items() if m.embedding)
-        served = (f"the fleet's embedding models: {', '.join(embedders)}" if embedders
-                  else "the fleet serves no embedding model; serve one (e.g. shoal models "
-                       "pull an embedding model from the catalog)")
-        return error_for(request, 400, f"'{found.model}' makes text, not embeddings; name an "
-                         f"embedding model ({served})", code="model_not_embedding",
-                         param="model", headers=names)
+    resolved = runnable(request, head, requested, ollama=ollama, kind="embeddings")
+    if isinstance(resolved, web.Response):
+        return resolved
+    name, names = resolved
+    model = head.models[name]
     window = head.fleet.context_window(model.name)
     size = sum(len(t) for t in inputs.texts or ()) + sum(len(i) for i in inputs.ids or ())
     try:
@@ -162,10 +156,9 @@ async def openai_embeddings(request: web.Request) -> web.StreamResponse:
     answer, names = got
 
     def body() -> dict[str, Any]:
-        vectors = vectors_of(answer, req.dimensions)
         data: list[Any] = (
-            [base64.b64encode(b).decode() for b in _packed(vectors)]
-            if req.encoding_format == "base64" else vectors)
+            [base64.b64encode(b).decode() for b in vector_bytes(answer, req.dimensions)]
+            if req.encoding_format == "base64" else vectors_of(answer, req.dimensions))
         return {"object": "list", "model": req.model,
                 "data": [{"object": "embedding", "index": i, "embedding": v}
                          for i, v in enumerate(data)],

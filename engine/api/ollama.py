@@ -349,7 +349,7 @@ async def show(request: web.Request) -> web.Response:
     wanted = req.model or req.name
     if not wanted:
         return ollama_error(400, "say which model to show: {\"model\": NAME}")
-    resolved = runnable(request, head, wanted, ollama=True, text=False)
+    resolved = runnable(request, head, wanted, ollama=True, kind="any")
     if isinstance(resolved, web.Response):
         return resolved
     model_name, names = resolved

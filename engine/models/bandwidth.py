@@ -192,8 +192,7 @@ def memory_bandwidth(folder: Path) -> int:
     """This machine's RAM bandwidth (bytes/s): kept in ``folder`` (machine_cache(home))
     after its first measurement; 0 when it cannot be measured."""
     key = machine_key()
-    home = folder
-    path = home / SPEED_FILE
+    path = folder / SPEED_FILE
     with _measuring:
         known = _cached(path, key)
         if known:
@@ -204,7 +203,7 @@ def memory_bandwidth(folder: Path) -> int:
             return 0
         if measured > 0:
             with contextlib.suppress(OSError):
-                home.mkdir(parents=True, exist_ok=True)
+                folder.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_suffix(f".{os.getpid()}.tmp")
                 tmp.write_text(json.dumps({"key": key, "mem_bandwidth": measured}),
                                encoding="utf-8")

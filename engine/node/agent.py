@@ -420,14 +420,9 @@ class NodeAgent:
         only once the engine has taken the generation (or, asleep, once the node has
         taken it to wake for), and freed on every path after."""
         info = self.engine.info
-        if self._closing:
-            link.send(m.Error(code="shutdown", message="the node is shutting down"))
-            return None
-        if self._busy >= info.lanes:
-            link.send(m.Error(code="busy", message=f"all {info.lanes} lanes are busy"))
-            return None
-        if self.paused:  # heads take it as full and try the next node
-            link.send(m.Error(code="busy", message="serving is paused on this node"))
+        refused = self._no_lane()
+        if refused is not None:
+            link.send(refused)
             return None
         down = self.engine.stats().down
         if down:  # an upstream that stopped answering: heads place elsewhere
@@ -465,14 +460,20 @@ class NodeAgent:
         run.task = self._tasks.spawn(self._generate(link, run), f"gen-{gen.session}")
         return run
 
+    def _no_lane(self) -> m.Error | None:
+        """Why this node takes no new request now: it is shutting down, every lane is
+        busy, or its user paused serving (heads take that as full and try the next node)."""
+        if self._closing:
+            return m.Error(code="shutdown", message="the node is shutting down")
+        if self._busy >= self.lanes:
+            return m.Error(code="busy", message=f"all {self.lanes} lanes are busy")
+        if self.paused:
+            return m.Error(code="busy", message="serving is paused on this node")
+        return None
+
     def _embed(self, link: Carrier, rec: m.Embed) -> asyncio.Task[None] | None:
         """Embed ``rec`` on a lane of its own, or tell the head why not."""
-        refused = embeds.refusal(self.engine, self.engine.info.model, rec)
-        if refused is None and self._closing:
-            refused = m.Error(code="shutdown", message="the node is shutting down")
-        elif refused is None and (self._busy >= self.lanes or self.paused):
-            refused = m.Error(code="busy", message="serving is paused on this node"
-                              if self.paused else f"all {self.lanes} lanes are busy")
+        refused = embeds.refusal(self.engine, self.engine.info.model, rec) or self._no_lane()
         if refused is not None:
             with contextlib.suppress(LinkClosed):
                 link.send(refused)
