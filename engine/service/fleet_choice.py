@@ -130,18 +130,26 @@ class FleetChoice:
 
     async def read_machine(self) -> None:
         """Read this machine's RAM bandwidth before the node's first stats, off the loop
-        (measured once, then read from where Shoal keeps it), so that no head
-        sees a node's figure appear, and what it suggests change, after the node started."""
+        (measured once, then read from where Shoal keeps it), so that no head sees a
+        node's figure appear, and what it suggests change, after the node started."""
+        await asyncio.wait([self._reading()])
+
+    def _reading(self) -> asyncio.Future[int]:
+        """The one reading of the bandwidth, started in a worker thread on first need."""
         if self._bandwidth is None:
             folder = bandwidth.machine_cache(self._conf.settings.home)
             self._bandwidth = asyncio.get_running_loop().run_in_executor(
                 None, bandwidth.memory_bandwidth, folder)
-        await asyncio.wait([self._bandwidth])
+        return self._bandwidth
 
     def _mem_bandwidth(self) -> int:
-        """The RAM's bandwidth as read (0 until `read_machine` has read it)."""
-        reading = self._bandwidth
-        if reading is None or not reading.done() or reading.cancelled():
+        """The RAM's bandwidth as read; 0 while it is read (a node started after this
+        Shoal opened, by a join or a switch, has it from its next stats on)."""
+        try:
+            reading = self._reading()
+        except RuntimeError:  # asked outside the loop: nothing to read with
+            return 0
+        if not reading.done() or reading.cancelled():
             return 0
         return reading.result() if reading.exception() is None else 0
 
