@@ -55,6 +55,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
 sys.path.insert(0, str(ROOT))
 
+from scripts.lib import xvfb  # noqa: E402
+
 HEADING = "## The app"
 QUESTION = "Name three colours."
 ANSWER_TOKENS = 32
@@ -209,21 +211,15 @@ class Display:
     """Xvfb on a free display number with trayer's panel on it (both ended by id)."""
 
     def __init__(self) -> None:
+        self.server: subprocess.Popen[bytes] | None = None
         self.procs: list[subprocess.Popen[bytes]] = []
         self.env: dict[str, str] = {}
 
     def start(self) -> bool:
         if not all(shutil.which(t) for t in ("Xvfb", "trayer", "xwininfo")):
             return False
-        read, write = os.pipe()
-        xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(write), "-screen", "0",
-                                 "1280x800x24", "-nolisten", "tcp"], pass_fds=(write,),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        os.close(write)
-        self.procs.append(xvfb)
-        with os.fdopen(read) as numbers:
-            number = numbers.readline().strip()
-        self.env = {"DISPLAY": f":{number}", "QT_QPA_PLATFORM": "xcb"}
+        self.server, display = xvfb.start("1280x800x24")
+        self.env = {"DISPLAY": display, "QT_QPA_PLATFORM": "xcb"}
         trayer = subprocess.Popen(
             ["trayer", "--edge", "top", "--align", "right", "--widthtype", "request",
              "--height", "32", "--SetDockType", "true", "--transparent", "false",
@@ -252,6 +248,8 @@ class Display:
     def stop(self) -> None:
         for proc in reversed(self.procs):
             end(proc)
+        if self.server is not None:
+            xvfb.stop(self.server)
 
 
 def end(proc: subprocess.Popen[Any]) -> None:

@@ -79,6 +79,7 @@ MODEL = "mock-m"
 MDNS_PORT = 8454
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
+LINE_WAIT_S = 10.0  # a line already written, still on its way through a reader thread
 IP_TIMEOUT_S = 10.0
 
 
@@ -187,24 +188,31 @@ class Proc:
         rx = re.compile(pattern)
         deadline = time.monotonic() + timeout
         seen = 0
-        while time.monotonic() < deadline:
-            lines = self.lines[stream]
-            for t, line in lines[seen:]:
+        while True:  # looks at least once, so a timeout of 0 is a plain look-up
+            fresh = self.lines[stream][seen:]  # a reader may append meanwhile: count these
+            for t, line in fresh:
                 m = rx.search(line)
                 if m:
                     return t, m
-            seen = len(lines)
+            seen += len(fresh)
             if self.popen.poll() is not None and seen == len(self.lines[stream]):
                 time.sleep(0.1)  # let the readers drain
                 if len(self.lines[stream]) == seen:
                     break
+            if time.monotonic() >= deadline:
+                break
             time.sleep(0.01)
         raise RuntimeError(f"{self.name}: no {pattern!r} within {timeout:g} s "
                            f"(exit code {self.popen.poll()}); see {self.log}")
 
-    def first(self, stream: str, pattern: str) -> float | None:
-        rx = re.compile(pattern)
-        return next((t for t, line in list(self.lines[stream]) if rx.search(line)), None)
+    def first(self, stream: str, pattern: str, wait: float = 0.0) -> float | None:
+        """When the first line matching ``pattern`` came, waiting up to ``wait`` s for it:
+        a line the process has written may still be on its way through the reader thread
+        (a busy machine), so a line that must be there is waited for, not looked up once."""
+        try:
+            return self.wait_line(stream, pattern, wait)[0]
+        except RuntimeError:
+            return None
 
     def ask(self, cmd: dict[str, Any], timeout: float) -> dict[str, Any]:
         """One command to a prober, one JSON reply, within ``timeout`` s."""
@@ -400,8 +408,10 @@ def run_scenario(sc: Scenario, setup: Setup, args: argparse.Namespace, logdir: P
             if res.get("node") and res["node"] != identity:
                 sc.pin_broken.append(f"run {i + 1}: {run.error}")
             t_done = res.get("t_done")
-            t_join = node.first("out", r"node '.*' joining ")
-            t_head = head.first("err", rf"fleet node '{re.escape(identity)}' at ")
+            # both lines were written before the 200 could come; give their readers time
+            wait = LINE_WAIT_S if run.ok else 0.0
+            t_join = node.first("out", r"node '.*' joining ", wait)
+            t_head = head.first("err", rf"fleet node '{re.escape(identity)}' at ", wait)
             if run.ok and t_done is not None:
                 run.total = t_done - t0
                 if t_join is not None:

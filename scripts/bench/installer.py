@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from installers import bundle  # noqa: E402
+from scripts.lib import xvfb  # noqa: E402
 
 HEADING = "## Installers (`scripts/bench/installer.py`)"
 BUNDLE_DIR = ROOT / "build" / "installer" / "dist" / "shoal"
@@ -158,13 +159,7 @@ class Display:
     """Xvfb with trayer, the tray host the app's icon embeds into."""
 
     def __init__(self) -> None:
-        read, write = os.pipe()
-        self.xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(write), "-screen", "0",
-                                      "1280x800x24", "-nolisten", "tcp"], pass_fds=(write,),
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        os.close(write)
-        with os.fdopen(read) as f:
-            self.display = ":" + f.readline().strip()
+        self.xvfb, self.display = xvfb.start("1280x800x24")
         env = {**os.environ, "DISPLAY": self.display}
         self.trayer = subprocess.Popen(["trayer", "--edge", "top", "--widthtype", "request"],
                                        env=env, stdout=subprocess.DEVNULL,
@@ -185,9 +180,9 @@ class Display:
                    and int(m[5]) <= 64 and int(m[6]) <= 64)
 
     def close(self) -> None:
-        for proc in (self.trayer, self.xvfb):
-            proc.terminate()
-            proc.wait(timeout=10)
+        self.trayer.terminate()
+        self.trayer.wait(timeout=10)
+        xvfb.stop(self.xvfb)
 
 
 def launch(ns: Namespace, home: Path, argv: list[str], display: Display | None,

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from installers import bundle
+from scripts.lib import xvfb
 from tests.installer.conftest import (
     ARTIFACTS,
     BUILD_VENV_PY,
@@ -314,16 +315,9 @@ def test_installed_serve_with_gpu_off_never_loads_vulkan(installed: Installed) -
 
 
 def _xvfb(display_log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """Xvfb on a free display; returns once it accepts clients (it writes the number)."""
-    read, write = os.pipe()
-    proc = subprocess.Popen(["Xvfb", "-displayfd", str(write), "-screen", "0", "1280x800x24",
-                             "-nolisten", "tcp"], pass_fds=(write,),
-                            stdout=display_log.open("w"), stderr=subprocess.STDOUT)
-    os.close(write)
-    with os.fdopen(read) as f:
-        number = f.readline().strip()  # written when the server is ready
-    assert number, "Xvfb did not start"
-    return proc, f":{number}"
+    """Xvfb on a free display; returns once it accepts clients."""
+    with display_log.open("wb") as log:
+        return xvfb.start("1280x800x24", log)
 
 
 # a session bus as a desktop gives its apps, with nothing to start on demand (no service
@@ -420,9 +414,10 @@ def test_installed_app_shows_its_icon_in_a_real_tray(installed: Installed,
             log = stop(app, lines)
         assert not any("Traceback" in line for line in log), log[-20:]
     finally:
-        for proc in reversed(procs):
+        for proc in reversed(procs[1:]):
             proc.terminate()
             proc.wait(timeout=10)
+        xvfb.stop(procs[0])
 
 
 def _screenshot(display: str, path: Path) -> None:

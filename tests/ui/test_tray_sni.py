@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from engine.config import save_machine_settings
+from scripts.lib import xvfb
 from tests.ui.conftest import settings_for
 from tests.ui.test_tray_xvfb import X, end, steady
 from tests.waiting import until_sync
@@ -197,16 +198,10 @@ class Desktop:
 def desktop(tmp_path: Path) -> Iterator[Desktop]:
     """Xvfb, a private session bus, the SNI watcher on it, and the GTK SNI panel."""
     started: list[subprocess.Popen[bytes]] = []
+    server: subprocess.Popen[bytes] | None = None
     try:
-        read, write = os.pipe()
-        started.append(subprocess.Popen(
-            ["Xvfb", "-displayfd", str(write), "-screen", "0", "1024x768x24", "-nolisten",
-             "tcp"], pass_fds=(write,), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        os.close(write)
-        with os.fdopen(read) as numbers:
-            number = numbers.readline().strip()
-        assert number.isdigit(), "Xvfb did not start (it wrote no display number)"
-        x = X(f":{number}")
+        server, number = xvfb.start()
+        x = X(number)
         read, write = os.pipe()
         started.append(subprocess.Popen(
             ["dbus-daemon", "--session", "--nofork", "--address=unix:tmpdir=/tmp",
@@ -240,6 +235,8 @@ def desktop(tmp_path: Path) -> Iterator[Desktop]:
     finally:
         for process in reversed(started):
             end(process)
+        if server is not None:
+            xvfb.stop(server)
 
 
 def test_the_menu_through_a_status_notifier_host(desktop: Desktop, tmp_path: Path):

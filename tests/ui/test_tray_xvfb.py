@@ -23,6 +23,7 @@ from typing import TypeVar
 import pytest
 
 from engine.config import save_machine_settings
+from scripts.lib import xvfb as xvfb_server
 from tests.ui.conftest import settings_for
 from tests.waiting import until_sync
 
@@ -112,16 +113,9 @@ def end(process: subprocess.Popen[bytes]) -> None:
 @pytest.fixture
 def display(tmp_path: Path) -> Iterator[X]:
     """Xvfb on a free display number, and trayer's panel on it."""
-    read, write = os.pipe()
-    xvfb = subprocess.Popen(["Xvfb", "-displayfd", str(write), "-screen", "0", "1024x768x24",
-                             "-nolisten", "tcp"], pass_fds=(write,),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    os.close(write)
+    xvfb, number = xvfb_server.start()
     try:
-        with os.fdopen(read) as numbers:
-            number = numbers.readline().strip()
-        assert number.isdigit(), "Xvfb did not start (it wrote no display number)"
-        x = X(f":{number}")
+        x = X(number)
         trayer_log = tmp_path / "trayer.log"
         with trayer_log.open("wb") as out:
             trayer = subprocess.Popen(
@@ -136,7 +130,7 @@ def display(tmp_path: Path) -> Iterator[X]:
         finally:
             end(trayer)
     finally:
-        end(xvfb)
+        xvfb_server.stop(xvfb)
 
 
 def test_the_tray_icon_docks_and_its_menu_works(display: X, tmp_path: Path):
