@@ -17,6 +17,7 @@ idle_unload = 15         # minutes idle before the model unloads; 0 or "never": 
 fleet_may_choose_model = true  # a head of the fleet may have it pull and serve another model
 fleet_models_quota = "50%"     # the disk the models heads chose may take: "20GiB", or a share
                                # of the models folder's disk; the least used go first
+serve_kept = false       # serve every model kept here too, each loaded on its first request
 ```
 """
 
@@ -136,6 +137,10 @@ def node_memory(section: Mapping[str, Any], source: str) -> dict[str, Any]:
                 raise ValueError(f"give {IDLE_FORMS}")
         except ValueError as exc:
             raise ConfigError(f"{source}: node.idle_unload: {exc}") from None
+    if "serve_kept" in section:
+        if not isinstance(section["serve_kept"], bool):
+            raise ConfigError(f"{source}: node.serve_kept is true or false")
+        out["serve_kept"] = section["serve_kept"]
     if "fleet_may_choose_model" in section:
         if not isinstance(section["fleet_may_choose_model"], bool):
             raise ConfigError(f"{source}: node.fleet_may_choose_model is true or false")
@@ -194,6 +199,7 @@ def load_config(home: Path) -> Config:
 # idle_unload = 15             # minutes, or "never"
 # fleet_may_choose_model = true  # a head of the fleet may change the model it serves
 # fleet_models_quota = "50%"   # the disk the models heads chose may take here
+# serve_kept = false           # serve every model kept here, each loaded on demand
 # [discovery]
 # mode = "both"
 # [app]                        # the app's own choices, kept as they are
@@ -307,7 +313,8 @@ def save_machine_settings(settings: Settings, app: dict[str, Any]) -> None:
         node_t.update(kv_type=node.kv_type, gpu=node.gpu,
                       idle_unload=idle_unload_minutes(node.idle_unload_s),
                       fleet_may_choose_model=node.fleet_may_choose_model,
-                      fleet_models_quota=quota_value(node.fleet_models_quota))
+                      fleet_models_quota=quota_value(node.fleet_models_quota),
+                      serve_kept=node.serve_kept)
     doc["node"] = node_t
     d = settings.discovery
     discovery: dict[str, Any] = {"mode": d.mode, "seeds": list(d.seeds)}

@@ -84,6 +84,9 @@ class NodeSettings:
     # the disk the models a head chose may take here (bytes, or a share of the disk that
     # holds the models folder); beyond it the least used of them go, or the next is refused
     fleet_models_quota: Quota = DEFAULT_QUOTA
+    # serve every model kept here (pulled or imported) besides ``model``: each loads on
+    # the first request that names it and unloads when idle or when another needs room
+    serve_kept: bool = False
 
 
 @dataclass(frozen=True, slots=True)

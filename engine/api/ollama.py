@@ -407,6 +407,18 @@ async def ps(request: web.Request) -> web.Response:
                       "device": node.device or None, "gpu_layers": node.gpu_layers,
                       "model_layers": node.model_layers}}
         entries.append(entry)
+        for kept in pool.kept:  # the models it keeps besides, while loaded
+            if kept.state != "loaded":
+                continue
+            described = head.models.get(kept.name)
+            entries.append({
+                "name": kept.name, "model": kept.name, "size": kept.mem,
+                "digest": hashlib.sha256(kept.name.encode()).hexdigest(),
+                "details": _details(described) if described is not None else {},
+                "expires_at": NEVER, "size_vram": 0, "context_length": kept.context_window,
+                "shoal": {"node": node.identity, "address": node.address,
+                          "runtime": node.runtime, "lanes": node.lanes,
+                          "lanes_busy": node.lanes_busy, "kept": True}})
     return web.json_response({"models": entries})
 
 

@@ -175,7 +175,8 @@ def _model_entries(head: Head) -> list[dict[str, Any]]:
     data: list[dict[str, Any]] = [
         {"id": name, "object": "model", "created": head.started_wall, "owned_by": "shoal",
          "available": name in served, "status": _status(head, name, served),
-         **_described(head, name)}
+         # in some node's memory now; false: kept on a disk, loaded by the first request
+         "loaded": head.fleet.loaded(name), **_described(head, name)}
         for name in head.models if name in served or name == head.local_model]
     for entry in head.aliases.entries():
         found = head.resolve(entry.name)

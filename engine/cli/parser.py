@@ -76,6 +76,10 @@ def _memory_options(p: argparse.ArgumentParser) -> None:
                    metavar="MIN|never", help="unload the model after this many minutes "
                    "without a request; it loads again on the next one (default 15; 0 or "
                    "never: keep it loaded)")
+    p.add_argument("--serve-kept", action="store_true", default=argparse.SUPPRESS,
+                   help="serve every model kept on this machine (`shoal models list`) besides "
+                   "--model: each loads on the first request that names it, and the least "
+                   "recently used unloads when the memory budget needs room")
 
 
 def _discovery_options(p: argparse.ArgumentParser, *, again: bool = False) -> None:

@@ -58,6 +58,25 @@ class Rates(msgspec.Struct, frozen=True, array_like=True):
     prefill_s_per_token_ctx: _Rate = 0.0
 
 
+MAX_KEPT = 32  # models one node says it keeps
+
+
+class KeptModel(msgspec.Struct, frozen=True, array_like=True):
+    """A model a node keeps besides the one its hello names (on disk, loaded on demand),
+    and where it is now. A head places a request for it on the node (``Generate.model``,
+    ``Embed.model``): a node loads one that is not loaded, within its memory budget."""
+
+    name: _Name
+    state: Literal["loaded", "loading", "unloaded"] = "unloaded"
+    mem: _Bytes = 0  # what it holds of the budget while loaded (0: not loaded or not said)
+    embeds: bool = False  # an embedding model: Embed records, no text
+    context_window: Annotated[int, msgspec.Meta(ge=0, lt=1 << 31)] = 0  # 0: not known yet
+    size: _Bytes = 0  # its file's bytes: what a load reads from disk
+
+
+_Kept = Annotated[list[KeptModel], msgspec.Meta(max_length=MAX_KEPT)]
+
+
 class NodeHello(msgspec.Struct, frozen=True, array_like=True, tag="node_hello", tag_field="t"):
     identity: _Name
     model: _Name
@@ -73,6 +92,8 @@ class NodeHello(msgspec.Struct, frozen=True, array_like=True, tag="node_hello", 
     takes_models: bool = False
     # its model is an embedding model: it answers Embed records, and makes no text
     embeds: bool = False
+    # the models it keeps besides ``model``, loaded on demand (its Stats say them anew)
+    kept: _Kept = msgspec.field(default_factory=list)
 
 
 class HeadHello(msgspec.Struct, frozen=True, array_like=True, tag="head_hello", tag_field="t"):
@@ -114,6 +135,8 @@ class Generate(msgspec.Struct, frozen=True, array_like=True, tag="generate", tag
     # how long the node keeps its model loaded once idle after this request (Ollama's
     # keep_alive, in seconds: 0 unloads at once, inf never); None: the node's own default
     keep_alive_s: _KeepAlive = None
+    # which of the node's models answers ("": the one its hello names; else one it keeps)
+    model: _Name = ""
 
 
 class Accepted(msgspec.Struct, frozen=True, array_like=True, tag="accepted", tag_field="t"):
@@ -201,6 +224,8 @@ class Stats(msgspec.Struct, frozen=True, array_like=True, tag="stats", tag_field
     # measured)
     mem_bandwidth: _Bytes = 0
     gpu_bandwidth: _Bytes = 0
+    # the models it keeps besides its hello's, and which are loaded now (as NodeHello.kept)
+    kept: _Kept = msgspec.field(default_factory=list)
 
 
 class Progress(msgspec.Struct, frozen=True, array_like=True, tag="progress", tag_field="t"):
@@ -257,6 +282,7 @@ class Embed(msgspec.Struct, frozen=True, array_like=True, tag="embed", tag_field
     session: _Name
     inputs: Annotated[list[_Ids], msgspec.Meta(min_length=1, max_length=MAX_EMBED_INPUTS)]
     keep_alive_s: _KeepAlive = None  # as Generate's
+    model: _Name = ""  # as Generate's
 
 
 class Embedded(msgspec.Struct, frozen=True, array_like=True, tag="embedded", tag_field="t"):

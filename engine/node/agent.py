@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import os
 import secrets
 import socket
 import time
@@ -55,8 +56,9 @@ from engine.link.listener import NotTaken, take
 from engine.link.mux import Carrier, Channel, Mux
 from engine.link.transport import Incoming, Link, LinkClosed, serve
 from engine.models import ids as model_ids
-from engine.node import embeds, leases
+from engine.node import embeds, leases, model_set
 from engine.node.machine import MachineFacts
+from engine.node.shelf import LOAD_MARGIN, FirstModel, ModelShelf, Refused
 from engine.runtimes.base import (
     Admitter,
     Embedder,
@@ -67,6 +69,7 @@ from engine.runtimes.base import (
     Sampling,
     Sleeper,
 )
+from engine.runtimes.budget import process_rss_bytes
 from engine.runtimes.decode_thread import PoolFull
 from engine.runtimes.probe import mismatch
 from engine.tasks import TaskSet, cancel_and_wait
@@ -113,8 +116,13 @@ class NodeAgent:
                  idle_unload_s: float | None = None,
                  machine: Callable[[], MachineFacts] | None = None,
                  serve_model: ServeModelAsked | None = None,
-                 observer: NodeObserver | None = None) -> None:
+                 observer: NodeObserver | None = None,
+                 shelf: ModelShelf | None = None) -> None:
         self.engine = engine
+        # the models it keeps besides ``engine``'s, loaded on demand (None: that one only)
+        self.shelf = shelf
+        # what the first model holds of the budget: its file until an unload measures it
+        self._first_bytes = _file_size(engine.info.path) + LOAD_MARGIN
         self.observer = observer  # told of admissions and Tokens records (None: nobody)
         self.machine = machine  # what the stats say of the machine (None: nothing)
         self.serve_model = serve_model  # None: heads cannot choose this node's model
@@ -145,6 +153,10 @@ class NodeAgent:
         # the last request's keep_alive (seconds; inf: never unload), over idle_unload_s
         self.keep_alive_s: float | None = None
         self._engine_lock = asyncio.Lock()  # one unload or load at a time
+        if shelf is not None:
+            shelf.first = FirstModel(name=engine.info.model, held=self._first_held,
+                                     unload=self._suspend)
+            shelf.changed = self._broadcast_stats
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -304,7 +316,8 @@ class NodeAgent:
                            context_window=info.context_window, lanes=info.lanes,
                            kv_total=st.kv_total, rates=_rates(st), instance=self.instance,
                            channels=self.offers_channels, takes_models=True,
-                           embeds=isinstance(self.engine, Embedder))
+                           embeds=isinstance(self.engine, Embedder),
+                           kept=self.shelf.records() if self.shelf is not None else [])
 
     async def _serve_channels(self, link: Link, head_id: str, progress: bool) -> None:
         """A head that dialed carries its sessions as channels of this one link: each is
@@ -420,10 +433,12 @@ class NodeAgent:
         only once the engine has taken the generation (or, asleep, once the node has
         taken it to wake for), and freed on every path after."""
         info = self.engine.info
-        refused = self._no_lane()
+        refused = self._no_lane() or self._not_kept(gen.model)
         if refused is not None:
             link.send(refused)
             return None
+        if self._kept(gen.model):
+            return self._accept(link, gen, None, progress)
         down = self.engine.stats().down
         if down:  # an upstream that stopped answering: heads place elsewhere
             link.send(m.Error(code="busy", message=down[:4000]))
@@ -443,9 +458,15 @@ class NodeAgent:
             generation = self._start(link, gen)
             if generation is None:
                 return None
+        self._keep_alive(gen.keep_alive_s)
+        return self._accept(link, gen, generation, progress)
+
+    def _accept(self, link: Carrier, gen: m.Generate, generation: Generation | None,
+                progress: bool) -> _Run | None:
+        """Count ``gen`` on a lane and tell its head; its task starts it where it is not
+        started yet (the model loads first)."""
         self._busy += 1
         self._peak = max(self._peak, self._busy)
-        self._keep_alive(gen.keep_alive_s)
         self._touch()
         run = _Run(gen, leases.grant(self._clock(), gen.lease_ms / 1000), generation,
                    progress=progress)
@@ -460,6 +481,18 @@ class NodeAgent:
         run.task = self._tasks.spawn(self._generate(link, run), f"gen-{gen.session}")
         return run
 
+    def _kept(self, model: str) -> bool:
+        """``model`` names one of the models this node keeps besides its first."""
+        return bool(model) and model != self.engine.info.model and self.shelf is not None \
+            and model in self.shelf
+
+    def _not_kept(self, model: str) -> m.Error | None:
+        if not model or model == self.engine.info.model or self._kept(model):
+            return None
+        kept = ", ".join([self.engine.info.model, *(self.shelf.names() if self.shelf else [])])
+        return m.Error(code="bad_request", message=f"this node does not keep the model "
+                       f"'{model[:m.MAX_NAME]}'; it serves {kept[:3000]}")
+
     def _no_lane(self) -> m.Error | None:
         """Why this node takes no new request now: it is shutting down, every lane is
         busy, or its user paused serving (heads take that as full and try the next node)."""
@@ -473,14 +506,17 @@ class NodeAgent:
 
     def _embed(self, link: Carrier, rec: m.Embed) -> asyncio.Task[None] | None:
         """Embed ``rec`` on a lane of its own, or tell the head why not."""
-        refused = embeds.refusal(self.engine, self.engine.info.model, rec) or self._no_lane()
+        refused = self._no_lane() or self._not_kept(rec.model)
+        if refused is None and not self._kept(rec.model):
+            refused = embeds.refusal(self.engine, self.engine.info.model, rec)
         if refused is not None:
             with contextlib.suppress(LinkClosed):
                 link.send(refused)
             return None
         self._busy += 1
         self._peak = max(self._peak, self._busy)
-        self._keep_alive(rec.keep_alive_s)
+        if not self._kept(rec.model):
+            self._keep_alive(rec.keep_alive_s)
         self._touch()
         self._broadcast_stats()
         task = self._tasks.spawn(self._embedding(link, rec), f"embed-{rec.session}")
@@ -494,6 +530,9 @@ class NodeAgent:
         self._broadcast_stats()
 
     async def _embedding(self, link: Carrier, rec: m.Embed) -> None:
+        if self._kept(rec.model):
+            await self._kept_embedding(link, rec)
+            return
         if self.sleep:
             try:
                 await self.wake()
@@ -506,10 +545,32 @@ class NodeAgent:
         assert isinstance(engine, Embedder)
         await embeds.answer(engine, link, rec)
 
-    def _start(self, link: Carrier, gen: m.Generate) -> Generation | None:
-        """The engine takes ``gen``; None when it refuses (the head was told why)."""
+    async def _kept_embedding(self, link: Carrier, rec: m.Embed) -> None:
+        shelf = self.shelf
+        assert shelf is not None
         try:
-            return self.engine.generate(_request(gen))
+            engine = await shelf.acquire(rec.model)
+        except Refused as exc:
+            with contextlib.suppress(LinkClosed):
+                link.send(m.Error(code="busy", message=str(exc)[:4000]))
+            return
+        try:
+            refused = embeds.refusal(engine, rec.model, rec)
+            if refused is not None:
+                with contextlib.suppress(LinkClosed):
+                    link.send(refused)
+                return
+            assert isinstance(engine, Embedder)
+            await embeds.answer(engine, link, rec)
+        finally:
+            shelf.release(rec.model, rec.keep_alive_s)
+
+    def _start(self, link: Carrier, gen: m.Generate,
+               engine: Engine | None = None) -> Generation | None:
+        """The engine (``engine``, else the first model's) takes ``gen``; None when it
+        refuses (the head was told why)."""
+        try:
+            return (engine or self.engine).generate(_request(gen))
         except PoolFull as exc:  # filled since it was asked: the head tries another node
             link.send(m.Error(code="busy", message=str(exc)[:4000]))
         except ValueError as exc:  # a prompt the runtime refuses (empty, ids outside vocab)
@@ -526,6 +587,8 @@ class NodeAgent:
         run.cancel()
         if not run.released:
             run.released = True
+            if run.shelved and self.shelf is not None:
+                self.shelf.release(run.shelved, run.gen.keep_alive_s)
             self._busy -= 1
             self._touch()
             self._broadcast_stats()
@@ -547,10 +610,13 @@ class NodeAgent:
                                      loading=loading))
 
     async def _woken(self, link: Carrier, run: _Run) -> Generation | None:
-        """Load the model again for ``run`` (the node was asleep), then start it."""
+        """Load the model for ``run`` (the node was asleep, or it asks for a model the node
+        keeps), then start it."""
         reporter = self._tasks.spawn(self._reporting(link, run, loading=True), "node-waking") \
             if run.progress else None
         try:
+            if self._kept(run.gen.model):
+                return await self._kept_start(link, run)
             await self.wake()
         except Exception as exc:
             log.error("cannot load the model again for session %s: %s", run.session, exc)
@@ -563,6 +629,34 @@ class NodeAgent:
         if run.cancelled:
             return None
         return self._start(link, run.gen)
+
+    async def _kept_start(self, link: Carrier, run: _Run) -> Generation | None:
+        """Start ``run`` on a model the node keeps, loading it first if it must; the model
+        is released when the run ends (``_release``)."""
+        shelf = self.shelf
+        assert shelf is not None
+        gen = run.gen
+        try:
+            engine = await shelf.acquire(gen.model)
+        except Refused as exc:
+            log.warning("could not load %s for session %s: %s", gen.model, run.session, exc)
+            link.send(m.Error(code="busy", message=str(exc)[:4000]))
+            return None
+        run.shelved = gen.model
+        if run.cancelled:
+            return None
+        window = engine.info.context_window
+        if len(gen.prompt) >= window:
+            link.send(m.Error(code="context_length_exceeded",
+                              message=f"prompt of {len(gen.prompt)} tokens does not fit "
+                                      f"the window of {window}"))
+            return None
+        if isinstance(engine, Admitter):
+            full = engine.admission(len(gen.prompt), gen.max_tokens)
+            if full is not None:
+                link.send(m.Error(code="busy", message=full[:4000]))
+                return None
+        return self._start(link, gen, engine)
 
     async def _generate(self, link: Carrier, run: _Run) -> None:
         index = 0
@@ -661,7 +755,8 @@ class NodeAgent:
                        pull_model=facts.pull_model[:m.MAX_NAME], pull_done=facts.pull_done,
                        pull_total=facts.pull_total, paused=self.paused,
                        serve_failed=facts.serve_failed[:m.MAX_ANSWER],
-                       mem_bandwidth=facts.mem_bandwidth)
+                       mem_bandwidth=facts.mem_bandwidth,
+                       kept=self.shelf.records() if self.shelf is not None else [])
 
     def facts(self) -> MachineFacts:
         """What the owner says of the machine now (nothing, without an owner's word)."""
@@ -690,14 +785,32 @@ class NodeAgent:
                 async with asyncio.timeout(None if self.sleep or self._busy else delay):
                     await self._activity.wait()
 
+    def _first_busy(self) -> int:
+        """Requests on the first model now (the kept models' are counted by the shelf)."""
+        return self._busy - (self.shelf.busy() if self.shelf is not None else 0)
+
+    def _first_held(self) -> model_set.Held | None:
+        """The first model as the shelf's choices see it (None: unloaded); one that cannot
+        unload (an engine that cannot sleep) is never chosen to make room."""
+        if self.sleep == "asleep":
+            return None
+        busy = self._first_busy() if isinstance(self.engine, Sleeper) else 1
+        idle = self.idle_s()
+        return model_set.Held(self.engine.info.model, self._first_bytes, self._last_active,
+                              busy, model_set.FOREVER if idle is None else idle)
+
     async def _suspend(self) -> None:
         engine = self.engine
         assert isinstance(engine, Sleeper)
         async with self._engine_lock:
-            if self.sleep or self._busy:
+            if self.sleep or self._first_busy():
                 return
             self.sleep = "asleep"
+            before = await asyncio.to_thread(process_rss_bytes)
             await engine.suspend()
+            freed = before - await asyncio.to_thread(process_rss_bytes)
+            if freed > 0:
+                self._first_bytes = max(freed, _file_size(engine.info.path))
         log.info("no session for %.0f s: unloaded the model (it loads again on the next "
                  "request)", self.idle_s() or 0)
         self._broadcast_stats()
@@ -713,6 +826,8 @@ class NodeAgent:
             self.sleep = "waking"
             self._broadcast_stats()
             try:
+                if self.shelf is not None:  # the kept models make room first
+                    await self.shelf.make_room(self.engine.info.model, self._first_bytes)
                 await engine.resume()
             except BaseException:
                 self.sleep = "asleep"
@@ -752,6 +867,7 @@ class _Run:
         self.progress = progress  # its head reads Progress records
         self.fenced = False
         self.released = False
+        self.shelved = ""  # the kept model it holds busy on the node's shelf ("": none)
         self.cancelled = False
         self.task: asyncio.Task[None]
 
@@ -770,6 +886,13 @@ def _request(gen: m.Generate) -> GenerationRequest:
                           min_p=s.min_p, seed=s.seed, presence_penalty=s.presence_penalty,
                           frequency_penalty=s.frequency_penalty,
                           repeat_penalty=s.repeat_penalty))
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:  # an engine with no file of its own (the mock, an upstream server)
+        return 0
 
 
 def _rates(st: EngineStats) -> m.Rates:

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,10 +19,13 @@ from engine.models import store as model_store
 from engine.models.loading import Resolved, load_engine
 from engine.node.agent import NodeAgent, ServeModelAsked
 from engine.node.machine import MachineFacts
+from engine.node.shelf import Keep, ModelShelf
 from engine.roles.sockets import bind, bound_address, parse_address
 from engine.runtimes.base import Embedder, Engine
+from engine.runtimes.budget import default_budget_bytes, total_memory_bytes
 from engine.runtimes.upstream.engine import UpstreamEngine
 from engine.settings import NODE_PORT, DiscoveryMode, NodeSettings
+from engine.sizes import budget_bytes
 from engine.snapshot import LocalNodeSnapshot, ServingState
 
 log = logging.getLogger("shoal.node")
@@ -39,23 +42,27 @@ class LocalNode:
     port: int
     _closers: list[Callable[[], Awaitable[None]]]
     closed: bool = False
+    shelf: ModelShelf | None = None  # the models it keeps besides ``model``
 
     @classmethod
     async def start(cls, settings: NodeSettings, model: Resolved, *, name: str,
                     psk: bytes | None, discovery: DiscoveryMode,
                     sock: socket.socket | None = None, home: Path | None = None,
                     machine: Callable[[], MachineFacts] | None = None,
-                    serve_model: ServeModelAsked | None = None) -> LocalNode:
+                    serve_model: ServeModelAsked | None = None,
+                    kept: Sequence[Resolved] = ()) -> LocalNode:
         """Load ``model`` and serve it. ``sock``: the listener, bound earlier (before the
         model loaded); without one the node listens on loopback for this machine's head.
         ``home``: the model is marked served there while the node runs (`shoal models rm`
         refuses it). ``machine``, ``serve_model``: what its stats say of the machine, and who
-        answers a head that asks it to serve another model (`NodeAgent`)."""
+        answers a head that asks it to serve another model (`NodeAgent`). ``kept``: models
+        it serves besides ``model``, each loaded on the first request for it."""
         if sock is None:
             sock = bind("127.0.0.1", 0, what="the local node's")
         host, port = bound_address(sock)
         closers: list[Callable[[], Awaitable[None]]] = []
         engine: Engine | None = None
+        shelf: ModelShelf | None = None
         try:
             engine = await load_engine(model, name=name, lanes=settings.lanes,
                                        max_context=settings.max_context,
@@ -64,12 +71,17 @@ class LocalNode:
                                        kv_type=settings.kv_type, gpu=settings.gpu)
             # an engine it fronts has its own tokenizer: check it against each head's
             probe = engine.probe if isinstance(engine, UpstreamEngine) else []
+            if kept:
+                total = total_memory_bytes()
+                budget = engine.stats().mem_budget or budget_bytes(
+                    settings.memory_budget, total) or default_budget_bytes(total)
+                shelf = ModelShelf([_keep(settings, r) for r in kept], budget=budget)
             agent = NodeAgent(engine, identity=settings.identity or socket.gethostname(),
                               psk=psk, handshake_timeout_s=settings.handshake_timeout_s,
                               idle_timeout_s=settings.idle_timeout_s,
                               idle_unload_s=settings.idle_unload_s, probe=probe,
                               probe_source=f"the {engine.info.runtime} at {engine.info.path}",
-                              machine=machine, serve_model=serve_model)
+                              machine=machine, serve_model=serve_model, shelf=shelf)
             agent.paused = settings.paused
             await agent.listen_on(sock)
         except BaseException:
@@ -77,7 +89,7 @@ class LocalNode:
             if engine is not None:
                 await engine.close()
             raise
-        node = cls(settings, model, engine, agent, host, port, closers)
+        node = cls(settings, model, engine, agent, host, port, closers, shelf=shelf)
         if home is not None:
             marks = await asyncio.to_thread(_mark_served, home, model.path)
             closers.append(lambda: asyncio.to_thread(marks.close))
@@ -144,7 +156,21 @@ class LocalNode:
             with contextlib.suppress(Exception):
                 await close()
         await self.agent.close()
+        if self.shelf is not None:
+            await self.shelf.close()
         await self.engine.close()
+
+
+def _keep(settings: NodeSettings, model: Resolved) -> Keep:
+    """A kept model, loaded as the node's first one is (its lanes, budget and device)."""
+    def load() -> Awaitable[Engine]:
+        return load_engine(model, name=model.name, lanes=settings.lanes,
+                           max_context=settings.max_context, mock_speed=settings.mock_speed,
+                           memory_budget=settings.memory_budget, kv_type=settings.kv_type,
+                           gpu=settings.gpu)
+
+    size = Path(model.path).stat().st_size if Path(model.path).is_file() else 0
+    return Keep(name=model.name, size=size, load=load)
 
 
 def _mark_served(home: Path, path: str) -> contextlib.ExitStack:

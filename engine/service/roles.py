@@ -14,9 +14,10 @@ from dataclasses import replace
 
 from engine.credentials.codes import JoinCode
 from engine.credentials.keeper import FleetCredentials, new_token
-from engine.errors import CommandError, ShoalError
+from engine.errors import CommandError, ShoalError, StartError
 from engine.events import Notice, RolesChanged, ShoalEvent
-from engine.models.loading import Resolved
+from engine.models import store as model_store
+from engine.models.loading import Resolved, load_head_model
 from engine.node.join import HeadAddress
 from engine.node.machine import MachineFacts
 from engine.roles.head_role import HeadRole
@@ -179,14 +180,42 @@ class RunningRoles:
             ns = replace(ns, identity=socket.gethostname())  # its user's name for it
         if self.head is not None:  # /v1/models lists it as loading from now on
             self.head.head.local_model = name
+        kept = await self._kept_beside(ns, model) if ns.serve_kept else []
         self.node = await LocalNode.start(ns, model, name=name, psk=self._creds.token,
                                           discovery=s.discovery.mode, sock=sock, home=s.home,
-                                          machine=self._machine, serve_model=self._serve_model)
+                                          machine=self._machine, serve_model=self._serve_model,
+                                          kept=kept)
+        if self.head is not None:
+            await self._head_learns(kept)
         if model.runtime == "mock" and self.head is not None:
             log.info("serving the built-in mock engine as the local node (tests only: its "
                      "answers are not a model's)")
         if self.head is not None:
             self.head.link_local(self.node.host, self.node.port)
+
+    async def _kept_beside(self, ns: NodeSettings, first: Resolved) -> list[Resolved]:
+        """Every model kept here besides ``first``, for the node to serve on demand (whole
+        files only: a pull under way is not a model yet)."""
+        home = self._conf.settings.home
+        stored = await asyncio.to_thread(model_store.kept_models, home)
+        runtime = ns.runtime or first.runtime
+        return [Resolved(path=str(k.path), name=k.name, runtime=runtime) for k in stored
+                if k.source != "partial" and str(k.path) != first.path]
+
+    async def _head_learns(self, kept: list[Resolved]) -> None:
+        """This machine's head learns the tokenizer and template of each model its node
+        keeps (from the files here), so that it serves them by name; one it cannot read is
+        said in one line and left out."""
+        for model in kept:
+            head = self.head
+            if head is None or model.name in head.head.models:
+                continue
+            try:
+                head.head.add_model(await load_head_model(model))
+            except StartError as exc:
+                line = f"this machine's API does not serve {model.name}: {exc}"
+                log.warning("%s", line)
+                self._emit(Notice(level="warning", text=line))
 
     # -- changes at run time ---------------------------------------------------------
 

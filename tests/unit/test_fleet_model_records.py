@@ -84,9 +84,10 @@ def test_the_new_figures_come_after_every_older_field() -> None:
     sent = m.decode(m._encoder.encode([*OLD_STATS, *FACTS]))
     paused, serve_failed = False, ""  # added after the facts, as an older node sends none
     mem_bandwidth = gpu_bandwidth = 0  # added after those (issue 32's speed estimate)
+    kept: list[object] = []  # then the models it keeps besides its first (issue 32)
     assert msgspec.msgpack.decode(m.encode(sent)) == [*OLD_STATS, *FACTS, paused,
                                                       serve_failed, mem_bandwidth,
-                                                      gpu_bandwidth]
+                                                      gpu_bandwidth, kept]
 
 
 @pytest.mark.parametrize(("index", "bad"), [

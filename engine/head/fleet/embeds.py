@@ -107,7 +107,7 @@ async def _record(runner: SessionRunner, job: EmbedJob, index: int,
         reply: Inbound | None = None
         try:
             reply = await _ask(conn, m.Embed(session=session, inputs=part,
-                                             keep_alive_s=job.keep_alive_s))
+                                             keep_alive_s=job.keep_alive_s, model=job.model))
             verdict = judge(reply, len(part))
         finally:
             clean = isinstance(reply, m.Embedded | m.Error) and not conn.closed

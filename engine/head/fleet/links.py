@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, TypedDict
 
 from engine import events as ev
@@ -41,6 +41,9 @@ RETRY_S = 10.0
 DROP_DISCOVERED_AFTER = 3  # failed dials in a row before a node found on the network is let go
 KEEPALIVE_S = 15.0
 FULL_HOLD_S = 1.0  # after a "busy" refusal, skip the node until fresh stats or this long
+# a kept model's window before the node first loaded it: any prompt goes, and the node
+# refuses one its window cannot hold once it knows (context_length_exceeded)
+KEPT_WINDOW_UNKNOWN = (1 << 31) - 1
 ANSWER_S = 10.0  # how long a node may take to answer a ServeModel (it answers at once)
 
 
@@ -141,6 +144,7 @@ class NodeInfo:
     context_window: int = 0
     lanes: int = 0
     takes_models: bool = False  # it reads ServeModel (its hello said so)
+    kept: tuple[m.KeptModel, ...] = ()  # the models it keeps besides ``model`` (its hello)
 
 
 class NodePool:
@@ -348,7 +352,32 @@ class NodePool:
         self._announced = False
         self.wake.set()
 
-    def view(self) -> NodeView:
+    @property
+    def kept(self) -> tuple[m.KeptModel, ...]:
+        """The models it keeps besides its first, as its last word says (stats, else its
+        hello)."""
+        return tuple(self.stats.kept) if self.stats is not None else self.info.kept
+
+    def keeps(self, model: str) -> m.KeptModel | None:
+        return next((k for k in self.kept if k.name == model), None) \
+            if model and model != self.info.model else None
+
+    def view(self, model: str | None = None) -> NodeView:
+        """The node as placement sees it for a request for ``model``: its first model's
+        view, or (a model it keeps) one with that model's window and state, its lanes the
+        same; an unloaded one counts as asleep (it loads for the request)."""
+        base = self._view()
+        kept = self.keeps(model) if model is not None else None
+        if kept is None:
+            return base
+        return replace(base, model=kept.name,
+                       context_window=kept.context_window or KEPT_WINDOW_UNKNOWN,
+                       kv_used=0, kv_total=0, max_prompt=0, kv_parked=0, prefill_tps=0.0,
+                       decode_tps=0.0, prefill_s_per_token=0.0, prefill_s_per_token_ctx=0.0,
+                       sleep="" if kept.state == "loaded" else
+                       "waking" if kept.state == "loading" else "asleep")
+
+    def _view(self) -> NodeView:
         st = self.stats
         return NodeView(
             key=self.key, identity=self.info.identity, model=self.info.model,
@@ -513,7 +542,7 @@ class NodePool:
             self.info.identity, self.info.model, self.info.context_window, self.info.lanes)
         self.info = NodeInfo(identity=hello.identity, model=hello.model, runtime=hello.runtime,
                              context_window=hello.context_window, lanes=hello.lanes,
-                             takes_models=hello.takes_models)
+                             takes_models=hello.takes_models, kept=tuple(hello.kept))
         if fresh or not self._announced:
             self._announced = True
             self.last_error = ""
@@ -654,14 +683,37 @@ class Fleet:
         if self.on_window is not None:
             self.on_window()
 
-    def views(self) -> list[NodeView]:
-        return [p.view() for p in self.pools.values() if p.info.identity]
+    def views(self, model: str | None = None) -> list[NodeView]:
+        """Every node as placement sees it; with ``model``, a node that keeps it (besides
+        its first model) is seen as serving it."""
+        out: list[NodeView] = []
+        for p in self.pools.values():
+            if p.info.identity:
+                out.append(p.view())
+                if model is not None and p.keeps(model) is not None:
+                    out.append(p.view(model))
+        return out
 
     def context_window(self, model: str | None = None) -> int:
         """The largest window of a connected node serving ``model`` (the announced one)."""
         want = model or self.model
-        return max((p.info.context_window for p in self.pools.values()
-                    if p.info.model == want and p.conns), default=0)
+        return max([p.info.context_window for p in self.pools.values()
+                    if p.info.model == want and p.conns]
+                   + [k.context_window for p in self.pools.values() if p.conns
+                      and (k := p.keeps(want)) is not None], default=0)
+
+    def loaded(self, model: str) -> bool:
+        """Whether a linked node has ``model`` loaded now (its first model awake, or a kept
+        one loaded), not only kept on its disk."""
+        for pool in self.pools.values():
+            if pool.state != "ready" or not pool.info.identity:
+                continue
+            if pool.info.model == model and not (pool.stats and pool.stats.sleep):
+                return True
+            kept = pool.keeps(model)
+            if kept is not None and kept.state == "loaded":
+                return True
+        return False
 
     def free(self, model: str) -> bool | None:
         """Whether a node serving ``model`` has a free lane now; None when none serves it."""
@@ -670,9 +722,10 @@ class Fleet:
         now = self.clock()
         serving = False
         for pool in self.pools.values():  # every request asks: stop at the first free node
-            if not pool.info.identity or pool.info.model != model:
+            if not pool.info.identity or (pool.info.model != model
+                                          and pool.keeps(model) is None):
                 continue
-            view = pool.view()
+            view = pool.view(model)
             if view.idle_conns + view.own_sessions:
                 serving = True
                 if has_free_lane(view, now):

@@ -168,7 +168,7 @@ class SessionRunner:
         now = self.clock()
         while True:
             t0 = time.perf_counter()
-            decision = place(req, self.fleet.views(), now=now, policy=self.policy,
+            decision = place(req, self.fleet.views(job.model), now=now, policy=self.policy,
                              pool_high=self.pool_high, cursor=self._cursor)
             self.placement_s += time.perf_counter() - t0  # what one decision costs the head
             self.placements += 1
@@ -565,7 +565,7 @@ class _Attempt:
             self.conn.link.send(m.Generate(session=job.session, lease_ms=self.runner.lease_ms,
                                            prompt=self.context, max_tokens=self.max_tokens,
                                            sampling=job.sampling, stop_ids=job.stop_ids,
-                                           keep_alive_s=job.keep_alive_s))
+                                           keep_alive_s=job.keep_alive_s, model=job.model))
         except LinkClosed as exc:
             self.final = at.Failover(str(exc), drop=False)
             return

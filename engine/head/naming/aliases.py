@@ -538,6 +538,9 @@ _SYNC_HEAD = json.dumps({"format": FORMAT, "version": FORMAT_VERSION},
 _SYNC_TAIL = b"]}"
 
 
+MAX_NAMED = 12  # models a refusal names before "and N more"
+
+
 @dataclass(frozen=True, slots=True)
 class Resolution:
     """What a requested model name means right now.
@@ -555,13 +558,18 @@ class Resolution:
     unknown: bool = False
     unavailable: bool = False
     retry_after: int | None = None
+    served: tuple[str, ...] = ()  # what the fleet serves, named when ``unknown``
 
     @property
     def message(self) -> str:
         """One line for the error body when nothing can run."""
         if self.unknown:
-            return (f"model {self.requested!r} is neither served by a node nor an alias; "
-                    "GET /v1/models lists the models and aliases")
+            names = ", ".join(self.served[:MAX_NAMED])
+            more = len(self.served) - MAX_NAMED
+            serves = (f" (the fleet serves {names}{f' and {more} more' if more > 0 else ''})"
+                      if self.served else " (no node serves a model now)")
+            return (f"model {self.requested!r} is neither served by a node nor an alias"
+                    f"{serves}; GET /v1/models lists the models and aliases")
         if self.unavailable:
             return (f"alias {self.alias!r}: no node serves its target or any fallback "
                     f"right now; retry in {self.retry_after} s or point it elsewhere "
@@ -577,7 +585,7 @@ def resolve(requested: str, *, table: AliasTable, served: Mapping[str, bool]) ->
     if real is not None and (aliased is None or real[1] <= aliased[1]):
         return Resolution(requested=requested, model=real[0], free=bool(served[real[0]]))
     if aliased is None:
-        return Resolution(requested=requested, unknown=True)
+        return Resolution(requested=requested, unknown=True, served=tuple(sorted(served)))
     entry = live[aliased[0]]
     assert entry.target is not None
     target = match_name(entry.target, served.keys())

@@ -1,0 +1,138 @@
+"""Several real models on one node (`shoal serve --serve-kept`): SmolLM2 serves first,
+Gemma 3 270M and all-MiniLM-L6-v2 are kept in the store (`shoal models import`) and load
+on the first request that names them, each answering as it does served alone; under a
+budget that holds two of them, the third evicts the least recently used, which loads again
+on its next request; Ollama's ``keep_alive: 0`` unloads a model at once after its answer;
+a model nobody keeps is a one-line 404 naming what the fleet serves.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.models.store import import_gguf
+from tests.integration.conftest import Cluster, Proc
+from tests.waiting import until_sync
+
+pytestmark = [pytest.mark.e2e, pytest.mark.processes, pytest.mark.timeout(300)]
+
+PROMPT = "The three primary colours are"
+TOKENS = 12
+MiB = 1 << 20
+
+
+def _post(proc: Proc, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(f"http://{proc.address}{path}", json.dumps(body).encode(),
+                                 {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _get(proc: Proc, path: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"http://{proc.address}{path}", timeout=30) as r:
+        out: dict[str, Any] = json.loads(r.read())
+        return out
+
+
+def _complete(proc: Proc, model: str) -> str:
+    status, body = _post(proc, "/v1/completions", {"model": model, "prompt": PROMPT,
+                                                   "max_tokens": TOKENS, "temperature": 0})
+    assert status == 200, body
+    text: str = body["choices"][0]["text"]
+    return text
+
+
+def _loaded(proc: Proc) -> set[str]:
+    return {m["name"] for m in _get(proc, "/api/ps")["models"]}
+
+
+def _rss(proc: Proc) -> int:
+    for line in Path(f"/proc/{proc.popen.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.fixture
+def kept_home(cluster: Cluster, gemma_gguf: Path, minilm_gguf: Path) -> Cluster:
+    import_gguf(cluster.home, gemma_gguf, "gemma")
+    import_gguf(cluster.home, minilm_gguf, "minilm")
+    return cluster
+
+
+def _serve(cluster: Cluster, model: Path, *extra: str) -> Proc:
+    return cluster.head([], model=str(model), runtime="llamacpp",
+                        extra=("--max-batch", "2", "--max-context", "1024", *extra),
+                        ready_timeout=120)
+
+
+def test_kept_models_load_on_demand_and_answer_as_alone(kept_home: Cluster, smollm2_gguf: Path,
+                                                        gemma_gguf: Path) -> None:
+    cluster = kept_home
+    alone = _serve(cluster, gemma_gguf)
+    gemma_alone = _complete(alone, "gemma-3-270m-q4_k_m")
+    alone.stop()
+
+    node = _serve(cluster, smollm2_gguf, "--serve-kept")
+    smol = "SmolLM2-135M-Instruct.Q4_1"
+    listed = {m["id"]: m for m in _get(node, "/v1/models")["data"]}
+    assert {smol, "gemma", "minilm"} <= set(listed), listed
+    assert listed[smol]["loaded"] and not listed["gemma"]["loaded"], listed
+    smol_alone = _complete(node, smol)  # nothing else is loaded yet
+    assert _loaded(node) == {smol}
+
+    # interleaved, both at once on the node's two lanes: each by its own model
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda m: (m, _complete(node, m)), ["gemma", smol] * 2))
+    for model, text in answers:
+        assert text == (gemma_alone if model == "gemma" else smol_alone), answers
+    assert _loaded(node) == {smol, "gemma"}
+    two = _rss(node)
+
+    status, body = _post(node, "/v1/embeddings", {"model": "minilm", "input": ["a cat"]})
+    assert status == 200 and len(body["data"][0]["embedding"]) == 384, body
+    assert _loaded(node) == {smol, "gemma", "minilm"}
+    three = _rss(node)
+    assert three > two
+
+    # keep_alive 0 on Ollama's route: unloaded as soon as the answer is given
+    status, body = _post(node, "/api/generate", {"model": "gemma", "prompt": PROMPT,
+                                                 "raw": True, "keep_alive": 0, "stream": False,
+                                                 "options": {"num_predict": 2,
+                                                             "temperature": 0}})
+    assert status == 200, body
+    until_sync(lambda: "gemma" not in _loaded(node), "gemma to unload after keep_alive 0",
+               timeout=30)
+
+    status, body = _post(node, "/v1/completions", {"model": "nobody-keeps-this",
+                                                   "prompt": "x", "max_tokens": 1})
+    assert status == 404, body
+    message = body["error"]["message"]
+    assert "\n" not in message and "gemma" in message and smol in message, message
+    node.stop()
+
+    # a budget that holds two of the models and not the third
+    budget = (two + three) // 2
+    tight = _serve(cluster, smollm2_gguf, "--serve-kept", "--memory-budget",
+                   f"{budget // MiB}M")
+    assert _complete(tight, "gemma") == gemma_alone
+    assert _complete(tight, smol) == smol_alone  # gemma is now the least recently used
+    assert _loaded(tight) == {smol, "gemma"}
+    status, body = _post(tight, "/v1/embeddings", {"model": "minilm", "input": ["a cat"]})
+    assert status == 200, body
+    loaded = _loaded(tight)
+    assert "minilm" in loaded and "gemma" not in loaded, loaded
+    assert "unloaded gemma to make room for minilm" in tight.log_text()
+    assert _complete(tight, "gemma") == gemma_alone  # it loads again
+    assert "gemma" in _loaded(tight)
+    assert _rss(tight) <= budget

@@ -1,0 +1,69 @@
+"""Two node processes, each keeping a different model besides the one they serve first
+(`--serve-kept`, a model imported into each one's store), and a head that knows all three:
+a request for a kept model goes to the node that keeps it, loads it there, and its stats
+then say it is loaded; the shared first model goes to either. Mock runtime: the routing is
+the head's, the loading the node's shelf, and neither depends on what the model says.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.models.store import import_gguf
+from tests.e2e.conftest import smollm2_gguf  # noqa: F401  # the real GGUF, cached per machine
+from tests.integration.conftest import Cluster, Proc
+from tests.waiting import until_sync
+
+pytestmark = [pytest.mark.processes, pytest.mark.quick]
+
+def _complete(head: Proc, model: str) -> tuple[int, str, dict[str, Any]]:
+    req = urllib.request.Request(
+        f"http://{head.address}/v1/completions",
+        json.dumps({"model": model, "prompt": "hi", "max_tokens": 3}).encode(),
+        {"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.status, r.headers["X-Shoal-Node"], json.loads(r.read())
+
+
+def _ps(head: Proc) -> dict[str, str]:
+    with urllib.request.urlopen(f"http://{head.address}/api/ps", timeout=30) as r:
+        return {m["name"]: m["shoal"]["node"] for m in json.loads(r.read())["models"]}
+
+
+def _home(cluster: Cluster, name: str, kept: str, gguf: Path) -> dict[str, str]:
+    home = cluster.home.parent / name
+    home.mkdir()
+    import_gguf(home, gguf, kept)
+    return {**cluster.env, "SHOAL_HOME": str(home)}
+
+
+def test_the_head_routes_each_kept_model_to_the_node_that_keeps_it(
+        cluster: Cluster, smollm2_gguf: Path) -> None:  # noqa: F811
+    # any whole GGUF serves as the kept file: the mock runtime does not read it
+    one = cluster.node("one", model="mock-a", lanes=2, extra=("--serve-kept",),
+                       env=_home(cluster, "home-one", "mock-b", smollm2_gguf))
+    two = cluster.node("two", model="mock-a", lanes=2, extra=("--serve-kept",),
+                       env=_home(cluster, "home-two", "mock-c", smollm2_gguf))
+    head = cluster.head([one, two], model="mock-a",
+                        extra=("--also-model", "mock-b", "--also-model", "mock-c"))
+    until_sync(lambda: {"mock-b", "mock-c"} <= set(_listed(head)),
+               "the head to list both kept models", timeout=20)
+    assert _listed(head)["mock-b"] is False  # kept on a disk, not loaded yet
+
+    for model, node in [("mock-b", "one"), ("mock-c", "two"), ("mock-b", "one")]:
+        status, served_by, body = _complete(head, model)
+        assert status == 200 and served_by == node and body["model"] == model, body
+    until_sync(lambda: _ps(head).get("mock-b") == "one" and _ps(head).get("mock-c") == "two",
+               "each node's stats to say its kept model is loaded", timeout=20)
+    assert _listed(head)["mock-b"] is True
+    assert {_complete(head, "mock-a")[1] for _ in range(6)} <= {"one", "two"}
+
+
+def _listed(head: Proc) -> dict[str, bool]:
+    with urllib.request.urlopen(f"http://{head.address}/v1/models", timeout=30) as r:
+        return {m["id"]: m.get("loaded", False) for m in json.loads(r.read())["data"]}
