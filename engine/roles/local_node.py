@@ -19,6 +19,7 @@ from engine.models import store as model_store
 from engine.models.loading import Resolved, load_engine
 from engine.node.agent import NodeAgent, ServeModelAsked
 from engine.node.machine import MachineFacts
+from engine.node import model_set
 from engine.node.shelf import Keep, ModelShelf
 from engine.roles.sockets import bind, bound_address, parse_address
 from engine.runtimes.base import Embedder, Engine
@@ -170,7 +171,10 @@ def _keep(settings: NodeSettings, model: Resolved) -> Keep:
                            gpu=settings.gpu)
 
     size = Path(model.path).stat().st_size if Path(model.path).is_file() else 0
-    return Keep(name=model.name, size=size, load=load)
+    # idle, it unloads as the first model does (--idle-unload), until a request says else
+    idle = settings.idle_unload_s
+    return Keep(name=model.name, size=size, load=load,
+                keep_alive_s=model_set.FOREVER if idle is None else idle)
 
 
 def _mark_served(home: Path, path: str) -> contextlib.ExitStack:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from installers import bundle
-from scripts.lib import xvfb
+from scripts.lib import xvfb as xvfb_server
 from tests.installer.conftest import (
     ARTIFACTS,
     BUILD_VENV_PY,
@@ -317,7 +317,7 @@ def test_installed_serve_with_gpu_off_never_loads_vulkan(installed: Installed) -
 def _xvfb(display_log: Path) -> tuple[subprocess.Popen[bytes], str]:
     """Xvfb on a free display; returns once it accepts clients."""
     with display_log.open("wb") as log:
-        return xvfb.start("1280x800x24", log)
+        return xvfb_server.start("1280x800x24", log)
 
 
 # a session bus as a desktop gives its apps, with nothing to start on demand (no service
@@ -417,7 +417,7 @@ def test_installed_app_shows_its_icon_in_a_real_tray(installed: Installed,
         for proc in reversed(procs[1:]):
             proc.terminate()
             proc.wait(timeout=10)
-        xvfb.stop(procs[0])
+        xvfb_server.stop(procs[0])
 
 
 def _screenshot(display: str, path: Path) -> None:
