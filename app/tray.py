@@ -112,6 +112,9 @@ def status_line(view: TrayView) -> str:
     mine = next((n for n in snap.nodes if n.link == "local"), None)
     if node is not None and mine is not None and mine.sleep:  # unloaded while idle
         parts.append(f"model {mine.sleep}")
+    loading = [k.name for k in node.kept if k.state == "loading"] if node is not None else []
+    if loading:  # a kept model loading for a request
+        parts.append(f"loading {', '.join(loading)}")
     return " · ".join(parts)
 
 

@@ -342,14 +342,17 @@ class NodeMemory:
     kv_type: KvType
     idle_unload_s: float | None
     gpu: str = GPU_DEFAULT
+    serve_kept: bool = False
 
     @classmethod
     def of(cls, node: NodeSettings) -> NodeMemory:
-        return cls(node.memory_budget, node.kv_type, node.idle_unload_s, node.gpu)
+        return cls(node.memory_budget, node.kv_type, node.idle_unload_s, node.gpu,
+                   node.serve_kept)
 
     def over(self, node: NodeSettings) -> NodeSettings:
         return replace(node, memory_budget=self.memory_budget, kv_type=self.kv_type,
-                       idle_unload_s=self.idle_unload_s, gpu=self.gpu)
+                       idle_unload_s=self.idle_unload_s, gpu=self.gpu,
+                       serve_kept=self.serve_kept)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,18 @@ SleepState = Literal["", "asleep", "waking"]  # awake; model unloaded while idle
 
 
 @dataclass(frozen=True, slots=True)
+class KeptModelSnapshot:
+    """A model this machine's node serves besides its first, loaded on demand."""
+
+    name: str
+    state: Literal["loaded", "loading", "unloaded"]
+    memory: int = 0  # bytes it holds while loaded
+    size: int = 0  # its file's bytes
+    embeddings: bool = False
+    context_window: int = 0  # 0: not known before its first load
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSnapshot:
     key: str  # "host:port" (dialed), "joined:<identity>" (joined) or "local"
     identity: str
@@ -78,6 +90,8 @@ class NodeSnapshot:
     @property
     def kv_percent(self) -> float:
         return 100.0 * self.kv_used / self.kv_total if self.kv_total else 0.0
+    # the models it keeps besides ``model``, loaded on demand, and which are loaded now
+    kept: tuple[KeptModelSnapshot, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +176,9 @@ class LocalNodeSnapshot:
     device_total: int = 0
     device_free: int = 0
     disk_free: int = 0
+    kept: tuple[KeptModelSnapshot, ...] = ()  # the models it serves besides ``model``
+    # what its first model holds of the budget (its file until an unload measured it)
+    model_memory: int = 0
 
 
 @dataclass(frozen=True, slots=True)

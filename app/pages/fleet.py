@@ -44,8 +44,27 @@ SERVING = {"off": "Not serving", "loading": "Loading the model…", "serving": "
            "paused": "Paused", "failed": "Failed"}
 
 
+KEPT_STATE = {"loaded": "loaded", "loading": "loading…", "unloaded": "on disk"}
+
+
+def model_cell(n: NodeSnapshot) -> Cell:
+    """Its first model, and how many it serves besides (each one's state in the tip)."""
+    if not n.kept:
+        return Cell(n.model)
+    lines = [f"{k.name}: {KEPT_STATE[k.state]}"
+             + (f", {amount(k.memory)}" if k.state == "loaded" and k.memory else "")
+             for k in n.kept]
+    loaded = sum(1 for k in n.kept if k.state == "loaded")
+    return Cell(f"{n.model} +{len(n.kept)}", tip=f"Also serves, loaded on demand "
+                f"({loaded} loaded now):\n" + "\n".join(lines))
+
+
 def state_cell(n: NodeSnapshot) -> Cell:
-    """Its link's state, or, linked, whether its model sleeps."""
+    """Its link's state, or, linked, whether its model sleeps or another model loads."""
+    loading = [k.name for k in n.kept if k.state == "loading"]
+    if n.state == "ready" and loading:
+        return Cell(f"loading {', '.join(loading)}", tone="warn",
+                    tip="A model it keeps is loading for a request.")
     if n.state == "ready" and n.sleep in SLEEP:
         text, tone, tip = SLEEP[n.sleep]
         return Cell(text, tone=tone, tip=tip)
@@ -89,7 +108,7 @@ def node_row(n: NodeSnapshot, now: float) -> Row:
             Cell(n.address),
             Cell(LINKS.get(n.link, n.link)),
             state_cell(n),
-            Cell(n.model),
+            model_cell(n),
             Cell(n.runtime),
             device_cell(n),
             Cell(tokens(n.context_window) if n.context_window else "—", right=True),

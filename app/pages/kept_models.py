@@ -1,5 +1,7 @@
 """The Models page's "On this machine" card: the models kept on this machine's disk (name,
-size, who serves each, when it was last used), the disk they take in all, and Remove,
+size, who serves each, whether this machine's node holds it in memory now and how much,
+when it was last used), the disk they take in all; Load and Unload, which load a model the
+node serves into memory or free it (it loads again on the next request); and Remove,
 which the engine refuses while a node here serves the model (its line shown under the
 table)."""
 
@@ -29,18 +31,40 @@ from engine.sizes import amount
 
 if TYPE_CHECKING:
     from engine.models.store import StoredModel
+    from engine.snapshot import LocalNodeSnapshot
 
-KEPT_COLUMNS = ("Model", "Size", "Served by", "Last used")
+KEPT_COLUMNS = ("Model", "Size", "Served by", "In memory", "Last used")
 SOURCE = {"embedded": "the embedded default", "test": "a test model",
           "imported": "a GGUF file imported by name (shoal models import)",
           "partial": "a download not finished"}
 
 
-def kept_row(m: StoredModel, now: float) -> tuple[Cell, ...]:
+def memory_state(m: StoredModel, node: LocalNodeSnapshot | None) -> tuple[str, str] | None:
+    """What this machine's node holds of ``m``: (the model's name on the node, the cell's
+    text), or None when the node does not serve it."""
+    if node is None:
+        return None
+    if str(m.path) == node.path:
+        held = "on disk (loads on the next request)" if node.sleep == "asleep" else \
+            "loading…" if node.sleep == "waking" else f"loaded, {amount(node.model_memory)}"
+        return node.model, held
+    kept = next((k for k in node.kept if k.name == m.name), None)
+    if kept is None:
+        return None
+    held = {"loaded": f"loaded, {amount(kept.memory)}", "loading": "loading…",
+            "unloaded": "on disk (loads on the next request)"}[kept.state]
+    return kept.name, held
+
+
+def kept_row(m: StoredModel, now: float,
+             node: LocalNodeSnapshot | None = None) -> tuple[Cell, ...]:
     served = ", ".join(m.served_by)
     used = "never" if m.last_used is None else ago(now - m.last_used)
+    state = memory_state(m, node)
+    held = Cell(state[1], tone="" if state[1].startswith("loaded") else "muted") \
+        if state is not None else Cell("—", tone="muted")
     return (Cell(m.name, tip=SOURCE.get(m.source, m.spec)), Cell(amount(m.size), right=True),
-            Cell(served or "—", tone="" if served else "muted"), Cell(used))
+            Cell(served or "—", tone="" if served else "muted"), held, Cell(used))
 
 
 def total_line(kept: list[StoredModel]) -> str:
@@ -59,6 +83,8 @@ class KeptCard(Card):
         self._bridge = bridge
         self._changed = changed
         self.kept: list[StoredModel] = []
+        self.node: LocalNodeSnapshot | None = None
+        self._held: tuple[object, ...] = ()
         self.rows = RowsModel(KEPT_COLUMNS, self)
         self.view = table(self.rows, stretch=0)
         self.view.setObjectName("keptModels")
@@ -69,19 +95,40 @@ class KeptCard(Card):
         self.remove_button.setObjectName("removeModel")
         self.remove_button.setToolTip("Delete the chosen model's files from this machine")
         self.remove_button.clicked.connect(self.remove_selected)
+        self.load_button = QPushButton("Load")
+        self.load_button.setObjectName("loadModel")
+        self.load_button.setToolTip("Load the chosen model into this machine's memory now, "
+                                    "as its first request would")
+        self.load_button.clicked.connect(lambda: self.load_selected(load=True))
+        self.unload_button = QPushButton("Unload")
+        self.unload_button.setObjectName("unloadModel")
+        self.unload_button.setToolTip("Free the memory the chosen model holds; it loads "
+                                      "again on the next request for it")
+        self.unload_button.clicked.connect(lambda: self.load_selected(load=False))
         line = self.row()
         line.addWidget(self.total, 1)
+        line.addWidget(self.load_button)
+        line.addWidget(self.unload_button)
         line.addWidget(self.remove_button)
         self.error = inline_error()
         self.ok = ok_line()
         self.add(self.error)
         self.add(self.ok)
 
+    def show_node(self, node: LocalNodeSnapshot | None) -> None:
+        """This machine's node as the last snapshot has it: which models it holds."""
+        held = (None,) if node is None else (node.path, node.sleep, node.model_memory,
+                                              node.kept)
+        self.node = node
+        if held != self._held:  # the table is built again only when that changed
+            self._held = held
+            self.show_kept(self.kept)
+
     def show_kept(self, kept: list[StoredModel]) -> None:
         self.kept = kept
         now = time.time()
         before = list(self.rows.keys)
-        self.rows.set_rows([(m.name, kept_row(m, now)) for m in kept])
+        self.rows.set_rows([(m.name, kept_row(m, now, self.node)) for m in kept])
         fit_rows(self.view, len(kept), least=1, most=6)
         if self.rows.keys != before:  # Qt sizes these columns again only when told so
             header = self.view.horizontalHeader()
@@ -90,9 +137,40 @@ class KeptCard(Card):
                 header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
         self.total.setText(total_line(kept))
         self.remove_button.setEnabled(bool(kept))
+        served = any(memory_state(m, self.node) is not None for m in kept)
+        self.load_button.setEnabled(served)
+        self.unload_button.setEnabled(served)
 
     def select(self, name: str) -> None:
         self.view.selectRow(self.rows.keys.index(name))
+
+    def load_selected(self, *, load: bool) -> None:
+        """Load (or unload) the chosen model on this machine's node."""
+        rows = self.view.selectionModel().selectedRows()
+        chosen = self.kept[rows[0].row()] if rows and rows[0].row() < len(self.kept) else None
+        state = memory_state(chosen, self.node) if chosen is not None else None
+        if chosen is None or state is None:
+            say(self.ok, "")
+            say(self.error, "Choose a model this machine serves in the table first." if
+                chosen is None else f"This machine's node does not serve {chosen.name}; "
+                "serve every kept model with Serve kept models in Settings, or "
+                "`shoal serve --serve-kept`.")
+            return
+        shoal = self._bridge.shoal
+        name = state[0]
+        say(self.error, "")
+        say(self.ok, f"Loading {name}…" if load else "")
+
+        def done(line: str) -> None:
+            say(self.error, "")
+            say(self.ok, line[:1].upper() + line[1:] + ".")
+
+        def refused(line: str) -> None:
+            say(self.ok, "")
+            say(self.error, line)
+
+        work = shoal.load_model(name) if load else shoal.unload_model(name)
+        run(self, self._bridge, work, done=done, failed=refused)
 
     def remove_selected(self) -> None:
         rows = self.view.selectionModel().selectedRows()

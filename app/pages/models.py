@@ -244,6 +244,7 @@ class ModelsPage(QWidget):
             self._seen = seen
             self.reload()
         self.split.render(snap)
+        self.kept.show_node(node)
         self.models.set_rows([(m.name, model_row(m)) for m in snap.models])
         fit_rows(self.model_view, len(snap.models), least=1, most=6)
         head = snap.roles.head

@@ -74,6 +74,11 @@ FLEET_CHOOSES = "Let the fleet choose this machine's model"
 FLEET_CHOOSES_TIP = ("A head of your fleet may have this machine download and serve another "
                      "model (the split the Models page suggests). Off: only you choose it "
                      "here. It takes effect at once.")
+SERVE_KEPT = "Serve every model kept on this machine"
+SERVE_KEPT_TIP = ("Besides the model it starts with, this machine serves every model on the "
+                  "Models page's list: each loads on the first request that names it, and "
+                  "the least recently used unloads when the memory above needs room. It "
+                  "takes effect when the model is next loaded.")
 FLEET_QUOTA = SETTING  # the row a node's refusal names
 FLEET_QUOTA_TIP = ("The disk the models your fleet's heads choose may take here: a size "
                    "(20G) or a share of the disk that holds the models (50%). Past it, the "
@@ -212,6 +217,11 @@ class SettingsPage(QWidget):
         serving.body.addLayout(form)
         serving.add(note("The model and the cache of every conversation share that memory. "
                          "An unloaded model loads again on the next request."))
+        self.serve_kept = QCheckBox(SERVE_KEPT)
+        self.serve_kept.setObjectName("serveKept")
+        self.serve_kept.setToolTip(SERVE_KEPT_TIP)
+        self.serve_kept.toggled.connect(lambda on: self._node_change(serve_kept=on))
+        serving.add(self.serve_kept)
         self.fleet_chooses = QCheckBox(FLEET_CHOOSES)
         self.fleet_chooses.setObjectName("fleetChoosesModel")
         self.fleet_chooses.toggled.connect(self._fleet_chooses_changed)
@@ -331,17 +341,22 @@ class SettingsPage(QWidget):
 
     def _show_node(self, node: NodeSettings | None) -> None:
         """How the node will hold its model (as the next start of the node has it)."""
-        for box in (self.budget, self.kv, self.gpu, self.idle, self.fleet_chooses,
-                    self.fleet_quota):
+        for box in (self.budget, self.kv, self.gpu, self.idle, self.serve_kept,
+                    self.fleet_chooses, self.fleet_quota):
             box.setEnabled(node is not None)
             box.setToolTip("" if node is not None else NO_NODE)
         if node is not None:
             self.gpu.setToolTip(GPU_TIP)
             self.fleet_chooses.setToolTip(FLEET_CHOOSES_TIP)
             self.fleet_quota.setToolTip(FLEET_QUOTA_TIP)
+            self.serve_kept.setToolTip(SERVE_KEPT_TIP)
         node = node or NodeSettings()
         if not self.fleet_quota.isModified():  # left as it is while a person types
             self.fleet_quota.setText(str(quota_value(node.fleet_models_quota)))
+        if self.serve_kept.isChecked() != node.serve_kept:
+            self.serve_kept.blockSignals(True)  # shown, not chosen
+            self.serve_kept.setChecked(node.serve_kept)
+            self.serve_kept.blockSignals(False)
         if self.fleet_chooses.isChecked() != node.fleet_may_choose_model:
             self.fleet_chooses.blockSignals(True)  # shown, not chosen
             self.fleet_chooses.setChecked(node.fleet_may_choose_model)
@@ -382,9 +397,10 @@ class SettingsPage(QWidget):
 
     def _node_change(self, *, memory_budget: int | Share | None = None,
                      kv_type: KvType | None = None, gpu: str | None = None,
-                     idle_unload_s: float | None = None) -> None:
+                     idle_unload_s: float | None = None,
+                     serve_kept: bool | None = None) -> None:
         """How the node holds its model, changed (memory_budget 0: the default share;
-        idle_unload_s 0: never)."""
+        idle_unload_s 0: never; serve_kept: every model kept here too)."""
         say(self.node_saved, "")
         say(self.node_error, "")
         shoal = self._bridge.shoal
@@ -400,7 +416,8 @@ class SettingsPage(QWidget):
             self._show_gpu()  # a name refused: shown again as Shoal holds it
 
         run(self, self._bridge, shoal.update_settings(
-            memory_budget=memory_budget, kv_type=kv_type, gpu=gpu, idle_unload_s=idle_unload_s),
+            memory_budget=memory_budget, kv_type=kv_type, gpu=gpu, idle_unload_s=idle_unload_s,
+            serve_kept=serve_kept),
             done=saved, failed=failed, anytime=True)
 
     def _fleet_chooses_changed(self, on: bool) -> None:

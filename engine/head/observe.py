@@ -18,6 +18,7 @@ from engine.snapshot import (
     AliasSnapshot,
     FleetSnapshot,
     HeadSnapshot,
+    KeptModelSnapshot,
     LinkKind,
     ModelSnapshot,
     NodeSnapshot,
@@ -44,7 +45,10 @@ def node_snapshot(pool: NodePool, *, now: float, wall: float) -> NodeSnapshot:
         ttft_ms=round(st.rates.ttft_ms, 1) if st else 0.0,
         last_seen=wall - (now - heard) if heard else 0.0,
         sessions_total=pool.sessions_total, peak_busy=st.peak_busy if st else 0,
-        connections=pool.conns, error=pool.shown_error(), **pool.pool_report())
+        connections=pool.conns, error=pool.shown_error(), **pool.pool_report(),
+        kept=tuple(KeptModelSnapshot(k.name, k.state, memory=k.mem, size=k.size,
+                                     embeddings=k.embeds, context_window=k.context_window)
+                   for k in pool.kept))
 
 
 def told_apart(named: list[tuple[str, str, bool]]) -> list[str]:

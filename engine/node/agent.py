@@ -785,6 +785,22 @@ class NodeAgent:
                 async with asyncio.timeout(None if self.sleep or self._busy else delay):
                     await self._activity.wait()
 
+    @property
+    def first_bytes(self) -> int:
+        """What the first model holds of the budget (its file until an unload measured)."""
+        return self._first_bytes
+
+    @property
+    def can_unload(self) -> bool:
+        return isinstance(self.engine, Sleeper)
+
+    async def unload_first(self) -> bool:
+        """Unload the first model now (a person's click); False while it answers."""
+        if self._first_busy():
+            return False
+        await self._suspend()
+        return True
+
     def _first_busy(self) -> int:
         """Requests on the first model now (the kept models' are counted by the shelf)."""
         return self._busy - (self.shelf.busy() if self.shelf is not None else 0)

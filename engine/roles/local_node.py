@@ -13,21 +13,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.discovery.service import announce_node
-from engine.errors import StartError
+from engine.errors import CommandError, StartError
 from engine.link.transport import is_loopback
 from engine.models import store as model_store
 from engine.models.loading import Resolved, load_engine
+from engine.node import model_set
 from engine.node.agent import NodeAgent, ServeModelAsked
 from engine.node.machine import MachineFacts
-from engine.node import model_set
-from engine.node.shelf import Keep, ModelShelf
+from engine.node.shelf import Keep, ModelShelf, Refused
 from engine.roles.sockets import bind, bound_address, parse_address
 from engine.runtimes.base import Embedder, Engine
 from engine.runtimes.budget import default_budget_bytes, total_memory_bytes
 from engine.runtimes.upstream.engine import UpstreamEngine
 from engine.settings import NODE_PORT, DiscoveryMode, NodeSettings
 from engine.sizes import budget_bytes
-from engine.snapshot import LocalNodeSnapshot, ServingState
+from engine.snapshot import KeptModelSnapshot, LocalNodeSnapshot, ServingState
 
 log = logging.getLogger("shoal.node")
 DRAIN_POLL_S = 0.05
@@ -135,7 +135,52 @@ class LocalNode:
             device_note=st.device_note, embeddings=isinstance(self.engine, Embedder),
             ram_total=facts.ram_total, device_kind=st.device_kind,
             device_total=st.device_total, device_free=st.device_free,
-            disk_free=facts.disk_free)
+            disk_free=facts.disk_free, model_memory=self.agent.first_bytes,
+            kept=tuple(KeptModelSnapshot(k.name, k.state, memory=k.mem, size=k.size,
+                                         embeddings=k.embeds, context_window=k.context_window)
+                       for k in (self.shelf.records() if self.shelf is not None else [])))
+
+    async def load(self, name: str) -> str:
+        """Load ``name``, the first model or one it keeps, as a request would (a person's
+        click): the line of what happened. CommandError (one line) when it cannot."""
+        if name == self.engine.info.model:
+            if not self.agent.sleep:
+                return f"{name} is loaded already"
+            await self.agent.wake()
+            return f"loaded {name}"
+        shelf = self._shelf_with(name)
+        if shelf.loaded(name) is not None:
+            return f"{name} is loaded already"
+        try:
+            await shelf.acquire(name)
+        except Refused as exc:
+            raise CommandError(str(exc)) from None
+        shelf.release(name)
+        return f"loaded {name}"
+
+    async def unload(self, name: str) -> str:
+        """Free ``name``'s memory now; it loads again on the next request for it."""
+        if name == self.engine.info.model:
+            if not self.agent.can_unload:
+                raise CommandError(f"{name} cannot be unloaded: its runtime keeps it loaded")
+            if not await self.agent.unload_first():
+                raise CommandError(f"{name} is answering requests; unload it when they "
+                                   "finish, or pause serving first")
+            return f"unloaded {name}; it loads again on the next request"
+        shelf = self._shelf_with(name)
+        if shelf.loaded(name) is None:
+            return f"{name} is not loaded"
+        if not await shelf.unload(name):
+            raise CommandError(f"{name} is answering requests; unload it when they finish")
+        return f"unloaded {name}; it loads again on the next request"
+
+    def _shelf_with(self, name: str) -> ModelShelf:
+        if self.shelf is None or name not in self.shelf:
+            kept = ", ".join([self.engine.info.model,
+                              *(self.shelf.names() if self.shelf else [])])
+            raise CommandError(f"this machine's node does not serve {name}; it serves "
+                               f"{kept} (serve every kept model with --serve-kept)")
+        return self.shelf
 
     def set_psk(self, psk: bytes | None) -> None:
         """A new fleet token: new links use it (heads and joins redial with it)."""

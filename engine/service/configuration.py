@@ -64,6 +64,7 @@ class Ask:
     kv_type: KvType | None = None
     gpu: str | None = None
     idle_unload_s: float | None = None
+    serve_kept: bool | None = None  # serve every model kept here too (the node's next start)
     fleet_may_choose_model: bool | None = None
     fleet_models_quota: Quota | None = None
     app: Mapping[str, Any] | None = None
@@ -158,7 +159,7 @@ def _checked(ask: Ask, pending: Settings, in_force: Settings,
     """The next start's changes and the node's settings that change at once, checked."""
     changes: dict[str, Any] = {}
     if any(v is not None for v in (ask.memory_budget, ask.kv_type, ask.gpu,
-                                   ask.idle_unload_s)):
+                                   ask.idle_unload_s, ask.serve_kept)):
         changes["node_memory"] = _node_memory(pending, ask, ram_total)
     head = pending.head or HeadSettings()
     if ask.http_port is not None:
@@ -237,8 +238,13 @@ def _node_memory(pending: Settings, ask: Ask, ram_total: int) -> NodeMemory:
             raise CommandError(f"the model unloads after 0 (never) to "
                                f"{MAX_IDLE_UNLOAD_MIN} minutes idle", code="bad_setting")
         idle = float(idle_unload_s) or None
+    if ask.serve_kept is not None and not isinstance(ask.serve_kept, bool):
+        raise CommandError("whether the node serves every kept model is true or false",
+                           code="bad_setting")
     return NodeMemory(memory_budget=new_budget, kv_type=kv_type or now.kv_type,
-                      idle_unload_s=idle, gpu=gpu or now.gpu)
+                      idle_unload_s=idle, gpu=gpu or now.gpu,
+                      serve_kept=now.serve_kept if ask.serve_kept is None
+                      else ask.serve_kept)
 
 
 def _port(value: int, what: str) -> int:

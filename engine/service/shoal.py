@@ -211,6 +211,7 @@ class Shoal:
                               kv_type: KvType | None = None,
                               gpu: str | None = None,
                               idle_unload_s: float | None = None,
+                              serve_kept: bool | None = None,
                               fleet_may_choose_model: bool | None = None,
                               fleet_models_quota: Quota | None = None,
                               app: Mapping[str, Any] | None = None) -> SettingsChange:
@@ -221,7 +222,7 @@ class Shoal:
             Ask(http_port=http_port, fleet_port=fleet_port, discovery=discovery,
                 queue_timeout_s=queue_timeout_s, memory_budget=memory_budget,
                 kv_type=kv_type, gpu=gpu, idle_unload_s=idle_unload_s,
-                fleet_may_choose_model=fleet_may_choose_model,
+                serve_kept=serve_kept, fleet_may_choose_model=fleet_may_choose_model,
                 fleet_models_quota=fleet_models_quota, app=app),
             running=self._roles.running or self._opening, ram_total=self.memory.total)
         self._emit(SettingsChanged(restart_needed=change.restart_needed))
@@ -273,6 +274,15 @@ class Shoal:
         ShoalError says both. The pull holds no role lock: leave, join and the API's
         switch go on meanwhile; only the swap waits for them."""
         return await self._roles.swap(spec, runtime, await self._owned(spec, runtime))
+
+    async def load_model(self, name: str) -> str:
+        """Load ``name`` on this machine's node (its first model, or one it keeps) as a
+        request would; the line of what happened. CommandError when it cannot."""
+        return await self._roles.require_node().load(name)
+
+    async def unload_model(self, name: str) -> str:
+        """Free ``name``'s memory on this machine's node; it loads again on demand."""
+        return await self._roles.require_node().unload(name)
 
     async def pull_model(self, spec: str, *, runtime: str | None = None) -> Path:
         """Pull ``spec`` into the models kept here (with PullProgress events), without

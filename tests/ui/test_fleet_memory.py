@@ -74,3 +74,29 @@ def test_the_tray_says_when_this_machines_model_sleeps(sleep: str, line: str) ->
     # another machine's sleeping node is not this machine's
     assert "asleep" not in status_line(view(snap(sleepy("b", sleep="asleep"),
                                                  mine=local())))
+
+
+async def test_a_node_that_keeps_models_shows_them_and_which_one_loads(
+        bridge: ShoalBridge) -> None:
+    from app.tray import status_line
+    from engine.snapshot import KeptModelSnapshot
+    from tests.ui.test_tray_view import view
+
+    kept = (KeptModelSnapshot("gemma", "loading", size=241 * MiB),
+            KeptModelSnapshot("minilm", "loaded", memory=57 * MiB, size=44 * MiB))
+    page = FleetPage(bridge)
+    try:
+        page.render(snap(sleepy("local", link="local", kept=kept), sleepy("other")))
+        rows = {page.nodes.key_at(r): r for r in range(page.nodes.rowCount())}
+        assert page.nodes.text(rows["local"], "Model") == "m +2"
+        tip = page.nodes.rows[rows["local"]][NODE_COLUMNS.index("Model")].tip
+        assert "gemma: loading…" in tip and "minilm: loaded, 57 MiB" in tip, tip
+        assert page.nodes.text(rows["local"], "State") == "loading gemma"
+        assert page.nodes.text(rows["other"], "Model") == "m"  # keeps nothing besides
+        page.render(snap(sleepy("local", link="local", kept=kept[1:])))
+        assert page.nodes.text(0, "State") == "ready"
+    finally:
+        page.deleteLater()
+    line = status_line(view(snap(sleepy("local", link="local"),
+                                 mine=replace(local(), kept=kept))))
+    assert line.endswith(" · loading gemma"), line

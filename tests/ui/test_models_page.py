@@ -359,3 +359,46 @@ async def test_a_machine_that_cannot_serve_its_model_of_the_split_says_why(
                     "the laptop's failure shown at the desk", timeout=30)
         assert split.rows.text(row, "Now").startswith(f"could not serve {broken}")
         assert split.use.isEnabled()  # the user may ask again
+
+
+async def test_kept_models_load_and_unload_by_a_click(tmp_path: Path, qtbot,
+                                                      smollm2_gguf: Path) -> None:
+    """A node that serves every model kept here (Settings' "Serve every model kept on this
+    machine"): the Models page says which are in memory and how much each holds, and Load
+    and Unload move them as a person clicks (the first model too)."""
+    from engine.models.store import import_gguf
+    from tests.e2e.test_models_kept import put_embedded
+
+    home = tmp_path / "home"
+    await asyncio.to_thread(put_embedded, home, smollm2_gguf)
+    await asyncio.to_thread(import_gguf, home, smollm2_gguf, "second")
+    settings = both(home).with_node(NodeSettings(model=None, runtime="llamacpp", lanes=1,
+                                                 gpu="off", serve_kept=True))
+    async with running(settings) as shoal, bridged(shoal) as ui:
+        await ready(shoal)
+        _window, page = models_page(ui)
+        kept = page.kept
+
+        def memory() -> dict[str, str]:
+            return {k: kept.rows.text(i, "In memory") for i, k in enumerate(kept.rows.keys)}
+
+        await until(lambda: set(memory()) == {EMBEDDED, "second"}
+                    and memory()["second"].startswith("on disk")
+                    and memory()[EMBEDDED].startswith("loaded, "), "both kept, one loaded")
+        kept.select("second")
+        click(qtbot, kept.load_button)
+        await until(lambda: memory()["second"].startswith("loaded, "), "second loaded")
+        await until(kept.ok.isVisible, "the line of the load")
+        assert kept.ok.text() == "Loaded second."
+        node = shoal.snapshot().roles.node
+        assert node is not None and [k.state for k in node.kept] == ["loaded"]
+        assert node.kept[0].memory > 0
+
+        click(qtbot, kept.unload_button)
+        await until(lambda: memory()["second"].startswith("on disk"), "second unloaded")
+        kept.select(EMBEDDED)
+        click(qtbot, kept.unload_button)
+        await until(lambda: memory()[EMBEDDED].startswith("on disk"), "the first unloaded")
+        click(qtbot, kept.load_button)
+        await until(lambda: memory()[EMBEDDED].startswith("loaded, "), "the first back")
+        assert not kept.error.isVisible()
