@@ -13,12 +13,15 @@ from dataclasses import replace
 from engine.errors import StartError
 from engine.events import Notice, ShoalEvent
 from engine.head.prompt.model import HeadModel
+from engine.models import cache as model_cache
+from engine.models import errors as model_errors
+from engine.models import ids
 from engine.models.learn import READS_HEADERS, learn_model
 from engine.models.loading import Pulls, Resolved, load_head_model, resolve
 from engine.roles.head_role import HeadRole
 from engine.service.configuration import Configuration
 from engine.settings import HeadSettings
-from engine.tasks import cancel_and_wait
+from engine.tasks import TaskSet, cancel_and_wait
 
 log = logging.getLogger("shoal")
 
@@ -50,6 +53,7 @@ class HeadModels:
         self._emit = emit
         self._head = head  # the head running now (it changes while a header is fetched)
         self._learning: asyncio.Task[None] | None = None
+        self._kept: TaskSet = TaskSet("the head's learning of kept models")
 
     async def for_start(self, hs: HeadSettings, model: Resolved
                         ) -> tuple[list[HeadModel], list[str]]:
@@ -81,8 +85,39 @@ class HeadModels:
             self._learning = asyncio.get_running_loop().create_task(
                 self._learn_all(later), name="shoal-head-learns")
 
+    def learn_kept(self, names: list[str]) -> None:
+        """A fleet node keeps ``names``, which this head has no tokenizer for: learn each
+        in the background (a hub id from its header; a name the hub cannot give, such as
+        an imported file's, is said in one line and left out)."""
+        for name in names:
+            self._kept.spawn(self._learn_kept(name), "head-learns-kept")
+
+    async def _learn_kept(self, name: str) -> None:
+        head = self._head()
+        runtime = head.head.model.runtime if head is not None else ""
+        try:
+            ids.parse_model_id(name)
+        except ValueError:
+            # not a hub id (a file imported under a name): only a copy here can teach it
+            if runtime != "mock" and not await asyncio.to_thread(
+                    self._kept_here, name):
+                self._warn(f"a fleet node keeps {name}, which this machine's API cannot "
+                           "serve: it is no hub id, so its tokenizer cannot be fetched; "
+                           f"import the same file here (`shoal models import FILE --name "
+                           f"{name}`) and restart Shoal")
+                return
+        await self.learn(name)
+
+    def _kept_here(self, name: str) -> bool:
+        try:
+            model_cache.resolve_model(name, home=self._conf.settings.home, offline=True)
+        except (model_errors.ModelMissing, ValueError):
+            return False
+        return True
+
     async def close(self) -> None:
-        await cancel_and_wait([self._learning], "the head's models from the hub")
+        await cancel_and_wait([self._learning, *self._kept],
+                              "the head's models from the hub")
         self._learning = None
 
     async def learn(self, spec: str) -> str:

@@ -151,6 +151,8 @@ class RunningRoles:
                                          emit=self._emit, clock=self._clock, wall=self._wall,
                                          http_sock=sock, snapshot=self._snapshot)
         await self._models.learn_later(later)
+        # models the fleet's nodes keep that this head does not know: learnt as they come
+        self.head.head.fleet.on_unknown_kept = self._models.learn_kept
         if self.node is not None:
             self.head.link_local(self.node.host, self.node.port)
         return model

@@ -136,3 +136,31 @@ def test_kept_models_load_on_demand_and_answer_as_alone(kept_home: Cluster, smol
     assert _complete(tight, "gemma") == gemma_alone  # it loads again
     assert "gemma" in _loaded(tight)
     assert _rss(tight) <= budget
+
+
+def test_a_head_on_another_machine_learns_a_kept_model_it_can_read(
+        cluster: Cluster, smollm2_gguf: Path, gemma_gguf: Path) -> None:
+    """A node keeps Gemma under an imported name; a head on another machine (another
+    SHOAL_HOME) cannot fetch that name's tokenizer and says how to fix it in one line; with
+    the same file imported there too, it learns it and serves it through that node."""
+    far = cluster.home.parent / "far"
+    far.mkdir()
+    import_gguf(far, gemma_gguf, "gemma")
+    node = cluster.node("far", model=str(smollm2_gguf), runtime="llamacpp", lanes=1,
+                        extra=("--serve-kept", "--max-context", "1024"),
+                        env={**cluster.env, "SHOAL_HOME": str(far)}, ready_timeout=120)
+    blind = cluster.head([node], model=str(smollm2_gguf), runtime="llamacpp",
+                         ready_timeout=120)
+    until_sync(lambda: "a fleet node keeps gemma, which this machine's API cannot serve"
+               in blind.log_text(), "the head to say it cannot serve gemma", timeout=30)
+    assert "shoal models import FILE --name gemma" in blind.log_text()
+    assert "gemma" not in {m["id"] for m in _get(blind, "/v1/models")["data"]}
+    blind.stop()
+
+    import_gguf(cluster.home, gemma_gguf, "gemma")
+    head = cluster.head([node], model=str(smollm2_gguf), runtime="llamacpp",
+                        ready_timeout=120)
+    until_sync(lambda: "gemma" in {m["id"] for m in _get(head, "/v1/models")["data"]},
+               "the head to learn gemma from its own copy", timeout=30)
+    assert _complete(head, "gemma").strip()
+    assert "gemma" in _loaded(head)

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, TypedDict
 
@@ -215,6 +215,8 @@ class NodePool:
         before = self.reported_busy
         self.stats = st
         self.stats_at = self.fleet.clock()
+        if st.kept and (old is None or old.kept != st.kept):
+            self.fleet.kept_seen(st.kept)
         if st.lanes_busy < st.lanes:
             self.full_until = 0.0
         # a lane freed, or the pool that the lanes share has room for a longer prompt
@@ -543,6 +545,8 @@ class NodePool:
         self.info = NodeInfo(identity=hello.identity, model=hello.model, runtime=hello.runtime,
                              context_window=hello.context_window, lanes=hello.lanes,
                              takes_models=hello.takes_models, kept=tuple(hello.kept))
+        if hello.kept:
+            self.fleet.kept_seen(hello.kept)
         if fresh or not self._announced:
             self._announced = True
             self.last_error = ""
@@ -629,6 +633,10 @@ class Fleet:
         self._tasks = TaskSet("the fleet's node links")
         self.on_capacity: Callable[[], None] | None = None
         self.on_window: Callable[[], None] | None = None
+        # told of models a node keeps that this head has no tokenizer for (it may learn
+        # them: engine.service.head_models); each name once
+        self.on_unknown_kept: Callable[[list[str]], None] | None = None
+        self._told_kept: set[str] = set()
         self._asks = 0  # the last ServeModel's ask, over every node
 
     def next_ask(self) -> int:
@@ -678,6 +686,16 @@ class Fleet:
     def capacity_changed(self) -> None:
         if self.on_capacity is not None:
             self.on_capacity()
+
+    def kept_seen(self, kept: Sequence[m.KeptModel]) -> None:
+        """A node said what it keeps: pass on the names this head has not met."""
+        new = [k.name for k in kept if k.name not in self.models and k.name not in
+               self._told_kept]
+        if new and self.on_unknown_kept is not None:
+            if len(self._told_kept) > 4096:  # bounded: names from many nodes over time
+                self._told_kept.clear()
+            self._told_kept.update(new)
+            self.on_unknown_kept(new)
 
     def window_changed(self) -> None:
         if self.on_window is not None:
