@@ -3,7 +3,9 @@ should serve (the engine's split, ``FleetFits.split``), each with its fit and sp
 estimate there, and under it the models suggested beside it (``FleetFits.beside``: an
 editor's autocomplete and embeddings models, fitting together with it in the machine's
 budget). "Use this split" asks each machine to serve its main model (``shoal.serve_on``),
-each pulling its own; the models beside it are suggestions only. Then each machine's line
+each pulling its own, and this machine to serve the models beside its own too
+(``shoal.serve_too``: each loads on its first request); beside another machine's they are
+suggestions. Then each machine's line
 says how its pull goes (this machine from its pulls, the others from their nodes' stats)
 until it serves its model.
 
@@ -31,8 +33,9 @@ if TYPE_CHECKING:
 SPLIT_COLUMNS = ("Machine", "Model", "For", "Fit", "Now")
 ROLE = {"agents": "agents and chat", "autocomplete": "editor autocomplete", "chat": "chat",
         "embeddings": "embeddings (codebase search)"}
-BESIDE_TIP = ("Use this split serves each machine's main model; a model beside it is a "
-              "suggestion that fits together with it in the machine's budget")
+BESIDE_TIP = ("Use this split serves each machine's main model, and on this machine the "
+              "models beside it too (each loads on its first request); beside another "
+              "machine's, a model is a suggestion that fits together with it there")
 
 
 def role_text(s: Suggestion) -> str:
@@ -154,7 +157,11 @@ class SplitCard(Card):
         node = snap.roles.node
         served_here = node.model if node is not None else ""
         offered_served = all(same(s.candidate.spec, served_here) for s in split)
-        self.setVisible(bool(split) and not (alone and offered_served))
+        # a model suggested beside this machine's own that it does not serve yet
+        beside_waiting = any(b.machine == self._here and
+                             beside_now_cell(b, snap, self._here).text == "not served"
+                             for b in self.beside)
+        self.setVisible(bool(split) and not (alone and offered_served and not beside_waiting))
         if not split:
             return
         rows = []
@@ -170,13 +177,13 @@ class SplitCard(Card):
                                  self._cells(b, beside_now_cell(b, snap, self._here))))
         self.rows.set_rows(rows)
         fit_rows(self.view, len(rows), least=1, most=9)
-        if all_serving:
+        if all_serving and not beside_waiting:
             self._accepted = None
         # a machine that failed (or refused) lets the user ask again
-        self.use.setEnabled(bool(split) and not all_serving
+        self.use.setEnabled(bool(split) and (not all_serving or beside_waiting)
                             and (self._accepted is None or failed))
         self.done_line.setText("Every machine serves its suggested model." if split
-                               and all_serving else "")
+                               and all_serving and not beside_waiting else "")
 
     def _cells(self, s: Suggestion, now: Cell) -> tuple[Cell, ...]:
         c = s.candidate
@@ -190,7 +197,15 @@ class SplitCard(Card):
         say(self.error, "")
         shoal = self._bridge.shoal
         self._accepted, self._accepted_beside = self.split, self.beside
+        for b in self.beside:  # this machine serves the models beside its own too
+            if b.machine == self._here:
+                run(self, self._bridge, shoal.serve_too(b.candidate.spec),
+                    done=lambda _line: self.render(self._bridge.last),
+                    failed=lambda line: say(self.error, line))
+        snap = self._bridge.last
         for s in self.split:
+            if now_cell(s, snap, None, self._here).text == "serves it":
+                continue  # asked again for the models beside it only
             key, spec = s.machine, s.candidate.spec
             self._asked[key] = Asked(spec, "asked to serve it…", refused=False)
 

@@ -154,9 +154,16 @@ class NodeAgent:
         self.keep_alive_s: float | None = None
         self._engine_lock = asyncio.Lock()  # one unload or load at a time
         if shelf is not None:
-            shelf.first = FirstModel(name=engine.info.model, held=self._first_held,
-                                     unload=self._suspend)
-            shelf.changed = self._broadcast_stats
+            self.attach(shelf)
+
+    def attach(self, shelf: ModelShelf) -> None:
+        """Serve the models ``shelf`` keeps besides the first, from now on."""
+        shelf.first = FirstModel(name=self.engine.info.model, held=self._first_held,
+                                 unload=self._suspend)
+        shelf.changed = self._broadcast_stats
+        self.shelf = shelf
+        if self._heads:
+            self._broadcast_stats()
 
     # -- lifecycle -------------------------------------------------------------
 

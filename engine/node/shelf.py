@@ -97,6 +97,14 @@ class ModelShelf:
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
 
+    def add(self, keep: Keep) -> bool:
+        """Keep one more model (False: one of that name is kept already)."""
+        if keep.name in self._entries:
+            return False
+        self._entries[keep.name] = _Entry(keep, self._clock())
+        self.changed()
+        return True
+
     # -- what the node says ------------------------------------------------------------
 
     def names(self) -> list[str]:

@@ -73,10 +73,7 @@ class LocalNode:
             # an engine it fronts has its own tokenizer: check it against each head's
             probe = engine.probe if isinstance(engine, UpstreamEngine) else []
             if kept:
-                total = total_memory_bytes()
-                budget = engine.stats().mem_budget or budget_bytes(
-                    settings.memory_budget, total) or default_budget_bytes(total)
-                shelf = ModelShelf([_keep(settings, r) for r in kept], budget=budget)
+                shelf = _shelf(settings, engine, kept)
             agent = NodeAgent(engine, identity=settings.identity or socket.gethostname(),
                               psk=psk, handshake_timeout_s=settings.handshake_timeout_s,
                               idle_timeout_s=settings.idle_timeout_s,
@@ -174,6 +171,16 @@ class LocalNode:
             raise CommandError(f"{name} is answering requests; unload it when they finish")
         return f"unloaded {name}; it loads again on the next request"
 
+    def keep_also(self, model: Resolved) -> bool:
+        """Serve ``model`` too, loaded on the first request for it (False: served already)."""
+        if model.name == self.engine.info.model or model.path == self.model.path:
+            return False
+        if self.shelf is None:
+            self.shelf = _shelf(self.settings, self.engine, [model])
+            self.agent.attach(self.shelf)
+            return True
+        return self.shelf.add(_keep(self.settings, model))
+
     def _shelf_with(self, name: str) -> ModelShelf:
         if self.shelf is None or name not in self.shelf:
             kept = ", ".join([self.engine.info.model,
@@ -205,6 +212,14 @@ class LocalNode:
         if self.shelf is not None:
             await self.shelf.close()
         await self.engine.close()
+
+
+def _shelf(settings: NodeSettings, engine: Engine, kept: Sequence[Resolved]) -> ModelShelf:
+    """The models a node keeps besides ``engine``'s, within its memory budget."""
+    total = total_memory_bytes()
+    budget = engine.stats().mem_budget or budget_bytes(
+        settings.memory_budget, total) or default_budget_bytes(total)
+    return ModelShelf([_keep(settings, r) for r in kept], budget=budget)
 
 
 def _keep(settings: NodeSettings, model: Resolved) -> Keep:

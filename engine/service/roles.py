@@ -195,6 +195,24 @@ class RunningRoles:
         if self.head is not None:
             self.head.link_local(self.node.host, self.node.port)
 
+    async def serve_too(self, model: Resolved) -> str:
+        """Serve ``model`` (kept here already) on this machine's node besides its first,
+        loaded on the first request for it; from now on the node serves every model kept
+        here (``serve_kept``), across restarts too. The line of what happened."""
+        async with self.lock:
+            node = self.require_node()
+            if not node.keep_also(model):
+                return f"this machine serves {model.name} already"
+            if self.head is not None:
+                await self._head_learns([model])
+            ns = self._conf.settings.node
+            if ns is not None and not ns.serve_kept:
+                self._conf.update(lambda s: s.with_node(replace(ns, serve_kept=True)))
+                self._conf.save_soon(lambda line: self._emit(Notice(level="error",
+                                                                    text=line)))
+        log.info("this machine serves %s too, loaded on the first request for it", model.name)
+        return f"this machine serves {model.name} too; it loads on the first request for it"
+
     async def _kept_beside(self, ns: NodeSettings, first: Resolved) -> list[Resolved]:
         """Every model kept here besides ``first``, for the node to serve on demand (whole
         files only: a pull under way is not a model yet)."""

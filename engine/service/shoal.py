@@ -275,6 +275,28 @@ class Shoal:
         switch go on meanwhile; only the swap waits for them."""
         return await self._roles.swap(spec, runtime, await self._owned(spec, runtime))
 
+    async def serve_too(self, spec: str, *, runtime: str | None = None) -> str:
+        """Serve ``spec`` on this machine besides the model it serves (pulled first, with
+        progress; a file elsewhere is imported into the models kept here, linked): it loads
+        on the first request for it, and unloads when idle or when another needs the room.
+        The line of what happened; ShoalError when it cannot."""
+        node = self.settings.node
+        model = await self._owned(spec, runtime or (node.runtime if node else None))
+        home = self.settings.home
+        kept = await asyncio.to_thread(model_store.kept_models, home)
+        here = next((k for k in kept if str(k.path) == model.path or k.name == model.name),
+                    None)
+        if here is not None:  # kept already (imported before, under its name)
+            model = Resolved(path=str(here.path), name=here.name, runtime=model.runtime)
+        elif await asyncio.to_thread(Path(model.path).is_file):  # none for the mock runtime
+            try:
+                stored = await asyncio.to_thread(model_store.import_gguf, home,
+                                                 Path(model.path), model.name)
+            except model_store.CannotImport as exc:
+                raise CommandError(str(exc), code="cannot_import") from None
+            model = Resolved(path=str(stored.path), name=stored.name, runtime=model.runtime)
+        return await self._roles.serve_too(model)
+
     async def load_model(self, name: str) -> str:
         """Load ``name`` on this machine's node (its first model, or one it keeps) as a
         request would; the line of what happened. CommandError when it cannot."""

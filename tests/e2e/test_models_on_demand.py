@@ -164,3 +164,33 @@ def test_a_head_on_another_machine_learns_a_kept_model_it_can_read(
                "the head to learn gemma from its own copy", timeout=30)
     assert _complete(head, "gemma").strip()
     assert "gemma" in _loaded(head)
+
+
+async def test_serve_too_keeps_a_file_here_and_serves_it_beside_the_first(
+        tmp_path: Path, smollm2_gguf: Path, gemma_gguf: Path) -> None:
+    """`Shoal.serve_too` (the app's "serve it too"): a GGUF elsewhere is imported into the
+    models kept here and served at once beside the first model, loaded by its first
+    request, and the node serves every kept model from then on (its next start too)."""
+    from engine.settings import DiscoverySettings, HeadSettings, NodeSettings, Settings
+    from tests.integration.test_service import chat, ready, running
+
+    settings = Settings(home=tmp_path / "home", discovery=DiscoverySettings(mode="none"),
+                        head=HeadSettings(http="127.0.0.1:0"),
+                        node=NodeSettings(model=str(smollm2_gguf), runtime="llamacpp",
+                                          lanes=1, gpu="off", max_context=1024))
+    name = "gemma-3-270m-q4_k_m"
+    async with running(settings) as shoal:
+        await ready(shoal)
+        line = await shoal.serve_too(str(gemma_gguf))
+        assert line == f"this machine serves {name} too; it loads on the first request for it"
+        node = shoal.snapshot().roles.node
+        assert node is not None and [(k.name, k.state) for k in node.kept] == \
+            [(name, "unloaded")]
+        assert shoal.settings.node is not None and shoal.settings.node.serve_kept
+        assert name in {m.name for m in await shoal.models.kept()}
+        status, body = await chat(shoal, path="/v1/completions", model=name,
+                                  prompt=PROMPT, messages=None, temperature=0)
+        assert status == 200 and body["model"] == name, body
+        node = shoal.snapshot().roles.node
+        assert node is not None and node.kept[0].state == "loaded"
+        assert await shoal.serve_too(str(gemma_gguf)) == f"this machine serves {name} already"

@@ -200,11 +200,17 @@ async def test_the_split_has_each_machine_serve_its_model_with_one_click(tmp_pat
         assert not split.use.isEnabled()  # once: each machine is asked
         await until(lambda: now() == ["serves it"] * 2, "both machines serving their models",
                     timeout=30)
-        # each machine serves its main model only: the ones beside it are suggestions
-        assert beside_now() == ["not served"] * len(fits.beside)
+        # this machine serves the models beside its own too (each loaded on demand); beside
+        # the laptop's they are suggestions
+        here = [b for b in fits.beside if b.machine == "this machine"]
+        assert here, fits.beside
+        await until(lambda: beside_now() == ["served in the fleet" if b in here
+                                             else "not served" for b in fits.beside],
+                    "this machine serving the models beside its own", timeout=30)
         desk_node, laptop_node = desk.snapshot().roles.node, laptop.snapshot().roles.node
         assert desk_node is not None and desk_node.model == wanted["this machine"]
         assert laptop_node is not None and laptop_node.model == wanted[laptop_key]
+        assert {k.name for k in desk_node.kept} == {b.candidate.spec for b in here}
         assert split.done_line.text() == "Every machine serves its suggested model."
         assert not split.use.isEnabled()
 
@@ -227,7 +233,14 @@ async def test_the_split_is_hidden_for_one_machine_serving_its_suggestion(tmp_pa
         assert ROLES["autocomplete"] in roles[1:] or roles[0].endswith(
             ", editor autocomplete"), roles
         await shoal.set_model(alone.candidate.spec, runtime="mock")
+        # still offered: the models beside it are not served yet; one click serves them
+        await until(lambda: page.split.use.isEnabled(), "the split offering the rest")
+        assert page.split.isVisible() and page.split.done_line.text() == ""
+        click(qtbot, page.split.use)
         await until(lambda: not page.split.isVisible(), "the split hidden")
+        node = shoal.snapshot().roles.node
+        assert node is not None and node.model == alone.candidate.spec
+        assert {k.name for k in node.kept} == {b.candidate.spec for b in fits.beside}
 
 
 @pytest.mark.e2e
