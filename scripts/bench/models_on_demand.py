@@ -757,6 +757,788 @@ def plot(rows: list[dict[str, Any]], args: argparse.Namespace, gguf: Path) -> st
 
 
 # ----------------------------------------------------------------------------
+# several models on one node: load, interleaved, memory, estimate
+
+CONTEXT = 1024  # tokens a lane holds, on every side (--max-context; llama-server -c / -np)
+LANES = 2  # lanes a model has (--max-batch; llama-server -np)
+LOAD_TOKENS = 4  # what a load round asks for: its first token is what counts
+TARGET_INTERLEAVED = 0.95  # ours / two single-model nodes, tokens/s, at least
+MEMORY_SLACK = 50 * 1000 * 1000  # bytes: "the sum of each served alone plus 50 MB"
+TARGET_ESTIMATE = (0.7, 1.3)  # estimate / measured decode tokens/s
+UNLOAD_TIMEOUT = 30.0  # s, a model until its side says it is unloaded
+STORY = ("Once upon a time, in a small village by the sea, there lived an old fisherman "
+         "who told the children long stories every evening. One of them began like this:")
+
+
+@dataclass
+class Serve:
+    """A ``shoal serve`` process (head and node in one) or llama-server's router."""
+
+    label: str
+    proc: Started
+    names: dict[str, str]  # our key of a model (smollm2, gemma) -> its name on the API
+    budget: str = ""  # what the node said at start: "within a memory budget of ..."
+    flags: str = ""  # how it was started, for the report
+
+    @property
+    def port(self) -> int:
+        return self.proc.port
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+def generation_models(args: argparse.Namespace) -> dict[str, Path]:
+    """SmolLM2 135M and Gemma 3 270M: ``--smollm2`` / ``--gemma``, else the project's
+    test copies under ``--cache``."""
+    from engine.models.embedded import ensure_embedded_default, ensure_test_gemma
+
+    home = args.cache / "home"
+    smollm2 = args.smollm2 or ensure_embedded_default(home)
+    gemma = args.gemma or ensure_test_gemma(home)
+    return {"smollm2": Path(smollm2), "gemma": Path(gemma)}
+
+
+def shoal_env(bench: Bench, label: str) -> dict[str, str]:
+    home = bench.work / label
+    home.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "SHOAL_HOME": str(home), "PYTHONUNBUFFERED": "1",
+            "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring",
+            # one RAM measurement for all the homes, not one per process start
+            "SHOAL_MACHINE_CACHE": str(bench.work / "machine")}
+
+
+def start_serve(bench: Bench, label: str, first: Path, kept: dict[str, Path] | None = None,
+                *, lanes: int = LANES, budget: str | None = None) -> Serve:
+    """``shoal serve FIRST`` in a SHOAL_HOME of its own, with ``kept`` imported there first
+    (``shoal models import FILE --name NAME``) and ``--serve-kept`` where there are any.
+    Started, not waited for: :func:`ready` waits."""
+    env = shoal_env(bench, label)
+    (bench.work / "machine").mkdir(exist_ok=True)
+    for name, path in (kept or {}).items():
+        subprocess.run([str(SHOAL), "models", "import", str(path), "--name", name], env=env,
+                       capture_output=True, text=True, timeout=60, check=True)
+    flags = ["--max-batch", str(lanes), "--max-context", str(CONTEXT)]
+    if kept:
+        flags.append("--serve-kept")
+    if budget:
+        flags += ["--memory-budget", budget]
+    proc = bench.procs.start(label, [str(SHOAL), "serve", str(first), "--http",
+                                     "127.0.0.1:0", *flags], env=env)
+    names = {name: name for name in kept or {}}
+    return Serve(label, proc, names, flags=" ".join(flags))
+
+
+def ready(serve: Serve) -> Serve:
+    """Wait for ``shoal serve``'s ready line; learn its port, budget and first model's name."""
+    proc = serve.proc
+    proc.port = int(wait_for_line(proc, re.compile(r"at http://127\.0\.0\.1:(\d+)/v1"),
+                                  "its ready line").group(1))
+    found = re.search(r"within a memory budget of (.+?) \(", proc.log.read_text(
+        errors="replace"))
+    serve.budget = found.group(1) if found else "?"
+    status, models = get_json(proc.port, "/v1/models")
+    if status != 200:
+        raise RuntimeError(f"{serve.label}: /v1/models answered {status}")
+    return serve
+
+
+def start_router(bench: Bench, models: dict[str, Path], lanes: int = LANES) -> Serve:
+    """llama-server's router on a folder of links named ``KEY.gguf`` (it names a model by
+    its file's stem), autoload on (its default), at most 4 models loaded at once."""
+    from tests.llama_server_proc import same_repacking
+
+    binary = server_binary(bench.args)
+    bench.versions["llama-server"] = llama_server_version(binary)
+    folder = bench.work / "router-models"
+    folder.mkdir(exist_ok=True)
+    for key, path in models.items():
+        link = folder / f"{key}.gguf"
+        if not link.exists():
+            link.symlink_to(path.resolve())
+    port = free_port()
+    flags = ["--models-dir", "DIR", "--models-max", "4", "-c", str(CONTEXT * lanes),
+             "-np", str(lanes), "-t", str(bench.threads), *same_repacking()]
+    cmd = [str(binary), *(str(folder) if f == "DIR" else f for f in flags),
+           "--host", "127.0.0.1", "--port", str(port)]
+    proc = bench.procs.start("llama-server-router", cmd)
+    proc.port = port
+
+    def listed() -> bool:
+        status, body = get_json(port, "/models")
+        return status == 200 and {m["id"] for m in body["data"]} >= set(models)
+
+    wait_until(listed, "the router listing the models", proc)
+    return Serve("llama-server router", proc, {k: k for k in models}, flags=" ".join(flags))
+
+
+def post(port: int, path: str, body: dict[str, Any],
+         timeout: float = REQUEST_TIMEOUT) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", path, body=json.dumps(body).encode(),
+                     headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        raw = r.read()
+        try:
+            return r.status, json.loads(raw) if raw else None
+        except ValueError:
+            return r.status, raw[:300]
+    finally:
+        conn.close()
+
+
+@dataclass
+class Answer:
+    ttft: float  # s, sent to the first chunk with text (streamed); the wall when not
+    wall: float  # s, sent to the whole answer read
+    tokens: int  # completion tokens (usage when it says, else chunks with text)
+
+
+def complete(port: int, model: str, prompt: str, max_tokens: int, *,
+             stream: bool) -> Answer:
+    """One greedy ``POST /v1/completions``."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "stream": stream}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT)
+    try:
+        t0 = time.perf_counter()
+        conn.request("POST", "/v1/completions", body=json.dumps(body).encode(),
+                     headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        if r.status != 200:
+            raise RuntimeError(f"port {port}, {model}: {r.status} {r.read()[:300]!r}")
+        if not stream:
+            data = json.loads(r.read())
+            wall = time.perf_counter() - t0
+            return Answer(wall, wall, int(data["usage"]["completion_tokens"]))
+        ttft = 0.0
+        chunks = 0
+        for _ in range(max_tokens * 4 + 64):  # bounded: a chunk a token, and a few more
+            line = r.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            choices = json.loads(payload).get("choices") or [{}]
+            if choices[0].get("text"):
+                chunks += 1
+                if not ttft:
+                    ttft = time.perf_counter() - t0
+        r.read()
+        wall = time.perf_counter() - t0
+        if not ttft:
+            raise RuntimeError(f"port {port}, {model}: a streamed answer without text")
+        return Answer(ttft, wall, chunks)
+    finally:
+        conn.close()
+
+
+def shoal_loaded(serve: Serve) -> set[str]:
+    status, body = get_json(serve.port, "/api/ps")
+    if status != 200:
+        raise RuntimeError(f"{serve.label}: /api/ps answered {status}")
+    return {m["name"] for m in body["models"]}
+
+
+def router_loaded(serve: Serve) -> dict[str, str]:
+    status, body = get_json(serve.port, "/models")
+    if status != 200:
+        raise RuntimeError(f"{serve.label}: /models answered {status}")
+    return {m["id"]: m["status"]["value"] for m in body["data"]}
+
+
+def poll(check: Callable[[], bool], what: str, timeout: float = UNLOAD_TIMEOUT) -> float:
+    """Seconds until ``check`` holds, polled every 20 ms, at most ``timeout``."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        if check():
+            return time.perf_counter() - t0
+        time.sleep(0.02)
+    raise RuntimeError(f"{what} did not happen in {timeout:.0f} s")
+
+
+def unload(serve: Serve, key: str, router: bool) -> float:
+    """Unload a model and wait until its side says so: ours with a request that has
+    ``keep_alive: 0`` (Ollama's API), then until /api/ps leaves it out; the router with
+    ``POST /models/unload``, then until ``GET /models`` says unloaded. Seconds waited."""
+    name = serve.names[key]
+    if router:
+        if router_loaded(serve).get(name) == "unloaded":
+            return 0.0
+        status, body = post(serve.port, "/models/unload", {"model": name})
+        if status != 200:
+            raise RuntimeError(f"router unload {name}: {status} {body!r}")
+        return poll(lambda: router_loaded(serve).get(name) == "unloaded",
+                    f"the router unloading {name}")
+    if name not in shoal_loaded(serve):
+        return 0.0
+    # a prompt of its own: an empty one answers "load" and leaves the model loaded
+    status, body = post(serve.port, "/api/generate", {
+        "model": name, "prompt": "Hi", "raw": True, "stream": False, "keep_alive": 0,
+        "options": {"num_predict": 1, "temperature": 0}})
+    if status != 200:
+        raise RuntimeError(f"{serve.label}: unload {name}: {status} {body!r}")
+    return poll(lambda: name not in shoal_loaded(serve), f"{serve.label} unloading {name}")
+
+
+def all_pids(serves: list[Serve]) -> list[int]:
+    return [p for s in serves for p in (s.pid, *children(s.pid))]
+
+
+# ---- load
+
+
+@dataclass
+class LoadRun:
+    cold: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # side -> key -> s
+    warm: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    unload_s: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+
+def run_load(bench: Bench) -> Outcome:
+    args = bench.args
+    models = generation_models(args)
+    keys = ["gemma"] if args.smoke else ["gemma", "smollm2"]
+    first = embedding_model(args)
+    ours = ready(start_serve(bench, "shoal-load", first, {k: models[k] for k in keys}))
+    theirs = start_router(bench, {k: models[k] for k in keys})
+    sides = [(ours, False), (theirs, True)]
+    run = LoadRun()
+    for serve, _ in sides:
+        for d in (run.cold, run.warm, run.unload_s):
+            d[serve.label] = {k: [] for k in keys}
+    texts = Texts()
+    for key in keys:
+        for r in range(args.rounds):
+            prompt, again = texts.take(2)
+            for serve, router in sides if r % 2 == 0 else sides[::-1]:
+                run.unload_s[serve.label][key].append(unload(serve, key, router))
+                settle(all_pids([ours, theirs]))
+                cold = complete(serve.port, serve.names[key], prompt, LOAD_TOKENS,
+                                stream=True)
+                warm = complete(serve.port, serve.names[key], again, LOAD_TOKENS, stream=True)
+                run.cold[serve.label][key].append(cold.ttft)
+                run.warm[serve.label][key].append(warm.ttft)
+            print(f"load {key} round {r + 1}: " + "; ".join(
+                f"{s.label} {run.cold[s.label][key][-1] * 1000:,.0f} ms cold, "
+                f"{run.warm[s.label][key][-1] * 1000:,.0f} ms warm" for s, _ in sides),
+                flush=True)
+    loaded_line = re.findall(r"loaded (\S+) for a request \(it holds about ([^)]+)\)",
+                             ours.proc.log.read_text(errors="replace"))
+    bench.commands.append(f"shoal serve MINILM.gguf --http 127.0.0.1:0 {ours.flags} (SHOAL_HOME "
+                          "with " + ", ".join(keys) + " imported by `shoal models import`)")
+    bench.commands.append(f"llama-server {theirs.flags} --host 127.0.0.1 --port PORT "
+                          "(DIR: links " + ", ".join(f"{k}.gguf" for k in keys) + ")")
+    return load_report(bench, keys, models, ours, theirs, run, dict(loaded_line))
+
+
+def load_report(bench: Bench, keys: list[str], models: dict[str, Path], ours: Serve,
+                theirs: Serve, run: LoadRun, holds: dict[str, str]) -> Outcome:
+    med = statistics.median
+    rows = []
+    for key in keys:
+        o, t = med(run.cold[ours.label][key]), med(run.cold[theirs.label][key])
+        ow, tw = med(run.warm[ours.label][key]), med(run.warm[theirs.label][key])
+        rows.append({"key": key, "ours": o, "theirs": t, "ratio": o / t if t else 0.0,
+                     "ours_warm": ow, "theirs_warm": tw,
+                     "ours_span": (min(run.cold[ours.label][key]),
+                                   max(run.cold[ours.label][key])),
+                     "theirs_span": (min(run.cold[theirs.label][key]),
+                                     max(run.cold[theirs.label][key])),
+                     "ours_unload": med(run.unload_s[ours.label][key]),
+                     "theirs_unload": med(run.unload_s[theirs.label][key])})
+    met = all(r["ours"] <= r["theirs"] for r in rows)
+    lines = [
+        "### Load", "",
+        f"A kept, unloaded model's first token. Ours: one `shoal serve` whose first model "
+        f"is all-MiniLM-L6-v2 (an embeddings model, resident throughout) and which keeps "
+        + " and ".join(f"{k} ({models[k].name})" for k in keys) + " in its store "
+        f"(`shoal models import FILE --name NAME`, `--serve-kept`), started with "
+        f"`{ours.flags}`; each kept model gets {LANES} lanes of {CONTEXT} tokens in a pool "
+        f"of {LANES * CONTEXT} cells. Theirs: llama-server's router on a folder of links "
+        f"to the same files, started with `{theirs.flags}` (autoload on, its default), "
+        f"which starts one llama-server per model with {LANES} slots and a context of "
+        f"{LANES * CONTEXT} tokens ({CONTEXT} a slot), the same threads. Per model "
+        f"{bench.args.rounds} rounds, alternating which side goes first; each starts with "
+        "the model unloaded on both sides: ours by a request with `keep_alive: 0` "
+        "(`POST /api/generate`), then until `GET /api/ps` leaves the model out; theirs by "
+        "`POST /models/unload`, then until `GET /models` says `unloaded`; then, both sides' "
+        "processes idle, a streamed `POST /v1/completions` (`stream: true`, greedy, "
+        f"{LOAD_TOKENS} tokens, a new sentence as the prompt) timed from sending to the "
+        "first chunk with text; then at once a second one with another prompt, the model "
+        "loaded (warm), which gives what the load itself added.", "",
+        "Target: ours at most llama-server router's time to the first token of an "
+        f"unloaded model. **{'Met' if met else 'Not met'}.**", "",
+        "| model | Shoal ms | router ms | ratio | | rounds min-max Shoal / router | "
+        "warm ms Shoal / router | load's share: cold - warm, Shoal / router | "
+        "unloading took, ms Shoal / router |",
+        "|:--|---:|---:|---:|:--|:--|:--|:--|:--|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['key']} | {r['ours'] * 1000:,.0f} | {r['theirs'] * 1000:,.0f} | "
+            f"{r['ratio']:.2f} | {verdict_word(r['ours'] <= r['theirs'])} | "
+            f"{r['ours_span'][0] * 1000:,.0f}-{r['ours_span'][1] * 1000:,.0f} / "
+            f"{r['theirs_span'][0] * 1000:,.0f}-{r['theirs_span'][1] * 1000:,.0f} | "
+            f"{r['ours_warm'] * 1000:,.0f} / {r['theirs_warm'] * 1000:,.0f} | "
+            f"{(r['ours'] - r['ours_warm']) * 1000:,.0f} / "
+            f"{(r['theirs'] - r['theirs_warm']) * 1000:,.0f} | "
+            f"{r['ours_unload'] * 1000:,.0f} / {r['theirs_unload'] * 1000:,.0f} |")
+    if holds:
+        lines += ["", "Our node said, loading: " + "; ".join(
+            f"{k} holds about {v}" for k, v in holds.items()) + "."]
+    text = "\n".join(lines) + "\n"
+    if bench.args.plot is not None:
+        text += "\n" + load_plot(rows, bench.args)
+    figures = {"ttft_ms": {r["key"]: [round(r["ours"] * 1000, 1), round(r["theirs"] * 1000, 1)]
+                           for r in rows},
+               "warm_ms": {r["key"]: [round(r["ours_warm"] * 1000, 1),
+                                      round(r["theirs_warm"] * 1000, 1)] for r in rows},
+               "ratio": {r["key"]: round(r["ratio"], 3) for r in rows}}
+    checks = {"both sides gave a first token for every model, cold and warm": all(
+        r["ours"] > 0 and r["theirs"] > 0 and r["ours_warm"] > 0 and r["theirs_warm"] > 0
+        for r in rows),
+        "a cold first token took longer than a warm one on both sides (the model loaded)":
+            all(r["ours"] > r["ours_warm"] and r["theirs"] > r["theirs_warm"] for r in rows)}
+    return Outcome(markdown=text, figures=figures, checks=checks, met=met)
+
+
+def _plt() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def part_plot(fig: Any, args: argparse.Namespace, suffix: str, alt: str) -> str:
+    """Save ``fig`` beside ``--plot`` as ``<its stem>_<suffix>.png``."""
+    from scripts.bench.node_lanes import save_plot
+
+    path = args.plot.with_name(f"{args.plot.stem}_{suffix}{args.plot.suffix}")
+    return save_plot(fig, argparse.Namespace(plot=path, out=args.out), alt)
+
+
+def load_plot(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    plt = _plt()
+    if plt is None:
+        return "(matplotlib not installed: no plot)\n"
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    w = 0.38
+    idx = list(range(len(rows)))
+    for off, side, warm, label in ((-w / 2, "ours", "ours_warm", "Shoal --serve-kept"),
+                                   (w / 2, "theirs", "theirs_warm", "llama-server router")):
+        xs = [i + off for i in idx]
+        ax.bar(xs, [r[side] * 1000 for r in rows], w, label=f"{label}: unloaded")
+        ax.bar(xs, [r[warm] * 1000 for r in rows], w * 0.5, color="black", alpha=0.55,
+               label=f"{label}: loaded" if off > 0 else "loaded (either side)")
+    for i, r in enumerate(rows):
+        ax.annotate(f"{r['ratio']:.2f}x", (i, max(r["ours"], r["theirs"]) * 1000),
+                    ha="center", va="bottom", fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    keep = [i for i, lab in enumerate(labels) if not lab.startswith("llama-server router: l")]
+    ax.legend([handles[i] for i in keep], [labels[i] for i in keep], fontsize=8)
+    ax.margins(y=0.12)
+    ax.set_xticks(idx, [r["key"] for r in rows])
+    ax.set_ylabel("ms to the first token (median)")
+    ax.set_title("a kept model's first token, unloaded and loaded, ours/theirs", fontsize=9)
+    return part_plot(fig, args, "load", "load: time to the first token of an unloaded model")
+
+
+# ---- interleaved
+
+
+def interleaved_requests(texts: Texts) -> list[tuple[str, str]]:
+    """A round's requests, alternating models: 2 streams per model at once."""
+    return [(key, prompt) for key, prompt in zip(("smollm2", "gemma") * LANES,
+                                                 texts.take(2 * LANES), strict=True)]
+
+
+def run_round(targets: dict[str, Serve], requests: list[tuple[str, str]],
+              tokens: int) -> tuple[float, dict[str, int]]:
+    """All of a round's requests at once (started in order, alternating models), each
+    to the process that serves its model: the wall from the first sent to the last
+    answered, and the completion tokens per model."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    got: dict[str, int] = {}
+    with ThreadPoolExecutor(len(requests)) as pool:
+        t0 = time.perf_counter()
+        futures = [(key, pool.submit(complete, targets[key].port, targets[key].names[key],
+                                     prompt, tokens, stream=False))
+                   for key, prompt in requests]
+        for key, fut in futures:
+            got[key] = got.get(key, 0) + fut.result(REQUEST_TIMEOUT).tokens
+        wall = time.perf_counter() - t0
+    return wall, got
+
+
+def run_interleaved(bench: Bench) -> Outcome:
+    args = bench.args
+    models = generation_models(args)
+    tokens = 16 if args.smoke else args.tokens
+    two = start_serve(bench, "shoal-two", models["smollm2"], {"gemma": models["gemma"]})
+    one_s = start_serve(bench, "shoal-smollm2", models["smollm2"])
+    one_g = start_serve(bench, "shoal-gemma", models["gemma"])
+    for s in (two, one_s, one_g):
+        ready(s)
+    two.names["smollm2"] = models["smollm2"].stem
+    one_s.names["smollm2"] = models["smollm2"].stem
+    one_g.names["gemma"] = models["gemma"].stem
+    sides: dict[str, dict[str, Serve]] = {
+        "Shoal, one node, two models": {"smollm2": two, "gemma": two},
+        "Shoal, two single-model nodes": {"smollm2": one_s, "gemma": one_g}}
+    serves = [two, one_s, one_g]
+    if not args.smoke:
+        router = start_router(bench, models)
+        sides["llama-server router"] = {"smollm2": router, "gemma": router}
+        serves.append(router)
+    texts = Texts()
+    for targets in sides.values():  # warm-up: both models loaded, every lane used once
+        run_round(targets, interleaved_requests(texts), tokens)
+    rates: dict[str, list[float]] = {name: [] for name in sides}
+    counts: dict[str, list[dict[str, int]]] = {name: [] for name in sides}
+    order = list(sides)
+    for r in range(args.rounds):
+        requests = interleaved_requests(texts)
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            settle(all_pids(serves))
+            wall, got = run_round(sides[name], requests, tokens)
+            rates[name].append(sum(got.values()) / wall)
+            counts[name].append(got)
+        print(f"interleaved round {r + 1}: " + "; ".join(
+            f"{n} {rates[n][-1]:,.1f} tok/s" for n in sides), flush=True)
+    loaded = shoal_loaded(two)
+    bench.commands.append(f"shoal serve SMOLLM2.gguf --http 127.0.0.1:0 {two.flags} (gemma "
+                          "imported) and, for the single-model nodes, `shoal serve GGUF --http "
+                          f"127.0.0.1:0 {one_s.flags}` once per model, each in a SHOAL_HOME "
+                          "of its own")
+    return interleaved_report(bench, tokens, rates, counts, loaded, two)
+
+
+def interleaved_report(bench: Bench, tokens: int, rates: dict[str, list[float]],
+                       counts: dict[str, list[dict[str, int]]], loaded: set[str],
+                       two: Serve) -> Outcome:
+    med = statistics.median
+    names = list(rates)
+    ours, base = names[0], names[1]
+    ratio = med(rates[ours]) / med(rates[base]) if med(rates[base]) else 0.0
+    paired = med([a / b for a, b in zip(rates[ours], rates[base], strict=True) if b])
+    met = ratio >= TARGET_INTERLEAVED
+    both = {two.names["smollm2"], "gemma"} <= loaded
+    lines = [
+        "### Interleaved", "",
+        f"Requests across two loaded models on one node: SmolLM2 135M (the node's first "
+        f"model) and Gemma 3 270M (kept, loaded by the warm-up), {LANES} lanes of "
+        f"{CONTEXT} tokens each. A round is {2 * LANES} greedy `POST /v1/completions` "
+        f"({tokens} tokens each, new sentences as prompts) sent at once, alternating "
+        f"models (SmolLM2, Gemma, SmolLM2, Gemma: {LANES} streams per model); every side "
+        "gets the same requests, taking turns (rotating which goes first), each waiting "
+        "until all the processes are idle. The figure is the completion tokens of the "
+        "round (its `usage`) over its wall time, first request sent to last answer read. "
+        "The baseline is the same requests on two single-model Shoal nodes (two `shoal "
+        "serve` processes, one per model, each with its own SHOAL_HOME and port, "
+        "the same flags), the client sending each model's requests to its process"
+        + ("; llama-server's router (as in the load part) is there for context."
+           if len(names) > 2 else "."), "",
+        f"Target: tokens/s at least {TARGET_INTERLEAVED}x the two single-model nodes'. "
+        f"**{'Met' if met else 'Not met'}.** Both models loaded on our node at the end: "
+        f"{'yes' if both else 'no'}.", "",
+        "| side | tokens/s (median) | rounds min-max | tokens a round (SmolLM2 + Gemma) | "
+        "ratio to two single-model nodes | |",
+        "|:--|---:|:--|:--|---:|:--|",
+    ]
+    for n in names:
+        c = counts[n][-1]
+        r = med(rates[n]) / med(rates[base]) if med(rates[base]) else 0.0
+        mark = verdict_word(met) if n == ours else ""
+        lines.append(f"| {n} | {med(rates[n]):,.1f} | {min(rates[n]):,.1f}-"
+                     f"{max(rates[n]):,.1f} | {c.get('smollm2', 0)} + {c.get('gemma', 0)} | "
+                     f"{r:.2f} | {mark} |")
+    lines += ["", f"Median of each round's own ratio (ours / two single-model nodes): "
+              f"{paired:.2f}."]
+    text = "\n".join(lines) + "\n"
+    if bench.args.plot is not None:
+        text += "\n" + interleaved_plot(rates, base, bench.args)
+    figures = {"tokens_per_s": {n: round(med(v), 2) for n, v in rates.items()},
+               "ratio": round(ratio, 3)}
+    checks = {"every side made tokens/s above 0": all(med(v) > 0 for v in rates.values()),
+              "both models were loaded on our two-model node": both}
+    return Outcome(markdown=text, figures=figures, checks=checks, met=met)
+
+
+def interleaved_plot(rates: dict[str, list[float]], base: str,
+                     args: argparse.Namespace) -> str:
+    plt = _plt()
+    if plt is None:
+        return "(matplotlib not installed: no plot)\n"
+    med = statistics.median
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    names = list(rates)
+    ys = list(range(len(names)))[::-1]
+    ax.barh(ys, [med(rates[n]) for n in names], 0.6,
+            color=["C0", "C2", "C1"][:len(names)])
+    for y, n in zip(ys, names, strict=True):
+        ax.annotate(f" {med(rates[n]):,.0f} tok/s ({med(rates[n]) / med(rates[base]):.2f}x)",
+                    (med(rates[n]), y), va="center", fontsize=8)
+    ax.set_yticks(ys, names, fontsize=8)
+    ax.margins(x=0.3)
+    ax.set_xlabel("tokens/s, SmolLM2 and Gemma interleaved (median of rounds)")
+    ax.set_title(f"{2 * LANES} greedy requests at once, {LANES} per model", fontsize=9)
+    return part_plot(fig, args, "interleaved",
+                     "interleaved: tokens/s of two models on one node")
+
+
+# ---- memory
+
+
+def idle_memory(serve: Serve) -> tuple[int, int]:
+    time.sleep(0.5)
+    settle([serve.pid, *children(serve.pid)])
+    return memory_of(serve.pid)
+
+
+def sampled(serve: Serve, key: str, prompt: str) -> int:
+    """One request (16 tokens) to ``key`` on ``serve``, its RSS sampled every 20 ms while
+    it runs (a kept model loads meanwhile): the most seen."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    peak = 0
+    with ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(complete, serve.port, serve.names[key], prompt, 16, stream=False)
+        deadline = time.monotonic() + REQUEST_TIMEOUT
+        while not fut.done() and time.monotonic() < deadline:
+            peak = max(peak, memory_of(serve.pid)[0])
+            time.sleep(0.02)
+        fut.result(REQUEST_TIMEOUT)
+    return max(peak, memory_of(serve.pid)[0])
+
+
+def run_memory(bench: Bench) -> Outcome:
+    args = bench.args
+    models = generation_models(args)
+    alone = {k: start_serve(bench, f"shoal-alone-{k}", p) for k, p in models.items()}
+    two = start_serve(bench, "shoal-both", models["smollm2"], {"gemma": models["gemma"]})
+    capped = start_serve(bench, "shoal-budget", models["smollm2"],
+                         {"gemma": models["gemma"]}, budget=args.budget)
+    for s in (*alone.values(), two, capped):
+        ready(s)
+    for k, s in alone.items():
+        s.names[k] = models[k].stem
+    for s in (two, capped):
+        s.names["smollm2"] = models["smollm2"].stem
+    texts = Texts()
+    rss: dict[str, tuple[int, int]] = {}
+    for k, s in alone.items():
+        complete(s.port, s.names[k], texts.take(1)[0], 16, stream=False)
+        rss[f"{k} alone"] = idle_memory(s)
+    seen: dict[str, int] = {}
+    loaded: dict[str, set[str]] = {}
+    for label, s in (("both", two), ("both, budgeted", capped)):
+        seen[label] = max(sampled(s, k, texts.take(1)[0]) for k in ("smollm2", "gemma"))
+        loaded[label] = shoal_loaded(s)
+        rss[label] = idle_memory(s)
+    budgets = {label: fleet_budget(s) for label, s in (("both", two), ("both, budgeted", capped))}
+    said = {"both": two.budget, "both, budgeted": capped.budget}
+    bench.commands.append(
+        f"shoal serve SMOLLM2.gguf --http 127.0.0.1:0 {two.flags} (gemma imported), the same "
+        f"with `--memory-budget {args.budget}`, and `shoal serve GGUF --http 127.0.0.1:0 "
+        f"{alone['gemma'].flags}` for each model alone")
+    return memory_report(bench, rss, seen, loaded, budgets, said, two)
+
+
+def fleet_budget(serve: Serve) -> int:
+    status, state = get_json(serve.port, "/v1/fleet")
+    node = (state or {}).get("roles", {}).get("node") or {}
+    return int(node.get("memory_budget") or 0) if status == 200 else 0
+
+
+def memory_report(bench: Bench, rss: dict[str, tuple[int, int]], seen: dict[str, int],
+                  loaded: dict[str, set[str]], budgets: dict[str, int],
+                  said: dict[str, str], two: Serve) -> Outcome:
+    alone_sum = rss["smollm2 alone"][0] + rss["gemma alone"][0]
+    limit = alone_sum + MEMORY_SLACK
+    both_names = {two.names["smollm2"], "gemma"}
+    rows = []
+    for label in ("both", "both, budgeted"):
+        now, hwm = rss[label]
+        budget = budgets[label]
+        rows.append({"label": label, "rss": now, "hwm": hwm, "seen": seen[label],
+                     "budget": budget, "said": said[label],
+                     "both": both_names <= loaded[label],
+                     "under_sum": now <= limit,
+                     "under_budget": budget > 0 and max(now, hwm, seen[label]) <= budget})
+    met = all(r["under_sum"] and r["under_budget"] and r["both"] for r in rows)
+    lines = [
+        "### Memory", "",
+        "Resident memory (VmRSS from /proc, summed over the process and its children: "
+        "`shoal serve` has none, head and node run in one process) of our serve process "
+        f"with SmolLM2 135M (its first model) and Gemma 3 270M (kept) loaded, idle after "
+        "one request to each, against the same `shoal serve` of each model alone, idle "
+        f"after one request (the same flags: `{two.flags.replace(' --serve-kept', '')}`), "
+        "each in a SHOAL_HOME of its own. Once with the default budget (the node's share "
+        "of this machine's RAM), once with `--memory-budget "
+        f"{bench.args.budget}`, which holds both; the peak is the larger of VmHWM and the "
+        "RSS sampled every 20 ms while the requests ran (and the kept model loaded).", "",
+        "Target: at most the sum of each served alone plus 50 MB, never above the "
+        f"node's budget. **{'Met' if met else 'Not met'}.**", "",
+        "| process | budget (its start-up line / /v1/fleet) | both loaded | RSS idle MiB | "
+        "peak MiB | sum alone + 50 MB, MiB | | under the budget | |",
+        "|:--|:--|:--|---:|---:|---:|:--|:--|:--|",
+    ]
+    for name in ("smollm2 alone", "gemma alone"):
+        lines.append(f"| {name} | | | {rss[name][0] / MiB:,.1f} | {rss[name][1] / MiB:,.1f} "
+                     "| | | | |")
+    for r in rows:
+        lines.append(
+            f"| {r['label']} | {r['said']} / {r['budget'] / MiB:,.0f} MiB | "
+            f"{'yes' if r['both'] else 'no'} | {r['rss'] / MiB:,.1f} | "
+            f"{max(r['hwm'], r['seen']) / MiB:,.1f} | {limit / MiB:,.1f} | "
+            f"{verdict_word(r['under_sum'])} | "
+            f"{'yes' if r['under_budget'] else 'no'} | {verdict_word(r['under_budget'])} |")
+    text = "\n".join(lines) + "\n"
+    figures = {"rss_mib": {k: round(v[0] / MiB, 1) for k, v in rss.items()},
+               "budget_mib": {r["label"]: round(r["budget"] / MiB) for r in rows}}
+    checks = {"every process's resident memory was read": all(v[0] > 0 for v in rss.values()),
+              "both models were loaded on the two-model nodes": all(r["both"] for r in rows),
+              "each node said its budget": all(r["budget"] > 0 for r in rows)}
+    return Outcome(markdown=text, figures=figures, checks=checks, met=met)
+
+
+# ---- estimate
+
+
+def gguf_shape(path: Path) -> Any:
+    """The speed estimate's view of a GGUF (engine.models.fit.ModelShape) from its header:
+    the shape the catalog gives its entries (the test models have none there)."""
+    import gguf
+
+    from engine.models.fit import ModelShape
+
+    reader = gguf.GGUFReader(str(path))
+
+    def value(key: str, default: int = 0) -> int:
+        f = reader.fields.get(key)
+        return int(f.parts[f.data[0]][0]) if f is not None else default
+
+    af = reader.fields["general.architecture"]
+    arch = bytes(af.parts[af.data[0]]).decode()
+    layers = value(f"{arch}.block_count")
+    embd = value(f"{arch}.embedding_length")
+    heads = max(value(f"{arch}.attention.head_count", 1), 1)
+    kv_heads = max(value(f"{arch}.attention.head_count_kv", heads), 1)
+    k = value(f"{arch}.attention.key_length", embd // heads)
+    v = value(f"{arch}.attention.value_length", embd // heads)
+    return ModelShape(size=path.stat().st_size, layers=layers, embedding=embd,
+                      kv_bytes_per_token=layers * (k + v) * kv_heads * 2,
+                      context=value(f"{arch}.context_length", 2048))
+
+
+def run_estimate(bench: Bench) -> Outcome:
+    from engine.models.bandwidth import measure_memory_bandwidth
+    from engine.models.speed import decode_tps
+
+    args = bench.args
+    models = generation_models(args)
+    answers = 1 if args.smoke else max(3, min(args.rounds, 5))
+    tokens = 32 if args.smoke else 128
+    rows = []
+    for key, path in models.items():
+        bench.procs.stop_all()  # nothing else of ours on the CPUs
+        bw = [measure_memory_bandwidth()]
+        serve = ready(start_serve(bench, f"shoal-estimate-{key}", path, lanes=1))
+        name = path.stem
+        evals: list[float] = []
+        context = 0
+        for _ in range(answers):
+            settle([serve.pid])
+            status, body = post(serve.port, "/api/generate", {
+                "model": name, "prompt": STORY, "raw": True, "stream": False,
+                "options": {"num_predict": tokens, "temperature": 0}})
+            if status != 200:
+                raise RuntimeError(f"{serve.label}: {status} {body!r}")
+            if body["eval_count"] > 1 and body["eval_duration"] > 0:
+                evals.append(body["eval_count"] / (body["eval_duration"] / 1e9))
+            context = body["prompt_eval_count"] + body["eval_count"]
+        status, state = get_json(serve.port, "/v1/fleet")
+        node_tps = float(state["nodes"][0]["decode_tps"]) if status == 200 else 0.0
+        stop(serve.proc.popen)
+        bw.append(measure_memory_bandwidth())
+        shape = gguf_shape(path)
+        est = decode_tps(shape, mem_bandwidth=int(statistics.median(bw)), context=context)
+        span = sorted(decode_tps(shape, mem_bandwidth=b, context=context) or 0.0 for b in bw)
+        typical = decode_tps(shape, mem_bandwidth=int(statistics.median(bw)))
+        rows.append({"key": key, "file": path.name, "layers": shape.layers,
+                     "size": shape.size, "bw": bw, "context": context,
+                     "estimate": est or 0.0, "span": span, "typical": typical or 0.0,
+                     "node": node_tps, "evals": evals,
+                     "ratio": (est or 0.0) / node_tps if node_tps else 0.0})
+        print(f"estimate {key}: node {node_tps:.1f} tok/s, answers "
+              + " ".join(f"{x:.1f}" for x in evals) + f", estimate {est or 0:.1f} tok/s at "
+              + " / ".join(f"{b / 1e9:.1f}" for b in bw) + " GB/s", flush=True)
+    bench.commands.append("shoal serve GGUF --http 127.0.0.1:0 --max-batch 1 --max-context "
+                          f"{CONTEXT} (one model at a time, for the estimate)")
+    return estimate_report(bench, rows, answers, tokens)
+
+
+def estimate_report(bench: Bench, rows: list[dict[str, Any]], answers: int,
+                    tokens: int) -> Outcome:
+    from engine.models.speed import CPU_EFFICIENCY, CPU_LAYER_S
+
+    lo, hi = TARGET_ESTIMATE
+    met = all(lo <= r["ratio"] <= hi for r in rows)
+    lines = [
+        "### Estimate", "",
+        "Shoal's speed estimate (`engine/models/speed.py`'s `decode_tps`: CPU efficiency "
+        f"{CPU_EFFICIENCY}, {CPU_LAYER_S * 1000:g} ms a layer) for each model's shape "
+        "(read from its GGUF header: the file's size, layers, and KV bytes a token; the "
+        "catalog has no entries for these test models), with this machine's RAM bandwidth "
+        "measured in this process (`engine/models/bandwidth.py`'s "
+        "`measure_memory_bandwidth`) just before the model's node started and just after "
+        "it stopped, at the context the answers reached; against the decode tokens/s the "
+        f"node measured: `/v1/fleet` `nodes[].decode_tps` after {answers} greedy answers "
+        f"of {tokens} tokens on one lane (`shoal serve GGUF --max-batch 1 --max-context "
+        f"{CONTEXT}`, one model at a time, nothing else of this benchmark running; the "
+        "node's figure is the median of its start-up warm-up and the answers). The answers' "
+        "own rate (`/api/generate`'s `eval_count` / `eval_duration`) is there as a check; "
+        "the estimate at the 4K context the app assumes, for reference.", "",
+        f"Target: estimate / measured between {lo} and {hi}. "
+        f"**{'Met' if met else 'Not met'}.**", "",
+        "| model | layers | file MiB | RAM GB/s before / after | context | node's decode "
+        "tok/s | answers' tok/s | estimate tok/s (over the two bandwidths) | estimate / "
+        "node | | estimate at 4K context |",
+        "|:--|---:|---:|:--|---:|---:|:--|:--|---:|:--|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['key']} ({r['file']}) | {r['layers']} | {r['size'] / MiB:,.1f} | "
+            + " / ".join(f"{b / 1e9:.1f}" for b in r["bw"])
+            + f" | {r['context']} | {r['node']:.1f} | "
+            + " ".join(f"{x:.1f}" for x in r["evals"])
+            + f" | {r['estimate']:.1f} ({r['span'][0]:.1f}-{r['span'][-1]:.1f}) | "
+            f"{r['ratio']:.2f} | {verdict_word(lo <= r['ratio'] <= hi)} | "
+            f"{r['typical']:.1f} |")
+    text = "\n".join(lines) + "\n"
+    figures = {"ratio": {r["key"]: round(r["ratio"], 3) for r in rows},
+               "node_tps": {r["key"]: round(r["node"], 1) for r in rows},
+               "estimate_tps": {r["key"]: round(r["estimate"], 1) for r in rows}}
+    checks = {"the node measured a decode rate for each model": all(r["node"] > 0
+                                                                    for r in rows),
+              "the RAM bandwidth was measured": all(min(r["bw"]) > 0 for r in rows),
+              "there is an estimate for each model": all(r["estimate"] > 0 for r in rows)}
+    return Outcome(markdown=text, figures=figures, checks=checks, met=met)
+
+
+# ----------------------------------------------------------------------------
 # the parts and the section
 
 

@@ -194,3 +194,30 @@ def test_a_llamacpp_engine_says_the_gpu_it_chose_even_with_no_layer_there() -> N
     st = engine.stats()
     assert (st.device_kind, st.device_total, st.device_free) == ("gpu", 12 * GiB, 11 * GiB)
     assert st.device == ""  # no layers were placed there (no offload planned)
+
+
+def test_kept_models_travel_bounded_and_after_every_older_field() -> None:
+    kept = [m.KeptModel(name=f"model-{i}", state="loaded", mem=300 << 20, embeds=i == 1,
+                        context_window=2048, size=250 << 20) for i in range(m.MAX_KEPT)]
+    stats = m.Stats(lanes=4, lanes_busy=0, kv_used=0, kv_total=0, kept=kept)
+    got = m.decode(m.encode(stats))
+    assert isinstance(got, m.Stats) and got.kept == kept
+    hello = m.NodeHello(identity="n", model="first", runtime="mock", context_window=4096,
+                        lanes=4, kept=kept[:2])
+    got_hello = m.decode(m.encode(hello))
+    assert isinstance(got_hello, m.NodeHello) and got_hello.kept == kept[:2]
+    # one more than a node may say, a name past the bound, a state no node has: refused
+    too_many = msgspec.msgpack.decode(m.encode(stats))
+    too_many[-1] = [*too_many[-1], too_many[-1][0]]
+    long_name = msgspec.msgpack.decode(m.encode(stats))
+    long_name[-1][0][0] = "x" * (m.MAX_NAME + 1)
+    odd_state = msgspec.msgpack.decode(m.encode(stats))
+    odd_state[-1][0][1] = "sleeping"
+    for bad in (too_many, long_name, odd_state):
+        with pytest.raises(m.RecordError):
+            m.decode(msgspec.msgpack.encode(bad))
+    # a request names its model last, so an older node reads it as its first model's
+    gen = m.Generate(session="s", lease_ms=1000, prompt=[1], max_tokens=1, model="gemma")
+    assert msgspec.msgpack.decode(m.encode(gen))[-1] == "gemma"
+    assert m.decode(m.encode(m.Generate(session="s", lease_ms=1000, prompt=[1],
+                                        max_tokens=1))).model == ""  # type: ignore[union-attr]
