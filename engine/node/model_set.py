@@ -84,13 +84,16 @@ class Refuse:
     message: str  # one line: the numbers, the cause and the fix
 
 
-def plan_load(name: str, need: int, held: Sequence[Held], budget: int) -> Load | Refuse:
-    """How to make room for ``name``, which needs ``need`` bytes, among ``held``."""
-    if need > budget:
+def plan_load(name: str, need: int, held: Sequence[Held], budget: int,
+              base: int = 0) -> Load | Refuse:
+    """How to make room for ``name``, which needs ``need`` bytes, among ``held``, in
+    ``budget`` of which the process itself holds ``base`` (its interpreter, libraries)."""
+    if need > budget - base:
+        beside = f" beside the {amount(base)} the process holds" if base else ""
         return Refuse(f"{name} needs {amount(need)}, more than this node's memory budget of "
-                      f"{amount(budget)}; raise the budget (--memory-budget) or serve a "
-                      "smaller quantisation")
-    free = budget - sum(h.bytes for h in held)
+                      f"{amount(budget)} leaves{beside}; raise the budget (--memory-budget) "
+                      "or serve a smaller quantisation")
+    free = budget - base - sum(h.bytes for h in held)
     evict: list[str] = []
     for h in sorted((h for h in held if not h.busy), key=lambda h: (h.last_used, h.name)):
         if free >= need:

@@ -191,7 +191,7 @@ class ModelShelf:
         held = [h for h in self.held() if h.name != name]
         # what the process holds besides its models (the interpreter, libraries), measured
         base = max(await asyncio.to_thread(self._rss) - sum(h.bytes for h in held), 0)
-        plan = model_set.plan_load(name, need, held, max(self.budget - base, 0))
+        plan = model_set.plan_load(name, need, held, self.budget, base)
         if isinstance(plan, model_set.Refuse):
             raise Refused(plan.message)
         for victim in plan.evict:

@@ -51,6 +51,13 @@ def test_a_model_that_cannot_fit_is_refused_with_the_numbers():
     busy = plan_load("mid", 3500 * MiB, held, budget=4 * GiB)
     assert isinstance(busy, Refuse)
     assert "only 3 GiB" in busy.message and "a (1 GiB)" in busy.message
+    # what the process holds itself (its interpreter and libraries) is not the models'
+    beside = plan_load("big", 3 * GiB, [], budget=4 * GiB, base=1536 * MiB)
+    assert isinstance(beside, Refuse)
+    assert ("big needs 3 GiB, more than this node's memory budget of 4 GiB leaves beside "
+            "the 1.5 GiB the process holds") in beside.message
+    assert plan_load("d", 2560 * MiB, [Held("a", GiB, 1)], budget=4 * GiB, base=GiB) == \
+        Load(("a",))
 
 
 def test_idle_models_unload_after_their_keep_alive_and_busy_ones_never():
