@@ -228,7 +228,7 @@ def _keep(settings: NodeSettings, model: Resolved) -> Keep:
         return load_engine(model, name=model.name, lanes=settings.lanes,
                            max_context=settings.max_context, mock_speed=settings.mock_speed,
                            memory_budget=settings.memory_budget, kv_type=settings.kv_type,
-                           gpu=settings.gpu)
+                           gpu=settings.gpu, measure_at_start=False)
 
     size = Path(model.path).stat().st_size if Path(model.path).is_file() else 0
     # idle, it unloads as the first model does (--idle-unload), until a request says else

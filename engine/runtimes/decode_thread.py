@@ -61,6 +61,7 @@ from engine.runtimes.base import (
     GenerationResult,
 )
 from engine.runtimes.budget import process_rss_bytes
+from engine.runtimes.cpu_share import SHARE
 from engine.runtimes.prefill_fit import PrefillFit
 from engine.runtimes.threaded import ThreadedGeneration, TokenSink, check_prompt
 
@@ -450,13 +451,18 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
                 self._finish(job, "cancelled", active)
             for job in waiting:
                 self._end_unstarted(job, "cancelled")
+            SHARE.working(id(self), False)
             self._unload()
 
     def _loop(self, waiting: deque[J], active: dict[int, J]) -> None:
         commands = self._commands
+        working = False  # this engine told the process's CPU share it has work
         while True:
             # take commands; block when there is nothing to do
             block = not active and not waiting
+            if block and working:
+                working = False
+                SHARE.working(id(self), False)
             while True:
                 try:
                     cmd = commands.get(block=block)
@@ -481,7 +487,15 @@ class DecodeThreadEngine(abc.ABC, Generic[J]):
                 waiting.popleft()
                 active[job.id] = job
             if active:
+                if not working:
+                    working = True
+                    SHARE.working(id(self), True)
+                self._share_cpus()
                 self._step(active)
+
+    def _share_cpus(self) -> None:
+        """Take this engine's part of the CPUs for the next step (a runtime whose threads
+        can change overrides it: engine.runtimes.cpu_share)."""
 
     def _cancel(self, job_id: int, waiting: deque[J], active: dict[int, J]) -> None:
         job = active.get(job_id)

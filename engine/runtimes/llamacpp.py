@@ -46,6 +46,7 @@ from engine.runtimes.budget import (
 )
 from engine.runtimes.cpu_backend import ggml_in_use, lib_dir, load_cpu_variant
 from engine.runtimes.cpu_quirks import repack_here
+from engine.runtimes.cpu_share import SHARE
 from engine.runtimes.decode_thread import DecodeJob, DecodeThreadEngine, PoolLane
 from engine.runtimes.gpu import device_handle, gpu_backends
 from engine.runtimes.host_cache import MIN_ENTRY, HostCache
@@ -102,6 +103,12 @@ def _lib() -> Any:
         lib.llama_backend_init()
         _lib_mod = lib
         return lib
+
+
+def library() -> Any:
+    """llama.cpp's shared library itself (ctypes), for the functions the bindings leave out
+    (engine.runtimes.gguf_meta)."""
+    return _lib()._lib
 
 
 def check_available() -> None:
@@ -262,6 +269,7 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         kv_type: str = "f16",
         pool_cells: int | None = None,
         gpu: str = "auto",
+        measure_at_start: bool = True,
     ) -> None:
         if kv_type not in KV_TYPES:
             raise ValueError(f"--kv-type {kv_type} is not one of {', '.join(KV_TYPES)}")
@@ -289,6 +297,8 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         self.device: Any = None  # the offload.Device the model runs on, if any
         self.device_why = ""  # the device chosen, or why none is (one line)
         self.offload: Offload | None = None
+        self.measure_at_start = measure_at_start  # the warm-up pass (registry.EngineSpec)
+        self._threads_now = self.n_threads  # what the context uses now (cpu_share.py)
 
     @property
     def pool_cells(self) -> int:
@@ -400,6 +410,7 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         cparams.n_ubatch = n_batch
         cparams.n_threads = self.n_threads
         cparams.n_threads_batch = self.n_threads
+        self._threads_now = self.n_threads
         # one KV pool for every sequence: a session grows while cells are free
         cparams.kv_unified = True
         cparams.no_perf = True
@@ -443,7 +454,8 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         self._host = HostCache(min(plan.host_cache_bytes, max(self._budget - held, 0)))
         self._n_batch = int(lib.llama_n_batch(ctx))
         self._batch = lib.llama_batch_init(self._n_batch, 0, 1)
-        self._warm_up(lib)
+        if self.measure_at_start:
+            self._warm_up(lib)
 
     def _warm_up(self, lib: Any) -> None:
         """Measure prefill and decode once before serving, so that the node's first stats
@@ -480,6 +492,13 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         finally:
             lib.llama_memory_clear(self._mem, True)
         self.record_rates(prompt, t1 - t0, WARM_DECODE / max(t2 - t1, 1e-9))
+
+    def _share_cpus(self) -> None:
+        """This engine's part of the CPUs while other models of the node decode too."""
+        want = SHARE.threads(self.n_threads)
+        if want != self._threads_now and self._ctx:
+            _lib().llama_set_n_threads(self._ctx, want, want)
+            self._threads_now = want
 
     def _unload(self) -> None:
         lib = _lib()

@@ -54,6 +54,10 @@ class EngineSpec:
     kv_type: str = "f16"  # the KV pool's number type: f16 or q8_0 (llama.cpp only)
     gpu: str = "auto"  # auto | off | a device name or part of its description (llama.cpp)
     embedding: bool = False  # the model makes embeddings (makes_embeddings said so)
+    # measure prefill and decode once before serving (its first stats carry rates); off
+    # for a model a node loads on demand, whose request waits for it and whose rates
+    # placement does not read
+    measure_at_start: bool = True
 
 
 class ResolvedModel(NamedTuple):
@@ -102,7 +106,7 @@ def _llamacpp_engine(spec: EngineSpec) -> Engine:
     return llamacpp.LlamaCppEngine(spec.path, model_name=spec.model_name, lanes=spec.lanes,
                                    max_context=spec.max_context,
                                    memory_budget=spec.memory_budget, kv_type=spec.kv_type,
-                                   gpu=spec.gpu)
+                                   gpu=spec.gpu, measure_at_start=spec.measure_at_start)
 
 
 def _ignores_gpu(runtime: str, spec: EngineSpec, where: str) -> None:
@@ -263,6 +267,11 @@ def makes_embeddings(runtime_id: str, path: str) -> bool:
     embedding models."""
     if runtime_id not in ("llamacpp", "mock"):
         return False
+    if runtime_id == "llamacpp":  # its header's keys alone, not its whole vocabulary
+        from engine.runtimes import gguf_meta, llamacpp
+
+        return is_embedding_model(gguf_meta.read_metadata(llamacpp.library(), path, [],
+                                                          arch_keys=["pooling_type"]))
     vocab = load_vocab(runtime_id, path)
     try:
         return is_embedding_model(vocab.metadata())
@@ -275,14 +284,15 @@ def makes_embeddings(runtime_id: str, path: str) -> bool:
 def make_engine(runtime_id: str, path: str, *, model_name: str, lanes: int = 8,
                 max_context: int | None = None, mock_speed: float = 0.0,
                 memory_budget: int | None = None, kv_type: str = "f16",
-                gpu: str = "auto", embedding: bool = False) -> Engine:
+                gpu: str = "auto", embedding: bool = False,
+                measure_at_start: bool = True) -> Engine:
     """A node's engine, not started yet (``await engine.start()`` loads the model).
     ``memory_budget`` and ``kv_type``: for the runtimes that size a KV pool (llama.cpp
     takes both, mlx the budget; the mock and the engines a node fronts, neither);
     ``gpu``: the device llama.cpp runs on (auto, off or a name; the others choose their own)."""
     spec = EngineSpec(path=path, model_name=model_name, lanes=lanes, max_context=max_context,
                       mock_speed=mock_speed, memory_budget=memory_budget, kv_type=kv_type,
-                      gpu=gpu, embedding=embedding)
+                      gpu=gpu, embedding=embedding, measure_at_start=measure_at_start)
     return get_runtime(runtime_id).make_engine(spec)
 
 
