@@ -147,13 +147,19 @@ def test_node_lanes(llama_server_binary: Path, smollm2: Path, tmp_path: Path) ->
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_models_on_demand(llama_server_binary: Path, minilm: Path, tmp_path: Path) -> None:
+def test_models_on_demand(llama_server_binary: Path, minilm: Path, smollm2: Path,
+                          gemma: Path, tmp_path: Path) -> None:
     got = smoke("models_on_demand.py", "--llama-server", llama_server_binary, "--model",
-                minilm, "--cache", tmp_path, timeout=120)
-    assert got["parts"] == ["embeddings"]
+                minilm, "--smollm2", smollm2, "--gemma", gemma, "--cache", tmp_path,
+                timeout=120)
+    assert got["parts"] == ["load", "interleaved", "embeddings", "memory", "estimate"]
+    assert all(ours > 0 and theirs > 0 for ours, theirs in got["load.ttft_ms"].values())
+    assert min(got["interleaved.tokens_per_s"].values()) > 0
     assert all(ours > 0 and theirs > 0 for ours, theirs in got["embeddings.inputs_per_s"].values())
     assert got["embeddings.min_cosine"] >= 0.99
     assert min(got["embeddings.rss_mib"].values()) > 0
+    assert min(got["memory.rss_mib"].values()) > 0
+    assert min(got["estimate.ratio"].values()) > 0
 
 
 @pytest.mark.e2e
