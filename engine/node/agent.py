@@ -191,9 +191,10 @@ class NodeAgent:
             self._sleep_task = asyncio.create_task(self._sleep_loop(), name="node-idle-unload")
 
     def _keep_alive(self, seconds: float | None) -> None:
-        """A request's keep_alive (None: it said none) holds from now on, as Ollama's does:
-        the model stays loaded that long once idle."""
-        if seconds is None or not isinstance(self.engine, Sleeper):
+        """A request's keep_alive, as Ollama applies it: the model stays loaded that long
+        once idle, and a request that names none brings back the node's own idle time
+        (``idle_unload_s``), so a ``keep_alive: 0`` does not stick to later requests."""
+        if not isinstance(self.engine, Sleeper):
             return
         self.keep_alive_s = seconds
         self._activity.set()

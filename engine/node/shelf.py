@@ -161,12 +161,11 @@ class ModelShelf:
             raise
 
     def release(self, name: str, keep_alive_s: float | None = None) -> None:
-        """A request on ``name`` ended; ``keep_alive_s`` (the request's, None: as it was)
-        is how long the model stays loaded now that it may be idle."""
+        """A request on ``name`` ended; ``keep_alive_s`` (the request's; None: it named
+        none, so the model's default) is how long the model stays loaded once idle."""
         entry = self._entries[name]
         entry.busy = max(entry.busy - 1, 0)
-        if keep_alive_s is not None:
-            entry.keep_alive_s = keep_alive_s
+        entry.keep_alive_s = entry.keep.keep_alive_s if keep_alive_s is None else keep_alive_s
         self._touch(entry)
 
     def _touch(self, entry: _Entry) -> None:

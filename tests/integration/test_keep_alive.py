@@ -46,5 +46,12 @@ async def test_keep_alive_unloads_at_once_keeps_for_ever_or_is_refused():
             assert refused.value.status_code == 400
             assert "is not a duration" in str(refused.value)
             assert agent.idle_s() == 90.0  # a refused request changes nothing
+
+            # one that names none brings back the node's own idle time, as Ollama's does:
+            # a keep_alive of 0 does not stick to the requests after it
+            await client.generate(model=MODEL, prompt="hi", keep_alive=0,
+                                  options={"num_predict": 2})
+            await client.generate(model=MODEL, prompt="hi", options={"num_predict": 2})
+            assert agent.keep_alive_s is None and agent.idle_s() != 0
         finally:
             await client.close()

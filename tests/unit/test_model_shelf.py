@@ -136,6 +136,10 @@ async def test_a_model_unloads_after_its_keep_alive_and_zero_unloads_at_once() -
         await use(shelf, "b", keep_alive_s=model_set.FOREVER)
         await until(lambda: "a" not in memory.loaded)
         assert "b" in memory.loaded
+        # a request that names no keep_alive brings back the model's default (60 s here)
+        await use(shelf, "a", keep_alive_s=0.0)
+        await use(shelf, "a")
+        assert shelf.records()[0].state == "loaded"
     finally:
         await shelf.close()
 
