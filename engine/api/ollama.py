@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import secrets
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +25,7 @@ from engine.api.context import (
     HEAD,
     Conversation,
     conversation_of,
+    keep_alive_of,
     key_name_of,
     routing_of,
     runnable,
@@ -45,6 +47,7 @@ from engine.api.schemas import (
 )
 from engine.api.turns import chat_request_turn, sampling_of, to_template_messages
 from engine.errors import RequestError, ShoalError
+from engine.head.fleet.sessions import Job
 from engine.head.head import Head
 from engine.head.observe import node_snapshot
 from engine.head.prompt.model import HeadModel, capabilities
@@ -172,12 +175,33 @@ def _arguments(raw: str) -> Any:
     return value if isinstance(value, dict) else {}
 
 
-def _loaded(model: str, key: str, names: dict[str, str]) -> web.Response:
-    """Ollama's answer to a request with nothing to generate: the model is "loaded"."""
+async def _loaded(request: web.Request, head: Head, model: str, model_name: str,
+                  keep_alive: float | str | None, key: str,
+                  names: dict[str, str]) -> web.Response:
+    """Ollama's answer to a request with nothing to generate: it loads the model on a node
+    of the fleet (a one-token generation whose answer nobody reads), which then keeps it
+    for the request's keep_alive; ``keep_alive: 0`` unloads it instead, where a node has
+    it loaded (``ollama stop``). Answered once that is done: "load" or "unload"."""
+    try:
+        keep_alive_s = keep_alive_of(keep_alive)
+        unload = keep_alive_s == 0
+        if not unload or head.fleet.loaded(model_name):
+            job = Job(session=f"load-{secrets.token_hex(8)}", model=model_name,
+                      prompt=_any_token(head.models[model_name]), max_tokens=1,
+                      keep_alive_s=keep_alive_s)
+            async for _ in head.runner.run(job):
+                pass
+    except RequestError as exc:
+        return refusal(request, exc, names)
     body: dict[str, Any] = {"model": model, "created_at": _now(), "done": True,
-                            "done_reason": "load"}
+                            "done_reason": "unload" if unload else "load"}
     body[key] = {"role": "assistant", "content": ""} if key == "message" else ""
     return web.json_response(body, headers=names)
+
+
+def _any_token(model: HeadModel) -> list[int]:
+    """A one-token prompt any model takes: its first ordinary token for a newline."""
+    return model.vocab.encode("\n", special=False)[:1] or [0]
 
 
 def _to_chat(req: OllamaChatRequest, stream: bool) -> ChatRequest:
@@ -242,7 +266,8 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return accepted
     req, model_name, names = accepted
     if not req.messages:
-        return _loaded(req.model, "message", names)
+        return await _loaded(request, head, req.model, model_name, req.keep_alive,
+                             "message", names)
     key_name = key_name_of(request)
     try:
         # off the loop when large, like the decoding: 100,000 small messages take long
@@ -278,9 +303,10 @@ async def generate(request: web.Request) -> web.StreamResponse:
         return accepted
     req, model_name, names = accepted
     if not req.prompt and not req.suffix:
-        # nothing to continue (an editor's autocomplete in an empty file): Ollama answers
-        # at once with an empty response, so does Shoal
-        return _loaded(req.model, "response", names)
+        # nothing to continue (an editor's autocomplete in an empty file, a preload, or
+        # `ollama stop`): Ollama loads the model (or unloads it) and answers empty
+        return await _loaded(request, head, req.model, model_name, req.keep_alive,
+                             "response", names)
     model = head.models[model_name]
     sampling = sampling_of(SamplingRequest(**_sampling_fields(req.options)))
     try:

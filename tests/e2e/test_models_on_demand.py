@@ -114,6 +114,16 @@ def test_kept_models_load_on_demand_and_answer_as_alone(kept_home: Cluster, smol
     until_sync(lambda: "gemma" not in _loaded(node), "gemma to unload after keep_alive 0",
                timeout=30)
 
+    # nothing to generate, as Ollama's clients load and stop a model: gemma loads, and
+    # `keep_alive: 0` unloads it again
+    status, body = _post(node, "/api/generate", {"model": "gemma", "stream": False})
+    assert status == 200 and body["done_reason"] == "load", body
+    assert "gemma" in _loaded(node)
+    status, body = _post(node, "/api/generate", {"model": "gemma", "keep_alive": 0,
+                                                 "stream": False})
+    assert status == 200 and body["done_reason"] == "unload", body
+    until_sync(lambda: "gemma" not in _loaded(node), "gemma stopped", timeout=30)
+
     status, body = _post(node, "/v1/completions", {"model": "nobody-keeps-this",
                                                    "prompt": "x", "max_tokens": 1})
     assert status == 404, body

@@ -53,5 +53,14 @@ async def test_keep_alive_unloads_at_once_keeps_for_ever_or_is_refused():
                                   options={"num_predict": 2})
             await client.generate(model=MODEL, prompt="hi", options={"num_predict": 2})
             assert agent.keep_alive_s is None and agent.idle_s() != 0
+
+            # nothing to generate: `ollama stop` unloads, a bare request loads, as Ollama's
+            stopped = await client.generate(model=MODEL, keep_alive=0)
+            assert stopped.done_reason == "unload"
+            await until(lambda: engine.asleep and agent.sleep == "asleep", "the stop")
+            loads = engine.loads
+            loaded = await client.chat(model=MODEL, messages=[])
+            assert loaded.done_reason == "load" and not engine.asleep
+            assert engine.loads == loads + 1
         finally:
             await client.close()
