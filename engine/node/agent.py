@@ -58,7 +58,7 @@ from engine.link.transport import Incoming, Link, LinkClosed, serve
 from engine.models import ids as model_ids
 from engine.node import embeds, leases, model_set
 from engine.node.machine import MachineFacts
-from engine.node.shelf import LOAD_MARGIN, FirstModel, ModelShelf, Refused
+from engine.node.shelf import FirstModel, ModelShelf, Refused
 from engine.runtimes.base import (
     Admitter,
     Embedder,
@@ -121,8 +121,10 @@ class NodeAgent:
         self.engine = engine
         # the models it keeps besides ``engine``'s, loaded on demand (None: that one only)
         self.shelf = shelf
-        # what the first model holds of the budget: its file until an unload measures it
-        self._first_bytes = _file_size(engine.info.path) + LOAD_MARGIN
+        # the first model's file, and what it held of the budget when an unload measured
+        # it (0: not yet); together what the shelf's choices take it to hold
+        self._first_size = _file_size(engine.info.path)
+        self._first_measured = 0
         self.observer = observer  # told of admissions and Tokens records (None: nobody)
         self.machine = machine  # what the stats say of the machine (None: nothing)
         self.serve_model = serve_model  # None: heads cannot choose this node's model
@@ -440,7 +442,6 @@ class NodeAgent:
         """Start ``gen`` on a lane, or tell the head why not. The lane is counted busy
         only once the engine has taken the generation (or, asleep, once the node has
         taken it to wake for), and freed on every path after."""
-        info = self.engine.info
         refused = self._no_lane() or self._not_kept(gen.model)
         if refused is not None:
             link.send(refused)
@@ -451,18 +452,13 @@ class NodeAgent:
         if down:  # an upstream that stopped answering: heads place elsewhere
             link.send(m.Error(code="busy", message=down[:4000]))
             return None
-        if len(gen.prompt) >= info.context_window:
-            link.send(m.Error(code="context_length_exceeded",
-                              message=f"prompt of {len(gen.prompt)} tokens does not fit "
-                                      f"the window of {info.context_window}"))
+        # asleep, the pool is asked once the model is loaded again
+        misfit = _misfit(self.engine, gen, pool=not self.sleep)
+        if misfit is not None:  # at once: the head places it on another node
+            link.send(misfit)
             return None
         generation: Generation | None = None
         if not self.sleep:  # asleep, it is started once the model is loaded again
-            if isinstance(self.engine, Admitter):
-                full = self.engine.admission(len(gen.prompt), gen.max_tokens)
-                if full is not None:  # at once: the head places it on another node
-                    link.send(m.Error(code="busy", message=full[:4000]))
-                    return None
             generation = self._start(link, gen)
             if generation is None:
                 return None
@@ -653,17 +649,10 @@ class NodeAgent:
         run.shelved = gen.model
         if run.cancelled:
             return None
-        window = engine.info.context_window
-        if len(gen.prompt) >= window:
-            link.send(m.Error(code="context_length_exceeded",
-                              message=f"prompt of {len(gen.prompt)} tokens does not fit "
-                                      f"the window of {window}"))
+        misfit = _misfit(engine, gen)
+        if misfit is not None:
+            link.send(misfit)
             return None
-        if isinstance(engine, Admitter):
-            full = engine.admission(len(gen.prompt), gen.max_tokens)
-            if full is not None:
-                link.send(m.Error(code="busy", message=full[:4000]))
-                return None
         return self._start(link, gen, engine)
 
     async def _generate(self, link: Carrier, run: _Run) -> None:
@@ -785,7 +774,9 @@ class NodeAgent:
             idle = self.idle_s()
             delay = None if idle is None else self._last_active + idle - self._clock()
             if delay is not None and not self.sleep and not self._busy and delay <= 0:
-                await self._suspend()
+                if await self._suspend():
+                    log.info("no session for %.0f s: unloaded the model (it loads again on "
+                             "the next request)", idle)
                 continue
             with contextlib.suppress(TimeoutError):
                 # asleep, busy or kept for ever: until a session starts or ends (or a
@@ -796,7 +787,7 @@ class NodeAgent:
     @property
     def first_bytes(self) -> int:
         """What the first model holds of the budget (its file until an unload measured)."""
-        return self._first_bytes
+        return model_set.need_of(self._first_size, self._first_measured)
 
     @property
     def can_unload(self) -> bool:
@@ -820,24 +811,24 @@ class NodeAgent:
             return None
         busy = self._first_busy() if isinstance(self.engine, Sleeper) else 1
         idle = self.idle_s()
-        return model_set.Held(self.engine.info.model, self._first_bytes, self._last_active,
+        return model_set.Held(self.engine.info.model, self.first_bytes, self._last_active,
                               busy, model_set.FOREVER if idle is None else idle)
 
-    async def _suspend(self) -> None:
+    async def _suspend(self) -> bool:
+        """Unload the first model; False when it did not (it sleeps, or answers)."""
         engine = self.engine
         assert isinstance(engine, Sleeper)
         async with self._engine_lock:
             if self.sleep or self._first_busy():
-                return
+                return False
             self.sleep = "asleep"
             before = await asyncio.to_thread(process_rss_bytes)
             await engine.suspend()
             freed = before - await asyncio.to_thread(process_rss_bytes)
             if freed > 0:
-                self._first_bytes = max(freed, _file_size(engine.info.path))
-        log.info("no session for %.0f s: unloaded the model (it loads again on the next "
-                 "request)", self.idle_s() or 0)
+                self._first_measured = max(freed, self._first_size)
         self._broadcast_stats()
+        return True
 
     async def wake(self) -> None:
         """Load the engine again if it is asleep (once, whoever asks meanwhile)."""
@@ -851,7 +842,7 @@ class NodeAgent:
             self._broadcast_stats()
             try:
                 if self.shelf is not None:  # the kept models make room first
-                    await self.shelf.make_room(self.engine.info.model, self._first_bytes)
+                    await self.shelf.make_room(self.engine.info.model, self.first_bytes)
                 await engine.resume()
             except BaseException:
                 self.sleep = "asleep"
@@ -910,6 +901,21 @@ def _request(gen: m.Generate) -> GenerationRequest:
                           min_p=s.min_p, seed=s.seed, presence_penalty=s.presence_penalty,
                           frequency_penalty=s.frequency_penalty,
                           repeat_penalty=s.repeat_penalty))
+
+
+def _misfit(engine: Engine, gen: m.Generate, *, pool: bool = True) -> m.Error | None:
+    """Why ``engine`` cannot take ``gen`` now: a prompt its window cannot hold, or (with
+    ``pool``) a shared KV pool with no room for it; None when it can."""
+    window = engine.info.context_window
+    if len(gen.prompt) >= window:
+        return m.Error(code="context_length_exceeded",
+                       message=f"prompt of {len(gen.prompt)} tokens does not fit the window "
+                               f"of {window}")
+    if pool and isinstance(engine, Admitter):
+        full = engine.admission(len(gen.prompt), gen.max_tokens)
+        if full is not None:
+            return m.Error(code="busy", message=full[:4000])
+    return None
 
 
 def _file_size(path: str) -> int:

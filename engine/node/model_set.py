@@ -15,9 +15,12 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from engine.sizes import amount
+from engine.sizes import MiB, amount
 
 FOREVER = math.inf
+# what a model not loaded before is taken to need beyond its file: llama.cpp's buffers and
+# a small pool (the engine then sizes its pool within what the budget leaves)
+LOAD_MARGIN = 96 * MiB
 DEFAULT_KEEP_ALIVE_S = 300.0  # Ollama's default: five minutes
 MAX_KEEP_ALIVE_TEXT = 64
 # Go's time.ParseDuration units, which Ollama's keep_alive strings use
@@ -84,6 +87,18 @@ class Refuse:
     message: str  # one line: the numbers, the cause and the fix
 
 
+def need_of(file_size: int, measured: int) -> int:
+    """What a model is taken to hold once loaded: what its last load measured, else its
+    file and ``LOAD_MARGIN``."""
+    return measured or file_size + LOAD_MARGIN
+
+
+def evictable(held: Iterable[Held]) -> list[Held]:
+    """The models that answer nothing now, the least recently used first: the order in
+    which they make room."""
+    return sorted((h for h in held if not h.busy), key=lambda h: (h.last_used, h.name))
+
+
 def plan_load(name: str, need: int, held: Sequence[Held], budget: int,
               base: int = 0) -> Load | Refuse:
     """How to make room for ``name``, which needs ``need`` bytes, among ``held``, in
@@ -95,7 +110,7 @@ def plan_load(name: str, need: int, held: Sequence[Held], budget: int,
                       "or serve a smaller quantisation")
     free = budget - base - sum(h.bytes for h in held)
     evict: list[str] = []
-    for h in sorted((h for h in held if not h.busy), key=lambda h: (h.last_used, h.name)):
+    for h in evictable(held):
         if free >= need:
             break
         evict.append(h.name)

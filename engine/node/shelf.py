@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -30,10 +29,6 @@ from engine.sizes import MiB
 from engine.tasks import cancel_and_wait
 
 log = logging.getLogger("shoal.node")
-
-# what a model not loaded before is taken to need beyond its file: llama.cpp's buffers and
-# a small pool (the engine then sizes its pool within what the budget leaves)
-LOAD_MARGIN = 96 * MiB
 
 
 class Refused(Exception):
@@ -57,7 +52,7 @@ class FirstModel:
 
     name: str
     held: Callable[[], model_set.Held | None]  # None: not loaded now
-    unload: Callable[[], Awaitable[None]]
+    unload: Callable[[], Awaitable[bool]]  # False: it did not (it answers, or sleeps)
 
 
 class _Entry:
@@ -73,11 +68,11 @@ class _Entry:
         self.keep_alive_s = keep.keep_alive_s
 
     def need(self) -> int:
-        return self.held or self.keep.size + LOAD_MARGIN
+        return model_set.need_of(self.keep.size, self.held)
 
     def as_held(self) -> model_set.Held:
-        return model_set.Held(self.keep.name, self.held or self.need(), self.last_used,
-                              self.busy, self.keep_alive_s)
+        return model_set.Held(self.keep.name, self.need(), self.last_used, self.busy,
+                              self.keep_alive_s)
 
 
 class ModelShelf:
@@ -176,9 +171,13 @@ class ModelShelf:
 
     def held(self) -> list[model_set.Held]:
         """Every loaded model as the policy sees it, the first among them."""
-        out = [e.as_held() for e in self._entries.values() if e.engine is not None]
+        out = self._kept_held()
         first = self.first.held() if self.first is not None else None
         return [first, *out] if first is not None else out
+
+    def _kept_held(self) -> list[model_set.Held]:
+        """The loaded kept models (not the first) as the policy sees them."""
+        return [e.as_held() for e in self._entries.values() if e.engine is not None]
 
     async def make_room(self, name: str, need: int) -> None:
         """Unload idle models until ``need`` more bytes fit (the first model's load asks
@@ -206,8 +205,7 @@ class ModelShelf:
                     engine = await entry.keep.load()
                 except StartError as exc:
                     # the engine's own plan did not fit: free one more idle model and retry
-                    idle = sorted((h for h in self.held() if not h.busy and h.name != name),
-                                  key=lambda h: (h.last_used, h.name))
+                    idle = model_set.evictable(h for h in self.held() if h.name != name)
                     if not idle:
                         raise Refused(f"cannot load {name}: {exc}") from None
                     await self._unload(idle[0].name, why=f"to make room for {name}")
@@ -224,28 +222,30 @@ class ModelShelf:
                 self._ensure_sweeper()
                 return engine
 
-    async def _unload(self, name: str, *, why: str) -> None:
+    async def _unload(self, name: str, *, why: str) -> bool:
+        """Unload ``name`` if it is loaded and answers nothing (the caller holds the lock);
+        False when it did not."""
         first = self.first
         if first is not None and name == first.name:
-            await first.unload()
-            log.info("unloaded %s %s", name, why)
-            return
-        entry = self._entries.get(name)
-        if entry is None or entry.engine is None or entry.busy:
-            return
-        engine, entry.engine = entry.engine, None
-        await engine.close()
-        log.info("unloaded %s %s", name, why)
-        self.changed()
-
-    async def unload(self, name: str) -> bool:
-        """Unload ``name`` now if it is loaded and idle (a person's click, keep_alive 0)."""
-        async with self._lock:
+            done = await first.unload()
+        else:
             entry = self._entries.get(name)
             if entry is None or entry.engine is None or entry.busy:
                 return False
-            await self._unload(name, why="as asked")
-            return True
+            engine, entry.engine = entry.engine, None
+            await engine.close()
+            self.changed()
+            done = True
+        if done:
+            log.info("unloaded %s %s", name, why)
+        return done
+
+    async def unload(self, name: str) -> bool:
+        """Unload ``name`` now if it is loaded and idle (a person's click, keep_alive 0)."""
+        if name not in self._entries:  # the first model unloads through its agent
+            return False
+        async with self._lock:
+            return await self._unload(name, why="as asked")
 
     def _ensure_sweeper(self) -> None:
         if self._sweeper is None and not self._closed:
@@ -256,17 +256,12 @@ class ModelShelf:
         """Unload each kept model once it has been idle for its keep-alive."""
         while True:
             self._wake.clear()
-            loaded = [e.as_held() for e in self._entries.values() if e.engine is not None]
-            for name in model_set.due_to_unload(loaded, self._clock()):
-                async with self._lock:
-                    entry = self._entries[name]
-                    if entry.engine is not None and not entry.busy:
-                        await self._unload(name, why="after its keep-alive")
-            loaded = [e.as_held() for e in self._entries.values() if e.engine is not None]
-            due = model_set.next_unload(loaded)
+            for name in model_set.due_to_unload(self._kept_held(), self._clock()):
+                async with self._lock:  # checked again under it: a request may have come
+                    await self._unload(name, why="after its keep-alive")
+            # never inf: a model kept for ever has no unload time
+            due = model_set.next_unload(self._kept_held())
             delay = None if due is None else max(due - self._clock(), 0.0)
-            if delay is not None and math.isinf(delay):
-                delay = None
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(delay):
                     await self._wake.wait()

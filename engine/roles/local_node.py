@@ -216,9 +216,10 @@ class LocalNode:
 
 def _shelf(settings: NodeSettings, engine: Engine, kept: Sequence[Resolved]) -> ModelShelf:
     """The models a node keeps besides ``engine``'s, within its memory budget."""
-    total = total_memory_bytes()
-    budget = engine.stats().mem_budget or budget_bytes(
-        settings.memory_budget, total) or default_budget_bytes(total)
+    budget = engine.stats().mem_budget  # what the engine keeps within, else the settings'
+    if not budget:
+        total = total_memory_bytes()
+        budget = budget_bytes(settings.memory_budget, total) or default_budget_bytes(total)
     return ModelShelf([_keep(settings, r) for r in kept], budget=budget)
 
 

@@ -364,12 +364,11 @@ class NodePool:
         return next((k for k in self.kept if k.name == model), None) \
             if model and model != self.info.model else None
 
-    def view(self, model: str | None = None) -> NodeView:
-        """The node as placement sees it for a request for ``model``: its first model's
-        view, or (a model it keeps) one with that model's window and state, its lanes the
+    def view(self, kept: m.KeptModel | None = None) -> NodeView:
+        """The node as placement sees it: its first model's view, or for ``kept`` (a model
+        it keeps, from ``keeps``) one with that model's window and state, its lanes the
         same; an unloaded one counts as asleep (it loads for the request)."""
         base = self._view()
-        kept = self.keeps(model) if model is not None else None
         if kept is None:
             return base
         return replace(base, model=kept.name,
@@ -708,8 +707,9 @@ class Fleet:
         for p in self.pools.values():
             if p.info.identity:
                 out.append(p.view())
-                if model is not None and p.keeps(model) is not None:
-                    out.append(p.view(model))
+                kept = p.keeps(model) if model is not None else None
+                if kept is not None:
+                    out.append(p.view(kept))
         return out
 
     def context_window(self, model: str | None = None) -> int:
@@ -740,10 +740,10 @@ class Fleet:
         now = self.clock()
         serving = False
         for pool in self.pools.values():  # every request asks: stop at the first free node
-            if not pool.info.identity or (pool.info.model != model
-                                          and pool.keeps(model) is None):
+            kept = pool.keeps(model)
+            if not pool.info.identity or (pool.info.model != model and kept is None):
                 continue
-            view = pool.view(model)
+            view = pool.view(kept)
             if view.idle_conns + view.own_sessions:
                 serving = True
                 if has_free_lane(view, now):
