@@ -125,7 +125,8 @@ class SplitCard(Card):
                       "tokens/s, autocomplete 20; the speeds are estimates), a small code "
                       "model for autocomplete on the smallest machine, and beside each "
                       "machine's model the autocomplete and embeddings models an editor "
-                      "needs that fit with it. Each machine pulls and serves its main model."))
+                      "needs that fit with it. Each machine pulls and serves its main model; "
+                      "this machine serves the models beside its own too."))
         self.rows = RowsModel(SPLIT_COLUMNS, self)
         self.view = table(self.rows, stretch=4)
         self.view.setObjectName("split")
