@@ -8,12 +8,12 @@ scales it to length 1 again, as Matryoshka-trained models are meant to be used."
 from __future__ import annotations
 
 import base64
-import json
 import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from engine.api.context import HEAD, routing_of, runnable
@@ -135,8 +135,13 @@ async def _run(request: web.Request, head: Head, requested: str, inputs: Inputs,
 
 
 async def _json(body: dict[str, Any], size: int, headers: dict[str, str]) -> web.Response:
-    text = await off_loop(size, lambda: json.dumps(body))
-    return web.Response(text=text, content_type="application/json", headers=headers)
+    # msgspec writes the floats about ten times as fast as json.dumps (3 ms of a
+    # 16-vector answer's 35), to the same shortest text that reads back as each value
+    data = await off_loop(size, lambda: _ENCODER.encode(body))
+    return web.Response(body=data, content_type="application/json", headers=headers)
+
+
+_ENCODER = msgspec.json.Encoder()
 
 
 async def openai_embeddings(request: web.Request) -> web.StreamResponse:

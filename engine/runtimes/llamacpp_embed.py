@@ -18,7 +18,7 @@ that pools (it has a KV memory) has its memory cleared before each batch.
 
 Every llama.cpp call runs on one worker thread of the embedder's own (load, batches,
 free), off the event loop; concurrent requests queue there in order. The model runs on
-the CPU.
+the CPU, on a threadpool kept for the context's life (engine.runtimes.cpu_threadpool).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from engine.runtimes import cpu_threadpool
 from engine.runtimes.base import (
     Embeddings,
     EngineInfo,
@@ -75,6 +76,7 @@ class _Loaded:
     n_vocab: int
     info: EmbedderInfo
     batch_tokens: int  # n_batch == n_ubatch of its context: what one llama_decode holds
+    pool: cpu_threadpool.Threadpool | None  # its CPU threads, kept between batches
 
 
 def plan_batches(lengths: Sequence[int], *, batch_tokens: int, max_seqs: int) -> list[range]:
@@ -127,6 +129,11 @@ class LlamaCppEmbedder:
         if self._embedding is None:
             raise RuntimeError("the embedder is not started")
         return self._embedding
+
+    @property
+    def kept_threadpool(self) -> bool:
+        """Whether its batches run on CPU threads kept between them (cpu_threadpool)."""
+        return self._loaded is not None and self._loaded.pool is not None
 
     # -- life ---------------------------------------------------------------
 
@@ -233,10 +240,11 @@ class LlamaCppEmbedder:
                 pooling=POOLING_NAMES[pooling],
             )
             vocab = lib.llama_model_get_vocab(model)
+            pool = cpu_threadpool.attach(lib._lib, ctx, self.n_threads)
             return _Loaded(model=model, ctx=ctx, mem=lib.llama_get_memory(ctx),
                            batch=lib.llama_batch_init(tokens, 0, 1),
                            n_vocab=int(lib.llama_vocab_n_tokens(vocab)), info=info,
-                           batch_tokens=tokens)
+                           batch_tokens=tokens, pool=pool)
         except BaseException:
             if ctx:
                 lib.llama_free(ctx)
@@ -329,4 +337,6 @@ def _free(loaded: _Loaded) -> None:
     lib = _lib()
     lib.llama_batch_free(loaded.batch)
     lib.llama_free(loaded.ctx)
+    if loaded.pool is not None:  # after the context that computes on it
+        cpu_threadpool.free(loaded.pool)
     lib.llama_model_free(loaded.model)

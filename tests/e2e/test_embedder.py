@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.runtimes import cpu_threadpool
 from engine.runtimes.base import Embedder, RuntimeUnavailable
 from engine.runtimes.embedding import unpack
 from engine.runtimes.llamacpp import LlamaCppVocab
@@ -94,6 +95,12 @@ async def test_the_model_loads_as_a_mean_pooled_embedder(embedder: LlamaCppEmbed
     assert (info.model, info.dims, info.window, info.pooling) == (
         "all-MiniLM-L6-v2", 384, 512, "mean")
     assert embedder.info.context_window == info.max_input == 512
+    assert embedder.kept_threadpool  # not a new thread per llama_decode
+
+
+def test_a_threadpool_needs_a_thread() -> None:
+    with pytest.raises(ValueError, match="at least one thread"):
+        cpu_threadpool.attach(object(), None, 0)
 
 
 async def test_vectors_match_the_reference(
