@@ -1,17 +1,20 @@
 """The Models page's "On this machine" card: the models kept on this machine's disk (name,
 size, who serves each, whether this machine's node holds it in memory now and how much,
 when it was last used), the disk they take in all; Load and Unload, which load a model the
-node serves into memory or free it (it loads again on the next request); and Remove,
+node serves into memory or free it (it loads again on the next request); "Once idle", how
+long the chosen model stays loaded after its last request (its own default, kept across
+restarts, for requests that name no keep_alive); and Remove,
 which the engine refuses while a node here serves the model (its line shown under the
 table)."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from PySide6.QtWidgets import QHeaderView, QPushButton, QWidget
+from PySide6.QtWidgets import QComboBox, QHeaderView, QLabel, QPushButton, QWidget
 
 from app.bridge import ShoalBridge
 from app.widgets import (
@@ -27,13 +30,19 @@ from app.widgets import (
     say,
     table,
 )
+from engine.node import model_set
 from engine.sizes import amount
 
 if TYPE_CHECKING:
     from engine.models.store import StoredModel
     from engine.snapshot import LocalNodeSnapshot
 
-KEPT_COLUMNS = ("Model", "Size", "Served by", "In memory", "Last used")
+KEPT_COLUMNS = ("Model", "Size", "Served by", "In memory", "Once idle", "Last used")
+# the idle times the card offers (seconds; inf: never unload; None: the node's own)
+IDLE_CHOICES: tuple[tuple[str, float | None], ...] = (
+    ("the node's idle time", None), ("unload after 5 min", 300.0),
+    ("unload after 30 min", 1800.0), ("unload after 2 h", 7200.0),
+    ("keep loaded", math.inf), ("unload after each request", 0.0))
 SOURCE = {"embedded": "the embedded default", "test": "a test model",
           "imported": "a GGUF file imported by name (shoal models import)",
           "partial": "a download not finished"}
@@ -56,6 +65,17 @@ def memory_state(m: StoredModel, node: LocalNodeSnapshot | None) -> tuple[str, s
     return kept.name, held
 
 
+def idle_text(seconds: float | None) -> str:
+    """The "Once idle" cell: what happens to a model once its last request ended."""
+    if seconds is None:
+        return "node's"
+    if math.isinf(seconds):
+        return "stays loaded"
+    if seconds <= 0:
+        return "unloads at once"
+    return f"unloads after {model_set.span(seconds)}"
+
+
 def kept_row(m: StoredModel, now: float,
              node: LocalNodeSnapshot | None = None) -> tuple[Cell, ...]:
     served = ", ".join(m.served_by)
@@ -64,7 +84,9 @@ def kept_row(m: StoredModel, now: float,
     held = Cell(state[1], tone="" if state[1].startswith("loaded") else "muted") \
         if state is not None else Cell("—", tone="muted")
     return (Cell(m.name, tip=SOURCE.get(m.source, m.spec)), Cell(amount(m.size), right=True),
-            Cell(served or "—", tone="" if served else "muted"), held, Cell(used))
+            Cell(served or "—", tone="" if served else "muted"), held,
+            Cell(idle_text(m.keep_alive_s), tone="muted" if m.keep_alive_s is None else ""),
+            Cell(used))
 
 
 def total_line(kept: list[StoredModel]) -> str:
@@ -105,8 +127,18 @@ class KeptCard(Card):
         self.unload_button.setToolTip("Free the memory the chosen model holds; it loads "
                                       "again on the next request for it")
         self.unload_button.clicked.connect(lambda: self.load_selected(load=False))
+        self.idle = QComboBox()
+        self.idle.setObjectName("keepAlive")
+        self.idle.setToolTip("How long the chosen model stays loaded after its last request "
+                             "(a request's own keep_alive still wins for it)")
+        for text, _seconds in IDLE_CHOICES:
+            self.idle.addItem(text[:1].upper() + text[1:])
+        self.idle.activated.connect(self.set_idle)  # a person's choice only
+        self.view.selectionModel().selectionChanged.connect(self._show_idle)
         line = self.row()
         line.addWidget(self.total, 1)
+        line.addWidget(QLabel("Once idle:"))
+        line.addWidget(self.idle)
         line.addWidget(self.load_button)
         line.addWidget(self.unload_button)
         line.addWidget(self.remove_button)
@@ -140,14 +172,52 @@ class KeptCard(Card):
         served = any(memory_state(m, self.node) is not None for m in kept)
         self.load_button.setEnabled(served)
         self.unload_button.setEnabled(served)
+        self.idle.setEnabled(bool(kept))
+        self._show_idle()
 
     def select(self, name: str) -> None:
         self.view.selectRow(self.rows.keys.index(name))
 
+    def _chosen(self) -> StoredModel | None:
+        rows = self.view.selectionModel().selectedRows()
+        return self.kept[rows[0].row()] if rows and rows[0].row() < len(self.kept) else None
+
+    def _show_idle(self) -> None:
+        """The combo shows the chosen model's idle time (the node's where none is chosen)."""
+        chosen = self._chosen()
+        seconds = chosen.keep_alive_s if chosen is not None else None
+        index = next((i for i, (_t, s) in enumerate(IDLE_CHOICES) if s == seconds), -1)
+        if index < 0:  # one set elsewhere (`shoal models keep-alive NAME 45m`)
+            self.idle.setCurrentIndex(-1)
+            self.idle.setPlaceholderText(idle_text(seconds))
+        else:
+            self.idle.setCurrentIndex(index)
+
+    def set_idle(self, index: int) -> None:
+        """The chosen model's idle time from now on (the combo's ``index``)."""
+        chosen = self._chosen()
+        if chosen is None:
+            say(self.ok, "")
+            say(self.error, "Choose a model in the table first.")
+            self._show_idle()
+            return
+        seconds = IDLE_CHOICES[index][1]
+
+        def done(line: str) -> None:
+            say(self.error, "")
+            say(self.ok, line[:1].upper() + line[1:] + ".")
+            self._changed()
+
+        def refused(line: str) -> None:
+            say(self.ok, "")
+            say(self.error, line)
+
+        run(self, self._bridge, self._bridge.shoal.set_keep_alive(chosen.name, seconds),
+            done=done, failed=refused)
+
     def load_selected(self, *, load: bool) -> None:
         """Load (or unload) the chosen model on this machine's node."""
-        rows = self.view.selectionModel().selectedRows()
-        chosen = self.kept[rows[0].row()] if rows and rows[0].row() < len(self.kept) else None
+        chosen = self._chosen()
         state = memory_state(chosen, self.node) if chosen is not None else None
         if chosen is None or state is None:
             say(self.ok, "")

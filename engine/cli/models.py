@@ -1,5 +1,6 @@
-"""`shoal models list|rm|catalog|pull|import`: the models kept on this machine, the catalog
-with the fit for this machine, a pull with progress, and a GGUF the user has kept by name.
+"""`shoal models list|rm|catalog|pull|import|keep-alive`: the models kept on this machine,
+the catalog with the fit for this machine, a pull with progress, a GGUF the user has kept by
+name, and how long a model stays loaded once idle.
 Parses and prints only: the work is :mod:`engine.models.store`, :mod:`engine.models.catalog`
 and :mod:`engine.models.choice`."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 import urllib.error
 import urllib.request
@@ -17,6 +19,7 @@ from engine.errors import StartError
 from engine.models import store as model_store
 from engine.models.fit import Suggestion, tokens_text
 from engine.models.speed import AUTOCOMPLETE_TPS, CHAT_TPS
+from engine.node import model_set
 from engine.settings import HTTP_DEFAULT
 from engine.sizes import amount
 
@@ -27,7 +30,7 @@ MAX_FLEET_BYTES = 16 << 20
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("models", help="the models kept on this machine, and the catalog")
     msub = p.add_subparsers(dest="models_command", required=True,
-                            metavar="{list,rm,catalog,pull,import}",
+                            metavar="{list,rm,catalog,pull,import,keep-alive}",
                             help="`shoal models VERB --help` for its arguments")
     ls = msub.add_parser("list", help="the models on this machine: size, who serves them, "
                                       "when last used")
@@ -50,6 +53,13 @@ def add_parser(sub: Any) -> None:
                                              "disk, else copied)")
     imp.add_argument("--name", default=None,
                      help="the name to serve it by (default: the file's name without .gguf)")
+    ka = msub.add_parser("keep-alive", help="how long a model stays loaded once idle on this "
+                                            "machine's node (its default for requests that "
+                                            "name no keep_alive)")
+    ka.add_argument("name", help="the model, as `shoal models list` names it")
+    ka.add_argument("idle", nargs="?", default=None, metavar="DURATION",
+                    help="5m, 1h30m, 90s, 0 (unload after each request), never, or default "
+                         "(the node's --idle-unload); without it, show the current one")
 
 
 def main(args: argparse.Namespace, home: Path) -> int:
@@ -67,6 +77,8 @@ def main(args: argparse.Namespace, home: Path) -> int:
         return _catalog(home, fits=args.fits, budget=args.memory_budget)
     if cmd == "import":
         return _import(home, args.file.expanduser(), args.name)
+    if cmd == "keep-alive":
+        return _keep_alive(home, args.name, args.idle)
     return _pull(home, args.model)
 
 
@@ -236,6 +248,35 @@ def _pull(home: Path, model: str) -> int:
 
     path = asyncio.run(pull())
     print(f"{spec} is ready at {path}; serve it with `shoal serve {spec}`")
+    return 0
+
+
+def parse_idle(text: str) -> float | None:
+    """A model's idle time as `shoal models keep-alive` takes it: seconds, math.inf for
+    never, None for the node's own. StartError (one line) for anything else."""
+    value = text.strip().lower()
+    if value == "default":
+        return None
+    if value == "never":
+        return math.inf
+    try:
+        return model_set.keep_alive_seconds(value, model_set.DEFAULT_KEEP_ALIVE_S)
+    except model_set.BadKeepAlive as exc:
+        raise StartError(f"{exc}, never, or default") from None
+
+
+def _keep_alive(home: Path, name: str, idle: str | None) -> int:
+    try:
+        stored = model_store.find_kept(model_store.kept_models(home), name)
+    except model_store.ModelNotKept as exc:
+        raise StartError(str(exc)) from None
+    if idle is None:
+        print(f"{stored.name} {model_set.idle_words(stored.keep_alive_s)}")
+        return 0
+    seconds = parse_idle(idle)
+    model_store.set_keep_alive(home, stored.name, seconds)
+    print(f"{stored.name} {model_set.idle_words(seconds)} (a node running now takes it at "
+          "its next start; the app's Models page sets it at once)")
     return 0
 
 

@@ -72,6 +72,7 @@ class KeptModel(msgspec.Struct, frozen=True, array_like=True):
     embeds: bool = False  # an embedding model: Embed records, no text
     context_window: Annotated[int, msgspec.Meta(ge=0, lt=1 << 31)] = 0  # 0: not known yet
     size: _Bytes = 0  # its file's bytes: what a load reads from disk
+    load_ms: Annotated[int, msgspec.Meta(ge=0, lt=1 << 31)] = 0  # its last load (0: none yet)
 
 
 _Kept = Annotated[list[KeptModel], msgspec.Meta(max_length=MAX_KEPT)]

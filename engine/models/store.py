@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -42,6 +43,7 @@ from engine.process_stamp import process_stamp, same_process
 IN_USE = "in-use"
 LAST_USED = "last-used.json"
 FLEET_CHOSEN = "fleet-chosen.json"  # models pulled because a head of the fleet chose them
+KEEP_ALIVE = "keep-alive.json"  # how long each model stays loaded once idle, set per model
 MAX_STATE_BYTES = 1 << 20  # a state file larger than this is not ours: ignored
 Source = Literal["hub", "embedded", "test", "imported", "partial"]
 COPY_CHUNK = 8 << 20  # an import copies (where it cannot link) this much at a time
@@ -68,6 +70,7 @@ class StoredModel:
     source: Source
     last_used: float | None  # wall-clock seconds it was last loaded here
     served_by: tuple[str, ...] = ()  # processes on this machine serving it ("pid 1234")
+    keep_alive_s: float | None = None  # its idle time set by the owner (None: the node's)
 
     @property
     def repo(self) -> str | None:
@@ -84,6 +87,7 @@ def kept_models(home: Path) -> list[StoredModel]:
     """Every model kept on this machine, largest first, with what serves it here."""
     last = _read_json(ids.models_dir(home) / LAST_USED)
     serving = serving_paths(home)
+    keep_alive = keep_alive_defaults(home)
     out = [*_hub_models(home), *_single_models(home), *_imported_models(home),
            *_partials(home)]
     result: list[StoredModel] = []
@@ -93,7 +97,7 @@ def kept_models(home: Path) -> list[StoredModel]:
         result.append(StoredModel(
             m.name, m.spec, m.path, m.files, m.size, m.source,
             float(used) if isinstance(used, (int, float)) else None,
-            tuple(sorted(serving.get(key, ())))))
+            tuple(sorted(serving.get(key, ()))), keep_alive.get(m.name)))
     return sorted(result, key=lambda m: (-m.size, m.name))
 
 
@@ -293,6 +297,33 @@ def forget_fleet_chosen(home: Path, spec: str) -> None:
 
 def _write_fleet_chosen(home: Path, table: dict[str, float]) -> None:
     file = ids.models_dir(home) / FLEET_CHOSEN
+    file.parent.mkdir(parents=True, exist_ok=True)
+    model_embedded._atomic_write_text(file, json.dumps(table, indent=1, sort_keys=True))
+
+
+def keep_alive_defaults(home: Path) -> dict[str, float]:
+    """The idle time the owner set for each model (seconds; ``math.inf``: never unload)
+    by its name in `kept_models`; a model not named keeps the node's own idle time."""
+    table = _read_json(ids.models_dir(home) / KEEP_ALIVE)
+    out: dict[str, float] = {}
+    for name, value in table.items():
+        if isinstance(value, int | float) and not isinstance(value, bool) \
+                and math.isfinite(value):
+            out[name] = math.inf if value < 0 else float(value)
+    return out
+
+
+def set_keep_alive(home: Path, name: str, seconds: float | None) -> None:
+    """Keep ``name`` loaded ``seconds`` once idle (``math.inf``: never unload; 0: unload
+    after each request); None: the node's own idle time again."""
+    table: dict[str, float] = {k: (-1.0 if math.isinf(v) else v)
+                               for k, v in keep_alive_defaults(home).items()}
+    table.pop(name, None)
+    if seconds is not None:
+        if seconds < 0 or math.isnan(seconds):
+            raise ValueError("an idle time is 0 or more seconds, or math.inf for never")
+        table[name] = -1.0 if math.isinf(seconds) else float(seconds)
+    file = ids.models_dir(home) / KEEP_ALIVE
     file.parent.mkdir(parents=True, exist_ok=True)
     model_embedded._atomic_write_text(file, json.dumps(table, indent=1, sort_keys=True))
 

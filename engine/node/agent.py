@@ -189,8 +189,19 @@ class NodeAgent:
     def _ensure_stats(self) -> None:
         if self._stats_task is None:
             self._stats_task = asyncio.create_task(self._stats_loop(), name="node-stats")
-        if self._sleep_task is None and (self.idle_unload_s or self.keep_alive_s is not None):
+        if self._sleep_task is None and (self.idle_unload_s is not None
+                                         or self.keep_alive_s is not None):
             self._sleep_task = asyncio.create_task(self._sleep_loop(), name="node-idle-unload")
+
+    def set_idle_unload(self, seconds: float | None) -> None:
+        """The first model's own idle time from now on (None or inf: never unload; 0: after
+        each request), as its owner set it; a request's keep_alive still wins for it."""
+        if not isinstance(self.engine, Sleeper):
+            return
+        self.idle_unload_s = seconds
+        self._activity.set()
+        if self._servers:
+            self._ensure_stats()
 
     def _keep_alive(self, seconds: float | None) -> None:
         """A request's keep_alive, as Ollama applies it: the model stays loaded that long

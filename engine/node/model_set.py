@@ -61,6 +61,26 @@ def keep_alive_seconds(value: float | int | str | None, default: float) -> float
     return FOREVER if sign < 0 and seconds > 0 else seconds
 
 
+def idle_words(seconds: float | None) -> str:
+    """What an idle time set for a model means, after its name: "stays loaded 15 min once
+    idle" (None: the node's own idle time)."""
+    if seconds is None:
+        return "unloads after the node's idle time (Settings: Unload the model when idle)"
+    if math.isinf(seconds):
+        return "stays loaded until you unload it"
+    if seconds <= 0:
+        return "unloads after each request"
+    return f"stays loaded {span(seconds)} once idle"
+
+
+def span(seconds: float) -> str:
+    """A finite idle time for people: "1.5 h", "15 min", "90 s"."""
+    for unit, size in (("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
+
+
 @dataclass(frozen=True, slots=True)
 class Held:
     """A loaded model as the node's adapter sees it now."""

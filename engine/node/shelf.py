@@ -17,7 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from engine.errors import StartError
@@ -62,6 +62,7 @@ class _Entry:
         self.loading: asyncio.Task[Engine] | None = None
         self.held = 0  # measured at its last load (0: never loaded)
         self.window = 0  # its engine's window, known once it loaded (0: not yet)
+        self.load_ms = 0  # what its last load took (0: never loaded here)
         self.embeds = False
         self.busy = 0
         self.last_used = now
@@ -124,7 +125,7 @@ class ModelShelf:
             out.append(m.KeptModel(
                 name=e.keep.name[:m.MAX_NAME], state=state,
                 mem=e.held if engine is not None else 0, embeds=e.embeds,
-                context_window=e.window, size=e.keep.size))
+                context_window=e.window, size=e.keep.size, load_ms=e.load_ms))
         return out
 
     # -- requests ----------------------------------------------------------------------
@@ -162,6 +163,15 @@ class ModelShelf:
         entry.busy = max(entry.busy - 1, 0)
         entry.keep_alive_s = entry.keep.keep_alive_s if keep_alive_s is None else keep_alive_s
         self._touch(entry)
+
+    def set_keep_alive(self, name: str, seconds: float) -> None:
+        """``name``'s own idle time from now on (FOREVER: never unload; 0: after each
+        request), as its owner set it; a request's keep_alive still wins for that request."""
+        entry = self._entries[name]
+        entry.keep = replace(entry.keep, keep_alive_s=seconds)
+        if not entry.busy:
+            entry.keep_alive_s = seconds
+        self._wake.set()
 
     def _touch(self, entry: _Entry) -> None:
         entry.last_used = self._clock()
@@ -201,6 +211,7 @@ class ModelShelf:
             while True:
                 await self._room(name, entry.need())
                 before = await asyncio.to_thread(self._rss)
+                started = time.monotonic()
                 try:
                     engine = await entry.keep.load()
                 except StartError as exc:
@@ -212,6 +223,9 @@ class ModelShelf:
                     continue
                 after = await asyncio.to_thread(self._rss)
                 entry.held = max(after - before, entry.keep.size, 1)
+                # placement prices the next load by it (wall time, as a request waits)
+                entry.load_ms = min(max(round((time.monotonic() - started) * 1000), 1),
+                                    (1 << 31) - 1)
                 entry.engine = engine
                 entry.window = engine.info.context_window
                 entry.embeds = isinstance(engine, Embedder)

@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.discovery.service import announce_node
@@ -44,6 +44,8 @@ class LocalNode:
     _closers: list[Callable[[], Awaitable[None]]]
     closed: bool = False
     shelf: ModelShelf | None = None  # the models it keeps besides ``model``
+    # the idle time its owner set per model (seconds; inf: never), by model file
+    keep_alive: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     async def start(cls, settings: NodeSettings, model: Resolved, *, name: str,
@@ -51,13 +53,16 @@ class LocalNode:
                     sock: socket.socket | None = None, home: Path | None = None,
                     machine: Callable[[], MachineFacts] | None = None,
                     serve_model: ServeModelAsked | None = None,
-                    kept: Sequence[Resolved] = ()) -> LocalNode:
+                    kept: Sequence[Resolved] = (),
+                    keep_alive: Mapping[str, float] | None = None) -> LocalNode:
         """Load ``model`` and serve it. ``sock``: the listener, bound earlier (before the
         model loaded); without one the node listens on loopback for this machine's head.
         ``home``: the model is marked served there while the node runs (`shoal models rm`
         refuses it). ``machine``, ``serve_model``: what its stats say of the machine, and who
         answers a head that asks it to serve another model (`NodeAgent`). ``kept``: models
-        it serves besides ``model``, each loaded on the first request for it."""
+        it serves besides ``model``, each loaded on the first request for it.
+        ``keep_alive``: the idle time its owner set for some models, by their files."""
+        keep_alive = dict(keep_alive or {})
         if sock is None:
             sock = bind("127.0.0.1", 0, what="the local node's")
         host, port = bound_address(sock)
@@ -73,11 +78,13 @@ class LocalNode:
             # an engine it fronts has its own tokenizer: check it against each head's
             probe = engine.probe if isinstance(engine, UpstreamEngine) else []
             if kept:
-                shelf = _shelf(settings, engine, kept)
+                shelf = _shelf(settings, engine, kept, keep_alive)
             agent = NodeAgent(engine, identity=settings.identity or socket.gethostname(),
                               psk=psk, handshake_timeout_s=settings.handshake_timeout_s,
                               idle_timeout_s=settings.idle_timeout_s,
-                              idle_unload_s=settings.idle_unload_s, probe=probe,
+                              idle_unload_s=keep_alive.get(model.path,
+                                                           settings.idle_unload_s),
+                              probe=probe,
                               probe_source=f"the {engine.info.runtime} at {engine.info.path}",
                               machine=machine, serve_model=serve_model, shelf=shelf)
             agent.paused = settings.paused
@@ -87,7 +94,8 @@ class LocalNode:
             if engine is not None:
                 await engine.close()
             raise
-        node = cls(settings, model, engine, agent, host, port, closers, shelf=shelf)
+        node = cls(settings, model, engine, agent, host, port, closers, shelf=shelf,
+                   keep_alive=keep_alive)
         if home is not None:
             marks = await asyncio.to_thread(_mark_served, home, model.path)
             closers.append(lambda: asyncio.to_thread(marks.close))
@@ -176,10 +184,27 @@ class LocalNode:
         if model.name == self.engine.info.model or model.path == self.model.path:
             return False
         if self.shelf is None:
-            self.shelf = _shelf(self.settings, self.engine, [model])
+            self.shelf = _shelf(self.settings, self.engine, [model], self.keep_alive)
             self.agent.attach(self.shelf)
             return True
-        return self.shelf.add(_keep(self.settings, model))
+        return self.shelf.add(_keep(self.settings, model, self.keep_alive.get(model.path)))
+
+    def set_keep_alive(self, path: str, name: str, seconds: float | None) -> bool:
+        """The idle time of the model kept at ``path`` as ``name`` (None: the node's own
+        again), from now on; False when this node does not serve it."""
+        if seconds is None:
+            self.keep_alive.pop(path, None)
+        else:
+            self.keep_alive[path] = seconds
+        if path == self.model.path:
+            self.agent.set_idle_unload(self.settings.idle_unload_s if seconds is None
+                                       else seconds)
+            return True
+        if self.shelf is None or name not in self.shelf:
+            return False
+        self.shelf.set_keep_alive(name, _idle_of(self.settings) if seconds is None
+                                  else seconds)
+        return True
 
     def _shelf_with(self, name: str) -> ModelShelf:
         if self.shelf is None or name not in self.shelf:
@@ -214,17 +239,20 @@ class LocalNode:
         await self.engine.close()
 
 
-def _shelf(settings: NodeSettings, engine: Engine, kept: Sequence[Resolved]) -> ModelShelf:
+def _shelf(settings: NodeSettings, engine: Engine, kept: Sequence[Resolved],
+           keep_alive: Mapping[str, float]) -> ModelShelf:
     """The models a node keeps besides ``engine``'s, within its memory budget."""
     budget = engine.stats().mem_budget  # what the engine keeps within, else the settings'
     if not budget:
         total = total_memory_bytes()
         budget = budget_bytes(settings.memory_budget, total) or default_budget_bytes(total)
-    return ModelShelf([_keep(settings, r) for r in kept], budget=budget)
+    return ModelShelf([_keep(settings, r, keep_alive.get(r.path)) for r in kept],
+                      budget=budget)
 
 
-def _keep(settings: NodeSettings, model: Resolved) -> Keep:
-    """A kept model, loaded as the node's first one is (its lanes, budget and device)."""
+def _keep(settings: NodeSettings, model: Resolved, idle: float | None = None) -> Keep:
+    """A kept model, loaded as the node's first one is (its lanes, budget and device);
+    ``idle``: the idle time its owner set for it (None: the node's own)."""
     def load() -> Awaitable[Engine]:
         return load_engine(model, name=model.name, lanes=settings.lanes,
                            max_context=settings.max_context, mock_speed=settings.mock_speed,
@@ -232,10 +260,15 @@ def _keep(settings: NodeSettings, model: Resolved) -> Keep:
                            gpu=settings.gpu, measure_at_start=False)
 
     size = Path(model.path).stat().st_size if Path(model.path).is_file() else 0
-    # idle, it unloads as the first model does (--idle-unload), until a request says else
-    idle = settings.idle_unload_s
     return Keep(name=model.name, size=size, load=load,
-                keep_alive_s=model_set.FOREVER if idle is None else idle)
+                keep_alive_s=_idle_of(settings) if idle is None else idle)
+
+
+def _idle_of(settings: NodeSettings) -> float:
+    """A kept model's idle time where its owner set none: the first model's
+    (--idle-unload), until a request says else."""
+    idle = settings.idle_unload_s
+    return model_set.FOREVER if idle is None else idle
 
 
 def _mark_served(home: Path, path: str) -> contextlib.ExitStack:

@@ -182,11 +182,13 @@ class RunningRoles:
             ns = replace(ns, identity=socket.gethostname())  # its user's name for it
         if self.head is not None:  # /v1/models lists it as loading from now on
             self.head.head.local_model = name
-        kept = await self._kept_beside(ns, model) if ns.serve_kept else []
-        self.node = await LocalNode.start(ns, model, name=name, psk=self._creds.token,
-                                          discovery=s.discovery.mode, sock=sock, home=s.home,
-                                          machine=self._machine, serve_model=self._serve_model,
-                                          kept=kept)
+        stored = await asyncio.to_thread(model_store.kept_models, s.home)
+        kept = self._kept_beside(ns, model, stored) if ns.serve_kept else []
+        self.node = await LocalNode.start(
+            ns, model, name=name, psk=self._creds.token, discovery=s.discovery.mode,
+            sock=sock, home=s.home, machine=self._machine, serve_model=self._serve_model,
+            kept=kept, keep_alive={str(k.path): k.keep_alive_s for k in stored
+                                   if k.keep_alive_s is not None})
         if self.head is not None:
             await self._head_learns(kept)
         if model.runtime == "mock" and self.head is not None:
@@ -213,11 +215,11 @@ class RunningRoles:
         log.info("this machine serves %s too, loaded on the first request for it", model.name)
         return f"this machine serves {model.name} too; it loads on the first request for it"
 
-    async def _kept_beside(self, ns: NodeSettings, first: Resolved) -> list[Resolved]:
+    @staticmethod
+    def _kept_beside(ns: NodeSettings, first: Resolved,
+                     stored: list[model_store.StoredModel]) -> list[Resolved]:
         """Every model kept here besides ``first``, for the node to serve on demand (whole
         files only: a pull under way is not a model yet)."""
-        home = self._conf.settings.home
-        stored = await asyncio.to_thread(model_store.kept_models, home)
         runtime = ns.runtime or first.runtime
         return [Resolved(path=str(k.path), name=k.name, runtime=runtime) for k in stored
                 if k.source != "partial" and str(k.path) != first.path]

@@ -43,6 +43,7 @@ from engine.models import store as model_store
 from engine.models.commands import ModelCommands
 from engine.models.loading import Pulls, Resolved
 from engine.models.pulls.quota import Quota
+from engine.node import model_set
 from engine.service.configuration import Ask, Configuration
 from engine.service.fleet_choice import FleetChoice
 from engine.service.head_models import HeadModels, ModelSource
@@ -305,6 +306,23 @@ class Shoal:
     async def unload_model(self, name: str) -> str:
         """Free ``name``'s memory on this machine's node; it loads again on demand."""
         return await self._roles.require_node().unload(name)
+
+    async def set_keep_alive(self, name: str, seconds: float | None) -> str:
+        """How long ``name``, a model kept here, stays loaded once idle, now and after
+        restarts: seconds (``math.inf``: never unload; 0: after each request), or None for
+        the node's own idle time. The line of what happened; CommandError when no model of
+        that name is kept here."""
+        home = self.settings.home
+        try:
+            stored = await asyncio.to_thread(
+                lambda: model_store.find_kept(model_store.kept_models(home), name))
+        except model_store.ModelNotKept as exc:
+            raise CommandError(str(exc)) from None
+        await asyncio.to_thread(model_store.set_keep_alive, home, stored.name, seconds)
+        node = self._roles.node
+        if node is not None:
+            node.set_keep_alive(str(stored.path), stored.name, seconds)
+        return f"{stored.name} {model_set.idle_words(seconds)}"
 
     async def pull_model(self, spec: str, *, runtime: str | None = None) -> Path:
         """Pull ``spec`` into the models kept here (with PullProgress events), without

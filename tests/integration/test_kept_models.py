@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from engine.models.store import import_gguf
+from engine.models.store import import_gguf, set_keep_alive
 from tests.e2e.conftest import smollm2_gguf  # noqa: F401  # the real GGUF, cached per machine
 from tests.integration.conftest import Cluster, Proc
 from tests.waiting import until_sync
@@ -36,10 +36,13 @@ def _ps(head: Proc) -> dict[str, str]:
         return {m["name"]: m["shoal"]["node"] for m in json.loads(r.read())["models"]}
 
 
-def _home(cluster: Cluster, name: str, kept: str, gguf: Path) -> dict[str, str]:
+def _home(cluster: Cluster, name: str, kept: str, gguf: Path,
+          idle_s: float | None = None) -> dict[str, str]:
     home = cluster.home.parent / name
     home.mkdir()
     import_gguf(home, gguf, kept)
+    if idle_s is not None:  # its owner's idle time for it (`shoal models keep-alive`)
+        set_keep_alive(home, kept, idle_s)
     return {**cluster.env, "SHOAL_HOME": str(home)}
 
 
@@ -49,7 +52,7 @@ def test_the_head_routes_each_kept_model_to_the_node_that_keeps_it(
     one = cluster.node("one", model="mock-a", lanes=2, extra=("--serve-kept",),
                        env=_home(cluster, "home-one", "mock-b", smollm2_gguf))
     two = cluster.node("two", model="mock-a", lanes=2, extra=("--serve-kept",),
-                       env=_home(cluster, "home-two", "mock-c", smollm2_gguf))
+                       env=_home(cluster, "home-two", "mock-c", smollm2_gguf, idle_s=0.0))
     head = cluster.head([one, two], model="mock-a")
     until_sync(lambda: {"mock-b", "mock-c"} <= set(_listed(head)),
                "the head to learn and list both kept models", timeout=20)
@@ -58,9 +61,14 @@ def test_the_head_routes_each_kept_model_to_the_node_that_keeps_it(
     for model, node in [("mock-b", "one"), ("mock-c", "two"), ("mock-b", "one")]:
         status, served_by, body = _complete(head, model)
         assert status == 200 and served_by == node and body["model"] == model, body
-    until_sync(lambda: _ps(head).get("mock-b") == "one" and _ps(head).get("mock-c") == "two",
-               "each node's stats to say its kept model is loaded", timeout=20)
+    until_sync(lambda: _ps(head).get("mock-b") == "one",
+               "node one's stats to say its kept model is loaded", timeout=20)
     assert _listed(head)["mock-b"] is True
+    # node two's owner set mock-c to unload after each request: it did, the next one
+    # loads it again there
+    until_sync(lambda: "mock-c" not in _ps(head) and _listed(head)["mock-c"] is False,
+               "mock-c unloaded after its request, as its idle time says", timeout=20)
+    assert _complete(head, "mock-c")[1] == "two"
     assert {_complete(head, "mock-a")[1] for _ in range(6)} <= {"one", "two"}
 
 

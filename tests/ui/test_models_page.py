@@ -379,7 +379,8 @@ async def test_kept_models_load_and_unload_by_a_click(tmp_path: Path, qtbot,
     """A node that serves every model kept here (Settings' "Serve every model kept on this
     machine"): the Models page says which are in memory and how much each holds, and Load
     and Unload move them as a person clicks (the first model too)."""
-    from engine.models.store import import_gguf
+    from app.pages.kept_models import IDLE_CHOICES
+    from engine.models.store import import_gguf, keep_alive_defaults
     from tests.e2e.test_models_kept import put_embedded
 
     home = tmp_path / "home"
@@ -415,3 +416,19 @@ async def test_kept_models_load_and_unload_by_a_click(tmp_path: Path, qtbot,
         click(qtbot, kept.load_button)
         await until(lambda: memory()[EMBEDDED].startswith("loaded, "), "the first back")
         assert not kept.error.isVisible()
+
+        # "Once idle": the owner's idle time for one model, kept across restarts; at
+        # "unload after each request" it unloads as soon as its load (a request) ends
+        kept.select("second")
+        assert kept.idle.currentText() == "The node's idle time"
+        choice = next(i for i, (text, _s) in enumerate(IDLE_CHOICES)
+                      if text == "unload after each request")
+        kept.idle.activated.emit(choice)  # as a person's pick in the combo
+        await until(lambda: kept.rows.text(kept.rows.keys.index("second"), "Once idle")
+                    == "unloads at once", "the column says so")
+        assert kept.ok.text() == "Second unloads after each request."
+        assert keep_alive_defaults(home) == {"second": 0.0}
+        click(qtbot, kept.load_button)
+        await until(lambda: kept.ok.text() == "Loaded second.", "second loaded")
+        await until(lambda: memory()["second"].startswith("on disk"), "second unloads idle")
+        assert memory()[EMBEDDED].startswith("loaded, ")  # the node's idle time for it

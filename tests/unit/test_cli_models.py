@@ -79,3 +79,26 @@ def test_fits_shows_each_speed_and_three_models_that_fit_together(
     assert any("autocomplete" in r for r in roles) and any(
         r.startswith(("agents", "chat")) for r in roles)
     assert all("tok/s" in line for line in tail if not line.strip().startswith("embeddings"))
+
+
+def test_keep_alive_sets_shows_and_refuses_a_models_idle_time(
+        home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.models import embedded, ids
+
+    tiny = ids.models_dir(home) / "embedded" / embedded.EMBEDDED_FILE
+    tiny.parent.mkdir(parents=True)
+    tiny.write_bytes(b"e" * 100)
+    name = embedded.EMBEDDED_NAME
+    assert main(["models", "keep-alive", name]) == 0
+    assert capsys.readouterr().out.startswith(f"{name} unloads after the node's idle time")
+    assert main(["models", "keep-alive", name, "1h30m"]) == 0
+    assert capsys.readouterr().out.startswith(f"{name} stays loaded 1.5 h once idle (a node")
+    assert main(["models", "keep-alive", name, "never"]) == 0
+    capsys.readouterr()
+    assert main(["models", "keep-alive", name]) == 0
+    assert capsys.readouterr().out == f"{name} stays loaded until you unload it\n"
+    assert main(["models", "keep-alive", name, "soon"]) == 2
+    assert "'soon' is not a duration" in capsys.readouterr().err
+    assert main(["models", "keep-alive", name, "default"]) == 0
+    assert main(["models", "keep-alive", "other", "5m"]) == 2
+    assert "no model 'other' is kept on this machine" in capsys.readouterr().err

@@ -144,6 +144,30 @@ async def test_a_model_unloads_after_its_keep_alive_and_zero_unloads_at_once() -
         await shelf.close()
 
 
+async def test_an_idle_time_set_for_a_model_applies_to_it_from_then_on() -> None:
+    """The owner's idle time for one model (the Models page, `shoal models keep-alive`):
+    an idle loaded model unloads by it at once, later requests that name no keep_alive
+    keep to it, and the other models keep theirs."""
+    memory = Memory()
+    shelf = shelf_of(memory, 900 * MiB, {"a": 100 * MiB, "b": 100 * MiB},
+                     clock=time.monotonic)
+    try:
+        assert [r.load_ms for r in shelf.records()] == [0, 0]  # never loaded yet
+        await use(shelf, "a")
+        await use(shelf, "b")
+        assert all(r.load_ms >= 1 for r in shelf.records())  # placement prices the next
+        shelf.set_keep_alive("a", 0.0)
+        await until(lambda: "a" not in memory.loaded)
+        await use(shelf, "a")  # names none: the model's own idle time, now 0
+        await until(lambda: "a" not in memory.loaded)
+        assert "b" in memory.loaded
+        shelf.set_keep_alive("a", model_set.FOREVER)
+        await use(shelf, "a")
+        assert [r.state for r in shelf.records()] == ["loaded", "loaded"]
+    finally:
+        await shelf.close()
+
+
 async def test_the_first_model_is_unloaded_through_its_agent_when_it_is_the_oldest() -> None:
     memory, clock = Memory(), Clock()
     shelf = shelf_of(memory, 500 * MiB, {"b": 200 * MiB}, clock)

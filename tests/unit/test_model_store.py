@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -113,3 +114,19 @@ def test_a_name_that_matches_nothing_or_several_says_what_there_is(home: Path) -
         ms.find_kept(kept, "nope")
     with pytest.raises(ms.ModelNotKept, match=r"'org/Coder-GGUF' names 2 models here"):
         ms.find_kept(kept, "org/Coder-GGUF")
+
+
+def test_an_idle_time_set_for_a_model_is_kept_and_listed_with_it(home: Path) -> None:
+    ms.set_keep_alive(home, "org/Coder-GGUF:Q8_0", 1800.0)
+    ms.set_keep_alive(home, "org/Big-GGUF:Q4_K_M", math.inf)
+    ms.set_keep_alive(home, "org/Coder-GGUF:Q4_K_M", 0.0)
+    by_name = {m.name: m.keep_alive_s for m in ms.kept_models(home)}
+    assert by_name["org/Coder-GGUF:Q8_0"] == 1800.0
+    assert by_name["org/Big-GGUF:Q4_K_M"] == math.inf  # never unloads
+    assert by_name["org/Coder-GGUF:Q4_K_M"] == 0.0
+    assert by_name[model_embedded.EMBEDDED_NAME] is None  # the node's own
+    ms.set_keep_alive(home, "org/Coder-GGUF:Q8_0", None)  # the node's own again
+    assert ms.keep_alive_defaults(home) == {"org/Big-GGUF:Q4_K_M": math.inf,
+                                            "org/Coder-GGUF:Q4_K_M": 0.0}
+    with pytest.raises(ValueError, match="0 or more seconds"):
+        ms.set_keep_alive(home, "org/Coder-GGUF:Q8_0", -5.0)

@@ -505,6 +505,30 @@ def test_an_awake_node_that_can_serve_goes_before_an_asleep_one(policy: Policy,
     assert placed(place(req(), busy, now=0.0, policy=policy)).node == "a"
 
 
+def test_among_nodes_that_must_load_the_model_the_load_time_is_priced() -> None:
+    # both keep the model unloaded; "slow-load" decodes faster, but its load takes 6 s
+    # more than the other's, more than the answer's whole decode there
+    nodes = [node("slow-load", decode_tps=40.0, sleep="asleep", load_s=8.0),
+             node("quick-load", decode_tps=20.0, sleep="asleep", load_s=2.0)]
+    p = placed(place(req(), nodes, now=0.0))
+    assert p.node == "quick-load"
+    assert p.reason == "load-aware est 8.0s, asleep (the request wakes it)"
+    loaded = replace(nodes[0], load_s=0.0)  # priced without it, the faster one wins
+    assert placed(place(req(), [loaded, nodes[1]], now=0.0)).node == "slow-load"
+    assert estimate_seconds(nodes[0], req(), 1000.0, 40.0) == pytest.approx(8.0 + 1 + 2.5)
+
+
+def test_a_kept_models_load_is_its_last_load_else_its_size_at_a_typical_rate() -> None:
+    from engine.head.fleet.links import UNMEASURED_LOAD_BYTES_PER_S, kept_load_seconds
+    from engine.link.messages import KeptModel
+
+    assert kept_load_seconds(KeptModel("g", "unloaded", size=500_000_000, load_ms=730)) \
+        == pytest.approx(0.73)
+    assert kept_load_seconds(KeptModel("g", "unloaded", size=500_000_000)) == pytest.approx(
+        500_000_000 / UNMEASURED_LOAD_BYTES_PER_S)
+    assert kept_load_seconds(KeptModel("g", "loaded", size=500_000_000, load_ms=730)) == 0.0
+
+
 def test_round_robin_rotates_over_the_awake_nodes_while_one_is_free() -> None:
     nodes = [node("a", sleep="asleep"), node("b"), node("c"), node("d", sleep="waking")]
     cursor, seen = 0, []

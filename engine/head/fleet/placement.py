@@ -40,7 +40,10 @@ Estimate of a session's completion time on node ``n``::
 
     load     = max(n.own_sessions, n.reported_busy)
     slowdown = 1 + load / n.lanes
-    est      = prefill + max_tokens * slowdown / decode_tps
+    est      = load + prefill + max_tokens * slowdown / decode_tps
+    load     = the seconds loading the model takes first, on a node that keeps it
+               unloaded (``n.load_s``: its last load there, else its file's size at
+               the rate of a typical load); 0 where it is loaded
     prefill  = p * a + b * p * (c + p / 2)    a node that fitted its cost (a, b)
              | p / prefill_tps                one that has not (yet)
 
@@ -97,6 +100,8 @@ class NodeView:
     # sessions failed there before their first token: passed over until then (cooldown.py)
     resting_until: float = 0.0
     failing: str = ""  # the cause the node gave
+    # a kept model not loaded there: the seconds its load adds before the first token
+    load_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,9 +185,9 @@ def estimate_seconds(
                               s_per_token=n.prefill_s_per_token,
                               s_per_token_ctx=n.prefill_s_per_token_ctx)
     if decode_tps <= 0:
-        return prefill
+        return n.load_s + prefill
     slowdown = 1.0 + node_load(n) / n.lanes if n.lanes > 0 else 1.0
-    return prefill + req.max_tokens * slowdown / decode_tps
+    return n.load_s + prefill + req.max_tokens * slowdown / decode_tps
 
 
 def place(
