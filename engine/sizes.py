@@ -146,6 +146,14 @@ def idle_unload_s(minutes: float) -> float | None:
     return minutes * 60.0 if minutes else None
 
 
+def span(seconds: float) -> str:
+    """A finite stretch of time for people: "1.5 h", "15 min", "90 s"."""
+    for unit, size in (("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
+
+
 def idle_unload_minutes(seconds: float | None) -> float | str:
     """What `parse_idle_unload` reads back: minutes, or ``never``."""
     if seconds is None:

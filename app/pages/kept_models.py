@@ -30,8 +30,7 @@ from app.widgets import (
     say,
     table,
 )
-from engine.node import model_set
-from engine.sizes import amount
+from engine.sizes import amount, span
 
 if TYPE_CHECKING:
     from engine.models.store import StoredModel
@@ -73,7 +72,7 @@ def idle_text(seconds: float | None) -> str:
         return "stays loaded"
     if seconds <= 0:
         return "unloads at once"
-    return f"unloads after {model_set.span(seconds)}"
+    return f"unloads after {span(seconds)}"
 
 
 def kept_row(m: StoredModel, now: float,

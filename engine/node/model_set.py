@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from engine.sizes import MiB, amount
+from engine.sizes import MiB, amount, span
 
 FOREVER = math.inf
 # what a model not loaded before is taken to need beyond its file: llama.cpp's buffers and
@@ -71,14 +71,6 @@ def idle_words(seconds: float | None) -> str:
     if seconds <= 0:
         return "unloads after each request"
     return f"stays loaded {span(seconds)} once idle"
-
-
-def span(seconds: float) -> str:
-    """A finite idle time for people: "1.5 h", "15 min", "90 s"."""
-    for unit, size in (("h", 3600.0), ("min", 60.0)):
-        if seconds >= size:
-            return f"{seconds / size:g} {unit}"
-    return f"{seconds:g} s"
 
 
 @dataclass(frozen=True, slots=True)
