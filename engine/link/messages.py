@@ -300,7 +300,7 @@ class Embedded(msgspec.Struct, frozen=True, array_like=True, tag="embedded", tag
 # wrong_model: a node refusing a head whose model tokenizes otherwise (sent only to a
 # head that sent a probe, so only to heads that know the code)
 ErrorCode = Literal["busy", "bad_request", "context_length_exceeded", "internal", "shutdown",
-                    "wrong_model"]
+                    "wrong_model", "not_found"]
 
 
 class Error(msgspec.Struct, frozen=True, array_like=True, tag="error", tag_field="t"):
@@ -312,6 +312,54 @@ class End(msgspec.Struct, frozen=True, array_like=True, tag="end", tag_field="t"
     """A channel of a multiplexed link is closed (engine.link.mux); its id is not reused."""
 
     reason: _Text
+
+
+# -- a model's files from a machine of the fleet (engine.node.files) ---------------------
+MAX_FILES = 64  # files of one model (its shards) offered at once
+MAX_CHUNK = 1 << 20  # bytes of a file in one FileChunk
+MAX_FILE_NAME = 1000  # a file's path inside its repository
+_Sha256 = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}$")]
+_Commit = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{40}$")]
+_Repo = Annotated[str, msgspec.Meta(min_length=3, max_length=MAX_SPEC,
+                                    pattern=r"^[A-Za-z0-9_][A-Za-z0-9._-]*/"
+                                            r"[A-Za-z0-9_][A-Za-z0-9._-]*$")]
+
+
+class FilesWanted(msgspec.Struct, frozen=True, array_like=True, tag="files_wanted",
+                  tag_field="t"):
+    """Which files of hub model ``repo`` (at ``quant``, "" for the repository's default)
+    the peer keeps; answered by FilesOffered, or Error not_found."""
+
+    repo: _Repo
+    quant: Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[A-Za-z0-9._-]*$")] = ""
+
+
+class OfferedFile(msgspec.Struct, frozen=True, array_like=True):
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_FILE_NAME)]
+    size: _Bytes
+    sha256: _Sha256  # the hub's, which the peer's pull checked (its blob's name)
+
+
+class FilesOffered(msgspec.Struct, frozen=True, array_like=True, tag="files_offered",
+                   tag_field="t"):
+    repo: _Repo
+    commit: _Commit  # the snapshot the files are of
+    files: Annotated[list[OfferedFile], msgspec.Meta(min_length=1, max_length=MAX_FILES)]
+
+
+class FileWanted(msgspec.Struct, frozen=True, array_like=True, tag="file_wanted",
+                 tag_field="t"):
+    """The bytes of a file FilesOffered named, from ``offset`` to its end: FileChunk
+    records in order (the receiver knows the size), or Error not_found."""
+
+    repo: _Repo
+    sha256: _Sha256
+    offset: _Bytes = 0
+
+
+class FileChunk(msgspec.Struct, frozen=True, array_like=True, tag="file_chunk",
+                tag_field="t"):
+    data: Annotated[bytes, msgspec.Meta(min_length=1, max_length=MAX_CHUNK)]
 
 
 # what a channel carries: what one connection carries, and its end
@@ -330,7 +378,8 @@ class Batch(msgspec.Struct, frozen=True, array_like=True, tag="batch", tag_field
 
 Record = (NodeHello | HeadHello | Generate | Accepted | Tokens | Done | Renew | Cancel
           | Ping | Pong | Stats | Error | AliasSync | End | Batch | Progress | ServeModel
-          | ServeModelResult | Embed | Embedded)
+          | ServeModelResult | Embed | Embedded | FilesWanted | FilesOffered | FileWanted
+          | FileChunk)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)

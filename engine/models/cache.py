@@ -23,6 +23,7 @@ from engine.models.ids import (
     pick_gguf,
     shards_of,
 )
+from engine.models.pulls import peers as fleet_peers
 from engine.models.pulls.cache import main_commit, repo_dir, snapshot_path
 from engine.models.pulls.hub import HubUnreachable, repo_info
 from engine.models.pulls.pull import pull_files, wanted_files
@@ -104,7 +105,17 @@ def _from_cache(mid: ModelId, cache: Path) -> Path | None:
 
 def _pull(mid: ModelId, cache: Path, progress: Progress | None,
           cancel: CancelFlag | None = None) -> Path:
-    """The model's files pulled through engine.models.pulls (checked, resumable, shared)."""
+    """The model's files pulled through engine.models.pulls (checked, resumable, shared):
+    from a machine of the fleet that keeps them, else from the hub."""
+    from_fleet: ModelMissing | None = None
+    try:
+        found = _from_fleet(mid, cache, progress, cancel)
+    except ModelMissing as exc:  # the hub may still have it whole
+        say(progress, str(exc))
+        from_fleet = exc
+    else:
+        if found is not None:
+            return found
     try:
         import huggingface_hub  # noqa: F401  # only to say so when it is missing
     except ImportError:
@@ -120,6 +131,8 @@ def _pull(mid: ModelId, cache: Path, progress: Progress | None,
         if found is not None:
             say(progress, f"hub unreachable ({exc}); using the cached {found.name}")
             return found
+        if from_fleet is not None:
+            raise from_fleet from None
         raise ModelMissing(
             f"could not reach the Hugging Face hub to pull {mid} ({exc}); "
             "check the network, then run again"
@@ -129,6 +142,23 @@ def _pull(mid: ModelId, cache: Path, progress: Progress | None,
     # the cache is <home>/models/hub
     paths = pull_files(wanted, home=cache.parent.parent, cache=cache,
                        what=f"{mid.repo}/{chosen}", progress=progress, cancel=cancel)
+    return paths[0]
+
+
+def _from_fleet(mid: ModelId, cache: Path, progress: Progress | None,
+                cancel: CancelFlag | None) -> Path | None:
+    """The model's files taken from a machine of the fleet that keeps them (None: no
+    machine answered with them)."""
+    peers = fleet_peers.current()
+    if peers is None:
+        return None
+    flag = cancel if cancel is not None else CancelFlag()
+    offer = peers.offer(mid.repo, mid.quant, lambda: flag.requested)
+    if offer is None:
+        return None
+    paths = pull_files(offer.wanted, home=cache.parent.parent, cache=cache,
+                       what=f"{mid.repo}/{offer.wanted[0].name}", progress=progress,
+                       cancel=flag, source=offer.source)
     return paths[0]
 
 

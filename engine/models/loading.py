@@ -22,6 +22,7 @@ from engine.head.prompt.model import load_head_model as _load_head_model
 from engine.head.prompt.templates import TemplateError
 from engine.models import embedded as model_embedded
 from engine.models import errors as model_errors
+from engine.models.pulls import peers as fleet_peers
 from engine.models.pulls.meter import Meter, Reading
 from engine.runtimes import registry
 from engine.runtimes.base import Engine, RuntimeUnavailable
@@ -46,6 +47,8 @@ class Pulls:
     running: dict[str, PullProgress] = field(default_factory=dict)
     # one flag per resolve under way: two of one model (a head's and a node's) both stop
     cancels: dict[str, list[model_errors.CancelFlag]] = field(default_factory=dict)
+    # the machines of the fleet a pull asks before the hub (engine.node.files)
+    peers: fleet_peers.Peers | None = None
 
     def cancel(self, model: str, *, keep_part: bool = False) -> bool:
         """Stop the pulls of ``model``; ``keep_part``: for the next start (quitting)."""
@@ -103,9 +106,10 @@ async def resolve(spec: str | None, runtime: str | None, *, home: Path, offline:
     pulls.add(label, cancel)
     last_one = True
     try:
-        path, name = await asyncio.to_thread(
-            registry.resolve_model, rt, spec, home=home, offline=offline, progress=progress,
-            cancel=cancel)
+        with fleet_peers.fleet_for(None if offline else pulls.peers):  # into the thread
+            path, name = await asyncio.to_thread(
+                registry.resolve_model, rt, spec, home=home, offline=offline,
+                progress=progress, cancel=cancel)
     except model_errors.PullCancelled as exc:
         if pulls.remove(label, cancel):
             _finish(label, "cancelled", str(exc), emit, pulls)

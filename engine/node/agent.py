@@ -57,6 +57,7 @@ from engine.link.mux import Carrier, Channel, Mux
 from engine.link.transport import Incoming, Link, LinkClosed, serve
 from engine.models import ids as model_ids
 from engine.node import embeds, leases, model_set
+from engine.node.files import FileShelf
 from engine.node.machine import MachineFacts
 from engine.node.shelf import FirstModel, ModelShelf, Refused
 from engine.runtimes.base import (
@@ -117,8 +118,10 @@ class NodeAgent:
                  machine: Callable[[], MachineFacts] | None = None,
                  serve_model: ServeModelAsked | None = None,
                  observer: NodeObserver | None = None,
-                 shelf: ModelShelf | None = None) -> None:
+                 shelf: ModelShelf | None = None, files: FileShelf | None = None) -> None:
         self.engine = engine
+        # the model files this machine hands to the fleet's other machines (None: none)
+        self.files = files
         # the models it keeps besides ``engine``'s, loaded on demand (None: that one only)
         self.shelf = shelf
         # the first model's file, and what it held of the budget when an unload measured
@@ -362,13 +365,17 @@ class NodeAgent:
         self._send_stats_to(link)
         run: _Run | None = None
         embedding: asyncio.Task[None] | None = None
+        transfer: asyncio.Task[None] | None = None  # a model file sent to a peer
         try:
             while True:
                 if run is not None and run.task.done():
                     run = None
                 if embedding is not None and embedding.done():
                     embedding = None
-                timeout = None if run is not None or embedding else self.idle_timeout_s
+                if transfer is not None and transfer.done():
+                    transfer = None
+                timeout = None if run is not None or embedding or transfer \
+                    else self.idle_timeout_s
                 try:
                     async with asyncio.timeout(timeout):
                         rec = await link.recv()
@@ -401,6 +408,16 @@ class NodeAgent:
                 elif isinstance(rec, m.ServeModel):  # answered in its own task: the
                     # owner may take a few seconds, and this link's records go on
                     self._tasks.spawn(self._answer(link, rec), "node-serve-answer")
+                elif isinstance(rec, m.FilesWanted | m.FileWanted):
+                    if self.files is None or not isinstance(link, Link):
+                        link.send(m.Error(code="not_found", message="this node hands out "
+                                          "no model files"))
+                    elif transfer is not None:
+                        link.send(m.Error(code="bad_request",
+                                          message="one file at a time per connection"))
+                    else:
+                        transfer = self._tasks.spawn(self.files.answer(link, rec),
+                                                     "node-model-file")
                 elif isinstance(rec, m.HeadHello):
                     continue
                 else:
@@ -410,7 +427,7 @@ class NodeAgent:
                 run.cancel()
                 with contextlib.suppress(BaseException):
                     await run.task
-            await cancel_and_wait([embedding], "an embedding")
+            await cancel_and_wait([embedding, transfer], "an embedding or a file")
             heads.links.discard(link)
             if not heads.links:
                 self._heads.pop(head_id, None)

@@ -19,6 +19,7 @@ from engine.models import store as model_store
 from engine.models.loading import Resolved, load_engine
 from engine.node import model_set
 from engine.node.agent import NodeAgent, ServeModelAsked
+from engine.node.files import FileShelf
 from engine.node.machine import MachineFacts
 from engine.node.shelf import Keep, ModelShelf, Refused
 from engine.roles.sockets import bind, bound_address, parse_address
@@ -86,7 +87,8 @@ class LocalNode:
                                                            settings.idle_unload_s),
                               probe=probe,
                               probe_source=f"the {engine.info.runtime} at {engine.info.path}",
-                              machine=machine, serve_model=serve_model, shelf=shelf)
+                              machine=machine, serve_model=serve_model, shelf=shelf,
+                              files=FileShelf(home) if home is not None else None)
             agent.paused = settings.paused
             await agent.listen_on(sock)
         except BaseException:

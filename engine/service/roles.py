@@ -215,6 +215,17 @@ class RunningRoles:
         log.info("this machine serves %s too, loaded on the first request for it", model.name)
         return f"this machine serves {model.name} too; it loads on the first request for it"
 
+    def peer_addresses(self) -> list[str]:
+        """Where the fleet's other machines take links (their nodes' listeners): the
+        nodes the head was told of (--fleet) first, then those it dials now. Read from a
+        pull's worker thread: copies of what the loop last set, no awaiting."""
+        hs = self._conf.settings.head
+        told = list(hs.fleet) if hs is not None else []
+        head = self.head
+        pools = list(head.head.fleet.pools.values()) if head is not None else []
+        dialed = [p.address for p in pools if p.dialed and p.key != "local"]
+        return list(dict.fromkeys([*told, *dialed]))
+
     @staticmethod
     def _kept_beside(ns: NodeSettings, first: Resolved,
                      stored: list[model_store.StoredModel]) -> list[Resolved]:

@@ -44,6 +44,7 @@ from engine.models.commands import ModelCommands
 from engine.models.loading import Pulls, Resolved
 from engine.models.pulls.quota import Quota
 from engine.node import model_set
+from engine.node.files import FleetPeers
 from engine.service.configuration import Ask, Configuration
 from engine.service.fleet_choice import FleetChoice
 from engine.service.head_models import HeadModels, ModelSource
@@ -98,6 +99,8 @@ class Shoal:
                                    wall=wall, snapshot=self.snapshot,
                                    machine=self._choice.machine_facts,
                                    serve_model=self._choice.ask)
+        # a pull asks the fleet's machines for a model before the hub
+        self._pulls.peers = FleetPeers(self._roles.peer_addresses, lambda: self._creds.token)
         self._rejoin = Rejoin(self._conf, join=lambda head: self._roles.join(None, head))
         self.keys = KeyCommands(settings.home)
         # the catalog, the fit of its models on each machine, the models kept here

@@ -17,7 +17,7 @@ from engine.models.pulls.cache import blob_path, has_blob, install_blob, link
 from engine.models.pulls.hub import RepoInfo
 from engine.models.pulls.plan import Need, disk_refusal, resume_offset
 from engine.models.pulls.shared import Handle, Shared
-from engine.models.pulls.transfer import Wanted, fetch, part_path
+from engine.models.pulls.transfer import Source, Wanted, fetch, part_path
 
 Progress = Callable[[str, int, int], None]
 
@@ -40,9 +40,9 @@ def wanted_files(info: RepoInfo, names: list[str]) -> list[Wanted]:
 
 def pull_files(wanted: list[Wanted], *, home: Path, cache: Path, what: str,
                progress: Progress | None = None, cancel: CancelFlag | None = None,
-               registry: Shared | None = None) -> list[Path]:
-    """The snapshot paths of ``wanted`` (one model's files), pulled where missing.
-    Progress counts the bytes of all of them together."""
+               registry: Shared | None = None, source: Source | None = None) -> list[Path]:
+    """The snapshot paths of ``wanted`` (one model's files), pulled where missing (from
+    ``source``, else the hub). Progress counts the bytes of all of them together."""
     downloading = registry if registry is not None else shared.REGISTRY
     downloads = downloads_dir(home)
     flag = cancel if cancel is not None else CancelFlag()
@@ -54,17 +54,17 @@ def pull_files(wanted: list[Wanted], *, home: Path, cache: Path, what: str,
     for w in wanted:
         flag.check()
         blob = blob_path(cache, w.repo, w.sha256)
-        source = blob
+        got = blob
         if w in todo:
             def report(line: str, done: int, _size: int, base: int = base) -> None:
                 if progress is not None:
                     progress(line, base + done, total)
-            work = functools.partial(_download, w, cache, downloads)
+            work = functools.partial(_download, w, cache, downloads, source)
             # one transfer per destination: the same file pulled into another home (another
             # SHOAL_HOME in this process) is its own download
-            source = downloading.run(str(blob), work, report, flag)
+            got = downloading.run(str(blob), work, report, flag)
         try:
-            paths.append(link(cache, w.repo, w.commit, w.name, w.sha256, source))
+            paths.append(link(cache, w.repo, w.commit, w.name, w.sha256, got))
         except OSError as exc:
             raise ModelMissing(f"cannot put {w.label} into {cache} ({exc.strerror or exc}); "
                                "check the folder, then run again") from None
@@ -95,7 +95,8 @@ def _held(part: Path) -> int:
         return 0
 
 
-def _download(w: Wanted, cache: Path, downloads: Path, handle: Handle) -> Path:
+def _download(w: Wanted, cache: Path, downloads: Path, source: Source | None,
+              handle: Handle) -> Path:
     """The blob of ``w`` in the cache: downloaded into its part under the part's lock (a
     second process waits there, then finds the blob), checked, moved in."""
     part = part_path(downloads, w.sha256)
@@ -108,7 +109,7 @@ def _download(w: Wanted, cache: Path, downloads: Path, handle: Handle) -> Path:
             if has_blob(blob, w.size):  # another process pulled it meanwhile
                 return blob
             try:
-                fetch(w, part, handle.report, handle.stopped)
+                fetch(w, part, handle.report, handle.stopped, source)
             except PullCancelled:
                 if not handle.keeps_part():  # a cancel keeps nothing; quitting keeps it
                     part.unlink(missing_ok=True)

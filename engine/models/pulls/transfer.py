@@ -11,6 +11,10 @@ with the file's size and sha256 checked against what the hub said:
 - ``stopped()`` (every caller cancelled): PullCancelled; the caller removes the part, or
   keeps it for the next start when Shoal quits.
 
+The bytes come from the hub, or from a machine of the fleet that keeps the file (a
+:data:`Source`, engine.node.files): checked against the same sha256 either way, the
+hub's, which the other machine's own pull checked.
+
 Blocking: runs in a worker thread.
 """
 
@@ -33,6 +37,23 @@ ATTEMPTS = 4  # tries of one download in a row, each gaining bytes, before it fa
 Report = Callable[[str, int, int], None]
 """A line for people (or ""), and the bytes of this file done and in all."""
 
+Sink = Callable[[bytes], None]
+"""Takes the next block of the file (raises to stop the source: cancelled, too long)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where a file's bytes come from other than the hub: ``send(wanted, offset, sink)``
+    hands the file's bytes from ``offset`` to ``sink`` as they come, raising SourceBroken
+    when the connection ends before the file does, ModelMissing when the source refuses."""
+
+    where: str  # for people: "from desk (a machine of the fleet)"
+    send: Callable[[Wanted, int, Sink], None]
+
+
+class SourceBroken(Exception):
+    """The connection ended before the file did; the part keeps what came."""
+
 
 @dataclass(frozen=True, slots=True)
 class Wanted:
@@ -49,10 +70,6 @@ class Wanted:
 
 def part_path(downloads: Path, sha256: str) -> Path:
     return downloads / f"{sha256}.part"
-
-
-class _Broken(Exception):
-    """The connection ended before the file did; the part keeps what came."""
 
 
 class _StartOver(Exception):
@@ -79,8 +96,11 @@ class _Hashed:
         self.done += len(block)
 
 
-def fetch(wanted: Wanted, part: Path, report: Report, stopped: Callable[[], bool]) -> None:
-    """Leave ``part`` holding the whole file, checked, or raise (see the module doc)."""
+def fetch(wanted: Wanted, part: Path, report: Report, stopped: Callable[[], bool],
+          source: Source | None = None) -> None:
+    """Leave ``part`` holding the whole file, checked, or raise (see the module doc);
+    its bytes from ``source``, else the hub."""
+    where = f" {source.where}" if source is not None else ""
     part.parent.mkdir(parents=True, exist_ok=True)
     hashed = _Hashed()
     tries = 0
@@ -89,24 +109,28 @@ def fetch(wanted: Wanted, part: Path, report: Report, stopped: Callable[[], bool
         if offset == wanted.size:
             break
         before = offset
-        report(f"pulling {wanted.label} ({amount(wanted.size)})" if offset == 0 else
-               f"resuming {wanted.label} at {amount(offset)} of {amount(wanted.size)}",
+        report(f"pulling {wanted.label} ({amount(wanted.size)}){where}" if offset == 0 else
+               f"resuming {wanted.label} at {amount(offset)} of {amount(wanted.size)}{where}",
                offset, wanted.size)
         try:
-            _stream(wanted, part, offset, hashed, report, stopped)
+            if source is None:
+                _stream(wanted, part, offset, hashed, report, stopped)
+            else:
+                _from(source, wanted, part, offset, hashed, report, stopped)
             break
         except _StartOver:
             tries += 1
             if tries >= ATTEMPTS:
                 raise ModelMissing(f"the hub refuses every range of {wanted.label}; run "
                                    "again later") from None
-        except _Broken as exc:
+        except SourceBroken as exc:
             tries += 1
             if hashed.done <= before or tries >= ATTEMPTS:  # a try that gained nothing
                 raise ModelMissing(
-                    f"the download of {wanted.label} stopped at {amount(hashed.done)} of "
-                    f"{amount(wanted.size)} ({exc}); run again to resume from there") from None
-    _check(wanted, part, hashed)
+                    f"the download of {wanted.label}{where} stopped at {amount(hashed.done)} "
+                    f"of {amount(wanted.size)} ({exc}); run again to resume from there") \
+                    from None
+    _check(wanted, part, hashed, where)
 
 
 def _prepare(wanted: Wanted, part: Path, hashed: _Hashed, report: Report,
@@ -170,48 +194,85 @@ def _stream(wanted: Wanted, part: Path, offset: int, hashed: _Hashed, report: Re
             # as the network gives them: a block cut short by a break is kept, not dropped
             _append(wanted, part, response.iter_raw(), hashed, report, stopped)
     except httpx2.TransportError as exc:
-        raise _Broken(one_line(exc) if str(exc) else type(exc).__name__) from None
+        raise SourceBroken(one_line(exc) if str(exc) else type(exc).__name__) from None
     except OSError as exc:
         if isinstance(exc, ConnectionError):  # offline mode refused, the network down
-            raise _Broken(one_line(exc)) from None
+            raise SourceBroken(one_line(exc)) from None
         raise ModelMissing(f"cannot write {part} ({exc.strerror or exc}); free disk space "
                            "or check the folder, then run again") from None
     if hashed.done < wanted.size:
-        raise _Broken("the server ended the file early")
+        raise SourceBroken("the server ended the file early")
+
+
+def _from(source: Source, wanted: Wanted, part: Path, offset: int, hashed: _Hashed,
+          report: Report, stopped: Callable[[], bool]) -> None:
+    """The file's bytes from ``offset`` on, as ``source`` sends them, added to the part."""
+    try:
+        with _Appending(wanted, part, hashed, report, stopped) as add:
+            source.send(wanted, offset, add)
+    except OSError as exc:
+        raise ModelMissing(f"cannot write {part} ({exc.strerror or exc}); free disk space "
+                           "or check the folder, then run again") from None
+    if hashed.done < wanted.size:
+        raise SourceBroken(f"it ended the file at {amount(hashed.done)}")
 
 
 def _append(wanted: Wanted, part: Path, blocks: Iterator[bytes], hashed: _Hashed,
             report: Report, stopped: Callable[[], bool]) -> None:
-    """The body's blocks added to the part; a body longer than the file removes the part
-    (it is not the file)."""
-    try:
-        with part.open("ab") as out:
-            try:
-                for block in blocks:
-                    if stopped():
-                        raise PullCancelled(CANCELLED)
-                    if hashed.done + len(block) > wanted.size:
-                        raise _TooLong
-                    out.write(block)
-                    hashed.add(block)
-                    report("", hashed.done, wanted.size)
-            finally:
-                out.flush()
-                os.fsync(out.fileno())
-    except _TooLong:
-        part.unlink(missing_ok=True)
-        raise ModelMissing(
-            f"{wanted.label} came out longer than the {amount(wanted.size)} the hub says; "
-            "the download is corrupt, run again") from None
+    """The body's blocks added to the part."""
+    with _Appending(wanted, part, hashed, report, stopped) as add:
+        for block in blocks:
+            add(block)
 
 
-def _check(wanted: Wanted, part: Path, hashed: _Hashed) -> None:
+class _Appending:
+    """Blocks added to the part, hashed and reported as they come (a sink); one that
+    would make it longer than the file removes the part (it is not the file)."""
+
+    def __init__(self, wanted: Wanted, part: Path, hashed: _Hashed, report: Report,
+                 stopped: Callable[[], bool]) -> None:
+        self.wanted, self.part, self.hashed = wanted, part, hashed
+        self.report, self.stopped = report, stopped
+
+    def __enter__(self) -> Sink:
+        self.out = self.part.open("ab")
+        return self.add
+
+    def add(self, block: bytes) -> None:
+        if self.stopped():
+            raise PullCancelled(CANCELLED)
+        if self.hashed.done + len(block) > self.wanted.size:
+            raise _TooLong
+        self.out.write(block)
+        self.hashed.add(block)
+        self.report("", self.hashed.done, self.wanted.size)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        try:
+            self.out.flush()
+            os.fsync(self.out.fileno())
+        finally:
+            self.out.close()
+        if isinstance(exc, _TooLong):
+            self.part.unlink(missing_ok=True)
+            raise ModelMissing(
+                f"{self.wanted.label} came out longer than the {amount(self.wanted.size)} "
+                "the hub says; the download is corrupt, run again") from None
+
+
+def _check(wanted: Wanted, part: Path, hashed: _Hashed, where: str = "") -> None:
     got = hashed.digest.hexdigest()
     if got != wanted.sha256:
         part.unlink(missing_ok=True)
+        if not where:
+            raise ModelMissing(
+                f"{wanted.label} came out with sha256 {got[:12]}…, the hub says "
+                f"{wanted.sha256[:12]}…; the download is corrupt, run again")
         raise ModelMissing(
-            f"{wanted.label} came out with sha256 {got[:12]}…, the hub says "
-            f"{wanted.sha256[:12]}…; the download is corrupt, run again")
+            f"{wanted.label}{where} came out with sha256 {got[:12]}…, the hub says "
+            f"{wanted.sha256[:12]}…; its copy there is damaged, so nothing was kept: "
+            "remove it there (`shoal models rm`) and run again")
 
 
 def _stop_if(stopped: Callable[[], bool]) -> None:
