@@ -18,6 +18,7 @@ fleet_may_choose_model = true  # a head of the fleet may have it pull and serve 
 fleet_models_quota = "50%"     # the disk the models heads chose may take: "20GiB", or a share
                                # of the models folder's disk; the least used go first
 serve_kept = false       # serve every model kept here too, each loaded on its first request
+lend = false             # lend this machine's memory for the layers of the fleet's split models
 ```
 """
 
@@ -137,10 +138,11 @@ def node_memory(section: Mapping[str, Any], source: str) -> dict[str, Any]:
                 raise ValueError(f"give {IDLE_FORMS}")
         except ValueError as exc:
             raise ConfigError(f"{source}: node.idle_unload: {exc}") from None
-    if "serve_kept" in section:
-        if not isinstance(section["serve_kept"], bool):
-            raise ConfigError(f"{source}: node.serve_kept is true or false")
-        out["serve_kept"] = section["serve_kept"]
+    for flag in ("serve_kept", "lend"):
+        if flag in section:
+            if not isinstance(section[flag], bool):
+                raise ConfigError(f"{source}: node.{flag} is true or false")
+            out[flag] = section[flag]
     if "fleet_may_choose_model" in section:
         if not isinstance(section["fleet_may_choose_model"], bool):
             raise ConfigError(f"{source}: node.fleet_may_choose_model is true or false")
@@ -200,6 +202,7 @@ def load_config(home: Path) -> Config:
 # fleet_may_choose_model = true  # a head of the fleet may change the model it serves
 # fleet_models_quota = "50%"   # the disk the models heads chose may take here
 # serve_kept = false           # serve every model kept here, each loaded on demand
+# lend = false                 # lend memory for the layers of the fleet's split models
 # [discovery]
 # mode = "both"
 # [app]                        # the app's own choices, kept as they are
@@ -314,7 +317,7 @@ def save_machine_settings(settings: Settings, app: dict[str, Any]) -> None:
                       idle_unload=idle_unload_minutes(node.idle_unload_s),
                       fleet_may_choose_model=node.fleet_may_choose_model,
                       fleet_models_quota=quota_value(node.fleet_models_quota),
-                      serve_kept=node.serve_kept)
+                      serve_kept=node.serve_kept, lend=node.lend)
     doc["node"] = node_t
     d = settings.discovery
     discovery: dict[str, Any] = {"mode": d.mode, "seeds": list(d.seeds)}

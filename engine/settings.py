@@ -87,6 +87,12 @@ class NodeSettings:
     # serve every model kept here (pulled or imported) besides ``model``: each loads on
     # the first request that names it and unloads when idle or when another needs room
     serve_kept: bool = False
+    # lend this machine's memory to the fleet for the layers of a split model (llama.cpp's
+    # RPC server on loopback, reached through the fleet's link): its owner's choice
+    lend: bool = False
+    # split its model with the machines at these HOST:PORTs (their nodes' listeners), which
+    # lend memory: its last layers run there
+    split_with: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,8 @@ def _config(home: Path) -> Config:
 
 # the options of how a node holds its model, and their NodeSettings fields
 MEMORY_OPTIONS = {"memory_budget": "memory_budget", "kv_type": "kv_type", "gpu": "gpu",
-                  "idle_unload": "idle_unload_s", "serve_kept": "serve_kept"}
+                  "idle_unload": "idle_unload_s", "serve_kept": "serve_kept", "lend": "lend",
+                  "split_with": "split_with"}
 
 
 def _memory(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:

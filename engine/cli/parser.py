@@ -50,6 +50,18 @@ def _idle_unload(text: str) -> float | None:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _addresses(text: str) -> tuple[str, ...]:
+    """HOST:PORT,... as given (each checked to have a port)."""
+    out = tuple(p.strip() for p in text.split(",") if p.strip())
+    for address in out:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise argparse.ArgumentTypeError(f"{address!r} is not HOST:PORT")
+    if not out:
+        raise argparse.ArgumentTypeError("give HOST:PORT")
+    return out
+
+
 def _gpu(text: str) -> str:
     try:
         return check_gpu(text)
@@ -80,6 +92,13 @@ def _memory_options(p: argparse.ArgumentParser) -> None:
                    help="serve every model kept on this machine (`shoal models list`) besides "
                    "--model: each loads on the first request that names it, and the least "
                    "recently used unloads when the memory budget needs room")
+    p.add_argument("--lend", action="store_true", default=argparse.SUPPRESS,
+                   help="lend this machine's memory to the fleet for the layers of a model "
+                   "split across machines (llama.cpp's RPC server on 127.0.0.1, reached only "
+                   "through the fleet's encrypted link)")
+    p.add_argument("--split-with", type=_addresses, default=argparse.SUPPRESS,
+                   metavar="HOST:PORT", help="split the model with the machine whose node "
+                   "listens there and lends memory (--lend): its last layers run there")
 
 
 def _discovery_options(p: argparse.ArgumentParser, *, again: bool = False) -> None:

@@ -362,6 +362,24 @@ class FileChunk(msgspec.Struct, frozen=True, array_like=True, tag="file_chunk",
     data: Annotated[bytes, msgspec.Meta(min_length=1, max_length=MAX_CHUNK)]
 
 
+# -- memory lent for a split model's layers (engine.node.lending) ------------------------
+
+
+class RpcOpen(msgspec.Struct, frozen=True, array_like=True, tag="rpc_open", tag_field="t"):
+    """From here on this link carries a connection to the peer's llama.cpp RPC server
+    (which listens on its loopback only): RpcOpened, then RpcBytes both ways until it ends;
+    or Error not_found where the peer lends no memory."""
+
+
+class RpcOpened(msgspec.Struct, frozen=True, array_like=True, tag="rpc_opened",
+                tag_field="t"):
+    lend_bytes: _Bytes  # the memory its owner lets the fleet use there now
+
+
+class RpcBytes(msgspec.Struct, frozen=True, array_like=True, tag="rpc_bytes", tag_field="t"):
+    data: Annotated[bytes, msgspec.Meta(min_length=1, max_length=MAX_CHUNK)]
+
+
 # what a channel carries: what one connection carries, and its end
 ChannelRecord = (Generate | Accepted | Tokens | Done | Renew | Cancel | Ping | Pong | Stats
                  | Error | End | Progress | ServeModel | ServeModelResult | Embed | Embedded)
@@ -379,7 +397,7 @@ class Batch(msgspec.Struct, frozen=True, array_like=True, tag="batch", tag_field
 Record = (NodeHello | HeadHello | Generate | Accepted | Tokens | Done | Renew | Cancel
           | Ping | Pong | Stats | Error | AliasSync | End | Batch | Progress | ServeModel
           | ServeModelResult | Embed | Embedded | FilesWanted | FilesOffered | FileWanted
-          | FileChunk)
+          | FileChunk | RpcOpen | RpcOpened | RpcBytes)
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Record)

@@ -188,7 +188,8 @@ def _finish(label: str, state: str, message: str, emit: Emit, pulls: Pulls) -> N
 async def load_engine(model: Resolved, *, name: str, lanes: int, max_context: int | None,
                       mock_speed: float, memory_budget: Budget = None,
                       kv_type: str = "f16", gpu: str = "auto",
-                      measure_at_start: bool = True) -> Engine:
+                      measure_at_start: bool = True,
+                      split_with: tuple[tuple[str, int], ...] = ()) -> Engine:
     """An engine loaded and running its decode thread (the load runs off the loop).
     ``memory_budget``: a share of RAM is taken of this machine's; ``measure_at_start``:
     off for a model loaded for a request that waits (registry.EngineSpec)."""
@@ -204,7 +205,8 @@ async def load_engine(model: Resolved, *, name: str, lanes: int, max_context: in
         engine = registry.make_engine(model.runtime, model.path, model_name=name, lanes=lanes,
                                       max_context=max_context, mock_speed=mock_speed,
                                       memory_budget=budget, kv_type=kv_type, gpu=gpu,
-                                      embedding=embedding, measure_at_start=measure_at_start)
+                                      embedding=embedding, measure_at_start=measure_at_start,
+                                      split_with=split_with)
         await engine.start()
     except (RuntimeUnavailable, FileNotFoundError, ValueError) as exc:
         raise StartError(str(exc), code="cannot_load") from None

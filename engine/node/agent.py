@@ -58,6 +58,7 @@ from engine.link.transport import Incoming, Link, LinkClosed, serve
 from engine.models import ids as model_ids
 from engine.node import embeds, leases, model_set
 from engine.node.files import FileShelf
+from engine.node.lending import Lender
 from engine.node.machine import MachineFacts
 from engine.node.shelf import FirstModel, ModelShelf, Refused
 from engine.runtimes.base import (
@@ -118,8 +119,11 @@ class NodeAgent:
                  machine: Callable[[], MachineFacts] | None = None,
                  serve_model: ServeModelAsked | None = None,
                  observer: NodeObserver | None = None,
-                 shelf: ModelShelf | None = None, files: FileShelf | None = None) -> None:
+                 shelf: ModelShelf | None = None, files: FileShelf | None = None,
+                 lender: Lender | None = None) -> None:
         self.engine = engine
+        # the memory this machine lends to the fleet's split models (None: none, --lend)
+        self.lender = lender
         # the model files this machine hands to the fleet's other machines (None: none)
         self.files = files
         # the models it keeps besides ``engine``'s, loaded on demand (None: that one only)
@@ -408,6 +412,19 @@ class NodeAgent:
                 elif isinstance(rec, m.ServeModel):  # answered in its own task: the
                     # owner may take a few seconds, and this link's records go on
                     self._tasks.spawn(self._answer(link, rec), "node-serve-answer")
+                elif isinstance(rec, m.RpcOpen):
+                    if self.lender is None or not isinstance(link, Link) or run or embedding:
+                        link.send(m.Error(code="not_found", message="it lends no memory "
+                                          "(its owner allows it with --lend)"))
+                    else:  # the link carries the RPC server's connection from now on
+                        try:
+                            await self.lender.tunnel(link)
+                        except (OSError, RuntimeError, TimeoutError) as exc:
+                            log.warning("could not lend memory to %s: %s", link.peer, exc)
+                            with contextlib.suppress(LinkClosed):
+                                link.send(m.Error(code="internal", message=f"its RPC server "
+                                                  f"did not start: {str(exc)[:3000]}"))
+                        return
                 elif isinstance(rec, m.FilesWanted | m.FileWanted):
                     if self.files is None or not isinstance(link, Link):
                         link.send(m.Error(code="not_found", message="this node hands out "

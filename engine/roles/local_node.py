@@ -14,17 +14,19 @@ from pathlib import Path
 
 from engine.discovery.service import announce_node
 from engine.errors import CommandError, StartError
-from engine.link.transport import is_loopback
+from engine.link.transport import LinkClosed, is_loopback
 from engine.models import store as model_store
 from engine.models.loading import Resolved, load_engine
 from engine.node import model_set
 from engine.node.agent import NodeAgent, ServeModelAsked
 from engine.node.files import FileShelf
+from engine.node.lending import Lender, NotLending, Tunnel
 from engine.node.machine import MachineFacts
 from engine.node.shelf import Keep, ModelShelf, Refused
 from engine.roles.sockets import bind, bound_address, parse_address
 from engine.runtimes.base import Embedder, Engine
 from engine.runtimes.budget import default_budget_bytes, total_memory_bytes
+from engine.runtimes.llamacpp import usable_cpus
 from engine.runtimes.upstream.engine import UpstreamEngine
 from engine.settings import NODE_PORT, DiscoveryMode, NodeSettings
 from engine.sizes import budget_bytes
@@ -71,11 +73,13 @@ class LocalNode:
         engine: Engine | None = None
         shelf: ModelShelf | None = None
         try:
+            split = await _tunnels(settings, psk, closers)
             engine = await load_engine(model, name=name, lanes=settings.lanes,
                                        max_context=settings.max_context,
                                        mock_speed=settings.mock_speed,
                                        memory_budget=settings.memory_budget,
-                                       kv_type=settings.kv_type, gpu=settings.gpu)
+                                       kv_type=settings.kv_type, gpu=settings.gpu,
+                                       split_with=split)
             # an engine it fronts has its own tokenizer: check it against each head's
             probe = engine.probe if isinstance(engine, UpstreamEngine) else []
             if kept:
@@ -88,13 +92,17 @@ class LocalNode:
                               probe=probe,
                               probe_source=f"the {engine.info.runtime} at {engine.info.path}",
                               machine=machine, serve_model=serve_model, shelf=shelf,
-                              files=FileShelf(home) if home is not None else None)
+                              files=FileShelf(home) if home is not None else None,
+                              lender=_lender(settings, engine, home, closers))
             agent.paused = settings.paused
             await agent.listen_on(sock)
         except BaseException:
             sock.close()
             if engine is not None:
                 await engine.close()
+            for close in reversed(closers):
+                with contextlib.suppress(Exception):
+                    await close()
             raise
         node = cls(settings, model, engine, agent, host, port, closers, shelf=shelf,
                    keep_alive=keep_alive)
@@ -239,6 +247,41 @@ class LocalNode:
         if self.shelf is not None:
             await self.shelf.close()
         await self.engine.close()
+
+
+async def _tunnels(settings: NodeSettings, psk: bytes | None,
+                   closers: list[Callable[[], Awaitable[None]]]) -> tuple[tuple[str, int], ...]:
+    """A loopback tunnel to each machine the model is split with (``--split-with``), and
+    what each lends; StartError (one line) where one lends nothing."""
+    out: list[tuple[str, int]] = []
+    for address in settings.split_with[:1]:  # one lending machine for now
+        tunnel = Tunnel(address, psk, settings.identity or socket.gethostname())
+        try:
+            await tunnel.open()
+        except NotLending:
+            raise StartError(f"cannot split the model with {address}: that machine lends no "
+                             "memory; start its node with --lend", code="not_lending") from None
+        except (OSError, LinkClosed, TimeoutError) as exc:
+            raise StartError(f"cannot split the model with {address}: {exc}; check the "
+                             "address, and that its node runs with this fleet's token",
+                             code="split_unreachable") from None
+        closers.append(tunnel.close)
+        out.append((tunnel.endpoint, tunnel.lend_bytes))
+    return tuple(out)
+
+
+def _lender(settings: NodeSettings, engine: Engine, home: Path | None,
+            closers: list[Callable[[], Awaitable[None]]]) -> Lender | None:
+    """This machine's memory lent to the fleet (``--lend``): its node budget less what its
+    own model holds."""
+    if not settings.lend or home is None:
+        return None
+    st = engine.stats()
+    budget = st.mem_budget or budget_bytes(settings.memory_budget, total_memory_bytes()) \
+        or default_budget_bytes(total_memory_bytes())
+    lender = Lender(home, lend_bytes=max(budget - st.mem_used, 0), threads=usable_cpus())
+    closers.append(lender.close)
+    return lender
 
 
 def _shelf(settings: NodeSettings, engine: Engine, kept: Sequence[Resolved],

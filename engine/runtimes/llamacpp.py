@@ -31,7 +31,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -51,7 +51,15 @@ from engine.runtimes.decode_thread import DecodeJob, DecodeThreadEngine, PoolLan
 from engine.runtimes.gpu import device_handle, gpu_backends
 from engine.runtimes.host_cache import MIN_ENTRY, HostCache
 from engine.runtimes.lanes import Lane, LaneWant, common_prefix, pick_lane, plan_batch
-from engine.runtimes.offload import Choice, Offload, choose_device, no_offload, plan_offload
+from engine.runtimes.offload import (
+    Choice,
+    Device,
+    Offload,
+    choose_device,
+    no_offload,
+    plan_offload,
+    plan_split,
+)
 from engine.runtimes.threaded import ThreadedGeneration
 from engine.sizes import MiB, amount
 
@@ -270,6 +278,7 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         pool_cells: int | None = None,
         gpu: str = "auto",
         measure_at_start: bool = True,
+        split_with: Sequence[tuple[str, int]] = (),
     ) -> None:
         if kv_type not in KV_TYPES:
             raise ValueError(f"--kv-type {kv_type} is not one of {', '.join(KV_TYPES)}")
@@ -299,6 +308,10 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         self.offload: Offload | None = None
         self.measure_at_start = measure_at_start  # the warm-up pass (registry.EngineSpec)
         self._threads_now = self.n_threads  # what the context uses now (cpu_share.py)
+        # a split model: the RPC endpoint (a tunnel's loopback end) of the memory another
+        # machine lends, and how much it lends; its last layers run there
+        self.split_with = tuple(split_with)[:1]
+        self._rpc_device: int | None = None
 
     @property
     def pool_cells(self) -> int:
@@ -315,6 +328,14 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
     # -- loading ------------------------------------------------------------
 
     def _choose(self, lib: Any) -> Choice:
+        if self.split_with:
+            from engine.runtimes import rpc
+
+            endpoint, lend = self.split_with[0]
+            self._rpc_device = rpc.add_server(endpoint)
+            return Choice(Device(name=f"RPC[{endpoint}]", description="memory another machine "
+                                 "of the fleet lends", kind="gpu", free=lend, total=lend),
+                          f"its last layers run on memory another machine lends ({endpoint})")
         if self.gpu == "off":
             return choose_device([], "off")
         found = gpu_backends(lib)
@@ -335,6 +356,8 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         if choice.device is None:
             return no_offload(0, model_bytes, 0)
         params = lib.llama_model_default_params()
+        if self._rpc_device is not None:
+            params.use_extra_bufts = False
         params.no_alloc = True
         params.load_mode = 0  # LLAMA_LOAD_MODE_NONE: no_alloc maps nothing (as common/fit.cpp)
         params.n_gpu_layers = 0
@@ -351,6 +374,10 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
             lib.llama_model_free(head)
         want = wanted_cells(lanes=self.lanes, n_ctx_train=n_ctx_train,
                             max_context=self.max_context, pool_cells=self.pool_cells_wanted)
+        if self._rpc_device is not None:
+            return plan_split(n_layer=n_layer, model_bytes=model_bytes,
+                              kv_bytes_per_token=per_token, want_cells=want,
+                              lend_bytes=choice.device.free, overhead=overhead)
         return plan_offload(device=choice.device, n_layer=n_layer, model_bytes=model_bytes,
                             kv_bytes_per_token=per_token, want_cells=want, overhead=overhead)
 
@@ -364,11 +391,15 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         base = process_rss_bytes()
         off = self._plan_offload(lib, choice, model_bytes)
         mparams = lib.llama_model_default_params()
-        mparams.use_extra_bufts = repack_here()  # not on AMX CPUs: cpu_quirks.py
+        # not on AMX CPUs (cpu_quirks.py); not for a split model either: the lent layers
+        # run the plain CPU kernels there, and the same kernels here keep its answers
+        # what the model gives whole on a machine without repacking
+        mparams.use_extra_bufts = repack_here() and self._rpc_device is None
         # the devices llama.cpp may use, NULL-terminated: the chosen one, or none at all
         # (NULL itself would mean every GPU it lists)
-        handle = (device_handle(lib, choice.device.name)
-                  if choice.device is not None and off.layers else None)
+        handle = (None if choice.device is None or not off.layers
+                  else self._rpc_device if self._rpc_device is not None
+                  else device_handle(lib, choice.device.name))
         devices = (ctypes.c_void_p * 2)(handle, None)
         mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
         mparams.n_gpu_layers = off.layers if handle else 0
@@ -416,7 +447,7 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         cparams.no_perf = True
         # a node without layers on a GPU keeps its prompts off it too (llama.cpp would
         # otherwise copy weights to a GPU it lists for every large batch)
-        cparams.op_offload = bool(handle)
+        cparams.op_offload = bool(handle) and self._rpc_device is None  # weights stay put
         if type_id != 1:
             cparams.type_k = type_id
             cparams.type_v = type_id

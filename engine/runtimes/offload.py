@@ -92,6 +92,22 @@ def no_offload(n_layer: int, model_bytes: int, kv_bytes_per_token: int) -> Offlo
     return Offload(0, n_layer + 1, None, model_bytes, kv_bytes_per_token)
 
 
+def plan_split(*, n_layer: int, model_bytes: int, kv_bytes_per_token: int, want_cells: int,
+               lend_bytes: int, overhead: int) -> Offload:
+    """How many of the model's last layers go to memory another machine lends (llama.cpp's
+    RPC backend) and what stays here: each takes its weights and its share of the pool
+    there; the lender keeps room for its compute buffers (``overhead``, as here). The
+    output layer and the embeddings stay here: every token's logits are read here."""
+    n_layer = max(n_layer, 1)
+    per_token = max(kv_bytes_per_token, 1)
+    per_layer = model_bytes / (n_layer + 1) + want_cells * per_token / n_layer
+    layers = max(min(int(max(lend_bytes - overhead, 0) // per_layer), n_layer), 0)
+    left = n_layer - layers
+    return Offload(layers, n_layer + 1, None,
+                   int(model_bytes * (left + 1) / (n_layer + 1)),
+                   max(per_token * left // n_layer, 1))
+
+
 def device_reserve(device: Device, overhead: int) -> int:
     return max(RESERVE_MIN, int(device.total * RESERVE_SHARE)) + overhead
 

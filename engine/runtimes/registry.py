@@ -58,6 +58,8 @@ class EngineSpec:
     # for a model a node loads on demand, whose request waits for it and whose rates
     # placement does not read
     measure_at_start: bool = True
+    # split: the loopback endpoint of memory another machine lends, and how much (llama.cpp)
+    split_with: tuple[tuple[str, int], ...] = ()
 
 
 class ResolvedModel(NamedTuple):
@@ -106,7 +108,8 @@ def _llamacpp_engine(spec: EngineSpec) -> Engine:
     return llamacpp.LlamaCppEngine(spec.path, model_name=spec.model_name, lanes=spec.lanes,
                                    max_context=spec.max_context,
                                    memory_budget=spec.memory_budget, kv_type=spec.kv_type,
-                                   gpu=spec.gpu, measure_at_start=spec.measure_at_start)
+                                   gpu=spec.gpu, measure_at_start=spec.measure_at_start,
+                                   split_with=spec.split_with)
 
 
 def _ignores_gpu(runtime: str, spec: EngineSpec, where: str) -> None:
@@ -285,14 +288,19 @@ def make_engine(runtime_id: str, path: str, *, model_name: str, lanes: int = 8,
                 max_context: int | None = None, mock_speed: float = 0.0,
                 memory_budget: int | None = None, kv_type: str = "f16",
                 gpu: str = "auto", embedding: bool = False,
-                measure_at_start: bool = True) -> Engine:
+                measure_at_start: bool = True,
+                split_with: tuple[tuple[str, int], ...] = ()) -> Engine:
     """A node's engine, not started yet (``await engine.start()`` loads the model).
     ``memory_budget`` and ``kv_type``: for the runtimes that size a KV pool (llama.cpp
     takes both, mlx the budget; the mock and the engines a node fronts, neither);
     ``gpu``: the device llama.cpp runs on (auto, off or a name; the others choose their own)."""
     spec = EngineSpec(path=path, model_name=model_name, lanes=lanes, max_context=max_context,
                       mock_speed=mock_speed, memory_budget=memory_budget, kv_type=kv_type,
-                      gpu=gpu, embedding=embedding, measure_at_start=measure_at_start)
+                      gpu=gpu, embedding=embedding, measure_at_start=measure_at_start,
+                      split_with=split_with)
+    if split_with and runtime_id != "llamacpp":
+        raise RuntimeUnavailable(f"only the llamacpp runtime splits a model across machines; "
+                                 f"{runtime_id} cannot")
     return get_runtime(runtime_id).make_engine(spec)
 
 

@@ -190,11 +190,16 @@ def ensure_vulkan_backend(*, version: str | None = None, root: Path | None = Non
     say(f"building with -j{jobs} (log: {work / 'build.log'})")
     _run_logged([*nice, "cmake", "--build", str(build), "--target", "ggml-vulkan",
                  "-j", str(jobs)], work / "build.log", BUILD_TIMEOUT, say, "build")
-    built = next((p for p in (build / "bin" / LIBRARY, build / "ggml" / "src" / LIBRARY,
-                              build / "ggml" / "src" / "ggml-vulkan" / LIBRARY)
-                  if p.is_file()), None)
+    return keep_built(build, lib, work, say, also=build / "ggml" / "src" / "ggml-vulkan")
+
+
+def keep_built(build: Path, lib: Path, work: Path, say: Say, *, also: Path | None = None) -> Path:
+    """The backend module a build made, copied to ``lib`` (atomically) and checked; the
+    work folder removed. ``also``: one more folder the build may leave it in."""
+    places = [build / "bin", build / "ggml" / "src", *([also] if also else [])]
+    built = next((p / lib.name for p in places if (p / lib.name).is_file()), None)
     if built is None:
-        raise BuildFailed(f"build failed: no {LIBRARY} under {build} after a successful build")
+        raise BuildFailed(f"build failed: no {lib.name} under {build} after a successful build")
     lib.parent.mkdir(parents=True, exist_ok=True)
     tmp = lib.with_suffix(".tmp")
     shutil.copy2(built, tmp)
@@ -263,8 +268,9 @@ def llama_lib_dir() -> Path:
 
 
 def install_into(lib: Path, dest_dir: Path) -> Path:
+    """``lib`` copied into ``dest_dir`` under its own name, atomically."""
     dest_dir.mkdir(parents=True, exist_ok=True)
-    dest = dest_dir / LIBRARY
+    dest = dest_dir / lib.name
     tmp = dest.with_suffix(".tmp")
     shutil.copy2(lib, tmp)
     tmp.replace(dest)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +65,19 @@ class Cluster:
         # never the developer's keychain: the token lives in the test home's file
         self.env = {**os.environ, "SHOAL_HOME": str(home), "PYTHONUNBUFFERED": "1",
                     "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}
+
+    def machine(self, name: str, **env: str) -> dict[str, str]:
+        """The environment of another machine of the fleet: a home of its own holding the
+        cluster's fleet token (made first), ``env`` over the cluster's."""
+        token = self.home / "fleet" / "token"
+        if not token.is_file():
+            self.token()
+        home = self.home.parent / name
+        (home / "fleet").mkdir(parents=True)
+        shutil.copyfile(token, home / "fleet" / "token")
+        (home / "fleet" / "token").chmod(0o600)
+        (home / "config.toml").write_text('[node]\ngpu = "off"\n')
+        return {**self.env, "SHOAL_HOME": str(home), **env}
 
     def token(self, *extra: str) -> str:
         out = subprocess.run([*SHOAL, "fleet", "token", *extra], env=self.env,

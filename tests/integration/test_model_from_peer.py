@@ -55,22 +55,11 @@ def keep_as_pulled(home: Path, gguf: Path, sha: str, *, flip_at: int | None = No
     return blob
 
 
-def machine(cluster: Cluster, name: str) -> dict[str, str]:
-    """A home of its own holding the fleet's token, the hub out of reach."""
-    home = cluster.home.parent / name
-    (home / "fleet").mkdir(parents=True)
-    token = home / "fleet" / "token"
-    shutil.copyfile(cluster.home / "fleet" / "token", token)
-    token.chmod(0o600)
-    (home / "config.toml").write_text('[node]\ngpu = "off"\n')
-    return {**cluster.env, "SHOAL_HOME": str(home), "HF_ENDPOINT": NOWHERE}
-
-
 def test_a_head_takes_its_model_from_a_node_of_the_fleet_with_the_hub_unreachable(
         cluster: Cluster, smollm2_gguf: Path) -> None:  # noqa: F811
-    cluster.token()
     sha = sha256_of(smollm2_gguf)
-    desk, laptop = machine(cluster, "desk"), machine(cluster, "laptop")
+    desk = cluster.machine("desk", HF_ENDPOINT=NOWHERE)
+    laptop = cluster.machine("laptop", HF_ENDPOINT=NOWHERE)
     keep_as_pulled(Path(desk["SHOAL_HOME"]), smollm2_gguf, sha)
     node = cluster.node("desk", model=f"{REPO}:Q4_1", runtime="llamacpp", lanes=1,
                         extra=("--offline",), env=desk, ready_timeout=60)
@@ -93,9 +82,9 @@ def test_a_head_takes_its_model_from_a_node_of_the_fleet_with_the_hub_unreachabl
 
 def test_a_copy_with_a_byte_changed_is_refused_and_nothing_kept(
         cluster: Cluster, smollm2_gguf: Path) -> None:  # noqa: F811
-    cluster.token()
     sha = sha256_of(smollm2_gguf)
-    desk, laptop = machine(cluster, "desk"), machine(cluster, "laptop")
+    desk = cluster.machine("desk", HF_ENDPOINT=NOWHERE)
+    laptop = cluster.machine("laptop", HF_ENDPOINT=NOWHERE)
     keep_as_pulled(Path(desk["SHOAL_HOME"]), smollm2_gguf, sha, flip_at=1_000_000)
     # the mock runtime serves there: handing out files does not need the model loaded
     node = cluster.node("desk", env=desk)

@@ -55,3 +55,11 @@ def test_a_file_whose_blob_is_not_named_by_its_sha256_is_not_offered(tmp_path: P
 def test_a_file_record_out_of_bounds_is_refused_before_use(record: m.Record) -> None:
     with pytest.raises(m.RecordError):
         m.decode(m.encode(record))
+
+
+def test_rpc_bytes_are_bounded_like_a_files_chunks() -> None:
+    assert m.decode(m.encode(m.RpcBytes(data=b"x" * m.MAX_CHUNK))) == m.RpcBytes(
+        data=b"x" * m.MAX_CHUNK)
+    for bad in (m.RpcBytes(data=b"x" * (m.MAX_CHUNK + 1)), m.RpcBytes(data=b"")):
+        with pytest.raises(m.RecordError):
+            m.decode(m.encode(bad))

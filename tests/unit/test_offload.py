@@ -13,6 +13,7 @@ from engine.runtimes.offload import (
     device_reserve,
     no_offload,
     plan_offload,
+    plan_split,
 )
 from engine.sizes import GiB, MiB
 
@@ -133,3 +134,20 @@ def test_the_pool_on_a_gpu_is_capped_by_it_not_by_ram() -> None:
     roomy = plan_pool(**common, model_bytes=0, kv_bytes_per_token=0,  # type: ignore[arg-type]
                       device_cells=10 ** 7)
     assert roomy.cells == 32768  # the node's own want (one window), not the device's room
+
+
+def test_a_split_puts_as_many_last_layers_as_the_lent_memory_holds_there() -> None:
+    # 24 layers and an output layer of 40 MiB each; 1 MiB of KV per 1,024 cells a layer
+    model, per_token = 25 * 40 * MiB, 24 * 1024
+    split = plan_split(n_layer=24, model_bytes=model, kv_bytes_per_token=per_token,
+                       want_cells=1024, lend_bytes=500 * MiB, overhead=80 * MiB)
+    # each layer there takes 40 MiB of weights and 1 MiB of pool: 420 MiB hold 10
+    assert (split.layers, split.of) == (10, 25)
+    assert split.ram_weights == 15 * 40 * MiB  # 14 layers and the output layer stay here
+    assert split.ram_kv_per_token == per_token * 14 // 24
+    nothing = plan_split(n_layer=24, model_bytes=model, kv_bytes_per_token=per_token,
+                         want_cells=1024, lend_bytes=60 * MiB, overhead=80 * MiB)
+    assert (nothing.layers, nothing.ram_weights) == (0, model)
+    every = plan_split(n_layer=24, model_bytes=model, kv_bytes_per_token=per_token,
+                       want_cells=1024, lend_bytes=100_000 * MiB, overhead=80 * MiB)
+    assert every.layers == 24 and every.ram_weights == 40 * MiB  # the output layer stays

@@ -1,0 +1,234 @@
+"""Memory lent to the fleet, and reached through it: llama.cpp's RPC server carried by the
+fleet's link (issue 33).
+
+**Lending** (:class:`Lender`, on a machine whose owner allows it: ``--lend``): llama.cpp's
+RPC server runs in a process of its own (engine.runtimes.rpc_lender), started on the first
+request, bound to ``127.0.0.1`` on a port of its own, so that no other machine can reach
+it; its tensor cache lives under ``$SHOAL_HOME/rpc-cache``, so a split that forms again
+sends no weight twice. A head-like peer that holds the fleet token sends ``RpcOpen`` on a
+link to this machine's node; the node connects to the server on loopback and the link
+carries that connection's bytes both ways (``RpcBytes``) until either side ends.
+
+**Reaching** (:class:`Tunnel`, on the node that serves a split model): a listener on this
+machine's loopback whose every connection becomes a link to the lending machine and an
+``RpcOpen`` there; llama.cpp's RPC client connects to that listener (``127.0.0.1:PORT``)
+as if the server were here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import socket
+import sys
+from pathlib import Path
+
+from engine.link import messages as m
+from engine.link.hello import exchange_hellos
+from engine.link.transport import Link, LinkClosed, dial
+from engine.tasks import TaskSet, cancel_and_wait
+
+log = logging.getLogger("shoal.node")
+
+START_S = 30.0  # the RPC server's start (it loads the CPU backend)
+DIAL_S = 10.0
+READ = m.MAX_CHUNK  # bytes read from a socket at a time
+CONNECT_RETRY_S = 0.05  # between tries to reach the RPC server as it starts
+
+
+async def _pipe(link: Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                first: bytes = b"") -> None:
+    """Carry a TCP connection's bytes over ``link`` both ways until either ends."""
+    async def out() -> None:  # the socket's bytes onto the link
+        while data := await reader.read(READ):
+            link.send(m.RpcBytes(data=data))
+            await link.drain()
+
+    async def back() -> None:  # the link's bytes into the socket
+        while True:
+            rec = await link.recv()
+            if isinstance(rec, m.RpcBytes):
+                writer.write(rec.data)
+                await writer.drain()
+            elif isinstance(rec, m.Error):
+                return
+
+    if first:
+        writer.write(first)
+    tasks = [asyncio.create_task(out(), name="rpc-out"),
+             asyncio.create_task(back(), name="rpc-back")]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        await cancel_and_wait(tasks, "an RPC connection")
+        link.close()
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+class NotLending(Exception):
+    """The machine asked lends no memory (its owner did not allow it); its reason."""
+
+
+class Lender:
+    """This machine's RPC server, for the fleet's split models."""
+
+    def __init__(self, home: Path, *, lend_bytes: int, threads: int) -> None:
+        self.cache = home / "rpc-cache"
+        self.lend_bytes = lend_bytes
+        self.threads = threads
+        self._proc: asyncio.subprocess.Process | None = None
+        self._port = 0
+        self._lock = asyncio.Lock()
+        self._tasks = TaskSet("the memory lent")
+
+    @property
+    def port(self) -> int:
+        """Where its server listens on 127.0.0.1 (0: not started, or ended)."""
+        return self._port if self._proc is not None and self._proc.returncode is None else 0
+
+    async def _ensure(self) -> int:
+        async with self._lock:
+            if self.port:
+                return self._port
+            await self.close()
+            await asyncio.to_thread(self.cache.mkdir, parents=True, exist_ok=True)
+            port = _free_port()
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "engine.runtimes.rpc_lender", f"127.0.0.1:{port}",
+                str(self.cache), str(self.threads),
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True)
+            self._proc = proc
+            try:
+                async with asyncio.timeout(START_S):
+                    await _serving(proc)
+            except BaseException:
+                await self.close()
+                raise
+            self._port = port
+            # its later lines (each client it takes) would fill the pipe: read them away
+            self._tasks.spawn(_drain(proc), "rpc-server-output")
+            log.info("lending memory to the fleet: llama.cpp's RPC server on 127.0.0.1:%d "
+                     "(pid %d)", port, proc.pid)
+            return port
+
+    async def tunnel(self, link: Link) -> None:
+        """Carry ``link`` to this machine's RPC server until either ends."""
+        port = await self._ensure()
+        reader, writer = await _connect(port)
+        link.send(m.RpcOpened(lend_bytes=self.lend_bytes))
+        await _pipe(link, reader, writer)
+
+    async def close(self) -> None:
+        proc, self._proc = self._proc, None
+        self._port = 0
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            try:
+                async with asyncio.timeout(5):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        await self._tasks.close()
+
+
+async def _connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the server on 127.0.0.1:``port``: it says it listens a moment
+    before it does, and takes one client at a time (the next waits in its backlog)."""
+    async with asyncio.timeout(START_S):
+        while True:
+            try:
+                return await asyncio.open_connection("127.0.0.1", port)
+            except ConnectionRefusedError:
+                await asyncio.sleep(CONNECT_RETRY_S)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _serving(proc: asyncio.subprocess.Process) -> None:
+    """Until the server says it listens (its "transport" line); RuntimeError if it ends."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    while raw := await proc.stdout.readline():
+        line = raw.decode(errors="replace").strip()
+        seen.append(line)
+        if line.startswith("transport"):
+            return
+    raise RuntimeError("llama.cpp's RPC server did not start: " + " | ".join(seen[-3:]))
+
+
+async def _drain(proc: asyncio.subprocess.Process) -> None:
+    assert proc.stdout is not None
+    while raw := await proc.stdout.readline():
+        log.debug("rpc server: %s", raw.decode(errors="replace").rstrip())
+
+
+class Tunnel:
+    """A loopback port on this machine that reaches a lending machine's RPC server."""
+
+    def __init__(self, address: str, psk: bytes | None, name: str) -> None:
+        self.address = address
+        self.psk = psk
+        self.name = name
+        self.lend_bytes = 0
+        self.endpoint = ""
+        self._server: asyncio.Server | None = None
+        self._tasks = TaskSet("an RPC tunnel")
+
+    async def open(self) -> None:
+        """Ask the lending machine once (what it lends), then listen on loopback."""
+        link, opened = await self._connect()
+        link.close()
+        self.lend_bytes = opened.lend_bytes
+        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.endpoint = f"127.0.0.1:{port}"
+
+    async def _connect(self) -> tuple[Link, m.RpcOpened]:
+        host, _, port = self.address.rpartition(":")
+        link = await dial(host.strip("[]"), int(port), psk=self.psk, timeout_s=DIAL_S)
+        hello = m.HeadHello(head_id=f"rpc-{secrets.token_hex(8)}", model="",
+                            name=self.name[:m.MAX_NAME])
+        try:
+            await exchange_hellos(link, hello, responder=False, expect=m.NodeHello,
+                                  timeout_s=DIAL_S)
+            link.send(m.RpcOpen())
+            async with asyncio.timeout(START_S + DIAL_S):
+                while True:
+                    rec = await link.recv()
+                    if isinstance(rec, m.RpcOpened):
+                        return link, rec
+                    if isinstance(rec, m.Error) and rec.code == "not_found":
+                        raise NotLending(rec.message)
+                    if isinstance(rec, m.Error):  # it lends, but its server failed
+                        raise LinkClosed(rec.message)
+        except BaseException:
+            link.close()
+            raise
+
+    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._tasks.spawn(self._carry(reader, writer), "rpc-tunnel")
+
+    async def _carry(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            link, _ = await self._connect()
+        except (OSError, LinkClosed, TimeoutError, NotLending) as exc:
+            log.warning("cannot reach the memory %s lends: %s", self.address, exc)
+            writer.close()
+            return
+        await _pipe(link, reader, writer)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        await self._tasks.close()
