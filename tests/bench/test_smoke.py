@@ -175,6 +175,17 @@ def test_node_memory(llama_server_binary: Path, smollm2: Path, gemma: Path,
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_split(llama_server_binary: Path, gemma: Path) -> None:
+    got = smoke("split.py", "--llama-server", llama_server_binary, "--model", gemma,
+                timeout=260)
+    assert got["layers"] > 0 and got["same_text"]
+    assert min(got["tps1"].values()) > 0 and min(got["tps4"].values()) > 0
+    assert min(got["copy_mb_s"]) > 0
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_capacity(gemma: Path) -> None:
     got = smoke("capacity.py", timeout=200)
