@@ -482,7 +482,12 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         # mmap fills as it is read) and the pool (llama.cpp clears it, so it is resident
         # already), and the compute buffers, which fill at the first steps
         held = max(process_rss_bytes(), base + off.ram_weights + plan.kv_bytes) + overhead
-        self._host = HostCache(min(plan.host_cache_bytes, max(self._budget - held, 0)))
+        # no host cache for a split model: its lent layers' KV lives on the other machine,
+        # and parking a sequence here reads it back over the network cell range by cell
+        # range (a 70-token sequence took 300 ms through the link, before the next first
+        # token)
+        self._host = None if self._rpc_device is not None else HostCache(
+            min(plan.host_cache_bytes, max(self._budget - held, 0)))
         self._n_batch = int(lib.llama_n_batch(ctx))
         self._batch = lib.llama_batch_init(self._n_batch, 0, 1)
         if self.measure_at_start:

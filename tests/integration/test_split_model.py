@@ -62,6 +62,9 @@ def test_a_model_split_with_a_lending_machine_answers_as_it_does_whole(
                        r"\(127\.0\.0\.1:\d+\): (\d+) of (\d+) layers", split.log_text())
     assert layers is not None, split.log_text()
     assert 0 < int(layers.group(1)) < int(layers.group(2))
+    # no host prompt cache: parking would read the lent layers' KV back over the network
+    assert "host prompt cache" not in split.log_text()
+    assert "host prompt cache" in whole.log_text()
 
     model = gemma_gguf.stem
     assert greedy(split, model) == greedy(whole, model)
