@@ -74,6 +74,10 @@ FLEET_CHOOSES = "Let the fleet choose this machine's model"
 FLEET_CHOOSES_TIP = ("A head of your fleet may have this machine download and serve another "
                      "model (the split the Models page suggests). Off: only you choose it "
                      "here. It takes effect at once.")
+LEND = "Lend this machine's memory to models split across the fleet"
+LEND_TIP = ("Another machine of your fleet may run the last layers of a model too large for "
+            "it here, within this machine's memory budget (llama.cpp's RPC server, reached "
+            "only through the fleet's encrypted link). It takes effect at once.")
 SERVE_KEPT = "Serve every model kept on this machine"
 SERVE_KEPT_TIP = ("Besides the model it starts with, this machine serves every model on the "
                   "Models page's list: each loads on the first request that names it, and "
@@ -226,6 +230,10 @@ class SettingsPage(QWidget):
         self.fleet_chooses.setObjectName("fleetChoosesModel")
         self.fleet_chooses.toggled.connect(self._fleet_chooses_changed)
         serving.add(self.fleet_chooses)
+        self.lend = QCheckBox(LEND)
+        self.lend.setObjectName("lendMemory")
+        self.lend.toggled.connect(self._lend_changed)
+        serving.add(self.lend)
         self.fleet_quota = QLineEdit()
         self.fleet_quota.setObjectName("fleetModelsQuota")
         self.fleet_quota.setMaximumWidth(160)
@@ -342,7 +350,7 @@ class SettingsPage(QWidget):
     def _show_node(self, node: NodeSettings | None) -> None:
         """How the node will hold its model (as the next start of the node has it)."""
         for box in (self.budget, self.kv, self.gpu, self.idle, self.serve_kept,
-                    self.fleet_chooses, self.fleet_quota):
+                    self.fleet_chooses, self.fleet_quota, self.lend):
             box.setEnabled(node is not None)
             box.setToolTip("" if node is not None else NO_NODE)
         if node is not None:
@@ -350,7 +358,12 @@ class SettingsPage(QWidget):
             self.fleet_chooses.setToolTip(FLEET_CHOOSES_TIP)
             self.fleet_quota.setToolTip(FLEET_QUOTA_TIP)
             self.serve_kept.setToolTip(SERVE_KEPT_TIP)
+            self.lend.setToolTip(LEND_TIP)
         node = node or NodeSettings()
+        if self.lend.isChecked() != node.lend:
+            self.lend.blockSignals(True)  # shown, not chosen
+            self.lend.setChecked(node.lend)
+            self.lend.blockSignals(False)
         if not self.fleet_quota.isModified():  # left as it is while a person types
             self.fleet_quota.setText(str(quota_value(node.fleet_models_quota)))
         if self.serve_kept.isChecked() != node.serve_kept:
@@ -419,6 +432,17 @@ class SettingsPage(QWidget):
             memory_budget=memory_budget, kv_type=kv_type, gpu=gpu, idle_unload_s=idle_unload_s,
             serve_kept=serve_kept),
             done=saved, failed=failed, anytime=True)
+
+    def _lend_changed(self, on: bool) -> None:
+        say(self.node_saved, "")
+        say(self.node_error, "")
+
+        def failed(line: str) -> None:
+            say(self.node_error, line)
+            self._show_node(self._bridge.shoal.pending.node)  # shown as Shoal holds it
+
+        run(self, self._bridge, self._bridge.shoal.update_settings(lend=on),
+            done=lambda _change: say(self.node_saved, "Saved."), failed=failed, anytime=True)
 
     def _fleet_chooses_changed(self, on: bool) -> None:
         say(self.node_saved, "")

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from engine.discovery.service import announce_node
@@ -198,6 +198,17 @@ class LocalNode:
             self.agent.attach(self.shelf)
             return True
         return self.shelf.add(_keep(self.settings, model, self.keep_alive.get(model.path)))
+
+    async def set_lend(self, on: bool, home: Path) -> None:
+        """Lend this machine's memory to the fleet's split models from now on, or stop
+        (the RPC server ends; a split using it fails over as a failed node does)."""
+        self.settings = replace(self.settings, lend=on)
+        if on and self.agent.lender is None:
+            self.agent.lender = _lender(self.settings, self.engine, home, self._closers)
+        elif not on and self.agent.lender is not None:
+            lender, self.agent.lender = self.agent.lender, None
+            await lender.close()
+            log.info("this machine lends no memory to the fleet any more")
 
     def set_keep_alive(self, path: str, name: str, seconds: float | None) -> bool:
         """The idle time of the model kept at ``path`` as ``name`` (None: the node's own

@@ -53,8 +53,8 @@ class Ask:
     the port where machines join, discovery and the queue limit wait for the next start;
     how the node holds its model (``memory_budget``: bytes or a share of RAM, 0 the
     default share; ``kv_type``; ``gpu``: auto, off or a device name; ``idle_unload_s``: 0
-    never) waits for the node's next start; ``fleet_may_choose_model`` and
-    ``fleet_models_quota`` apply at once; ``app`` is merged key by key."""
+    never) waits for the node's next start; ``fleet_may_choose_model``,
+    ``fleet_models_quota`` and ``lend`` apply at once; ``app`` is merged key by key."""
 
     http_port: int | None = None
     fleet_port: int | None = None
@@ -67,6 +67,7 @@ class Ask:
     serve_kept: bool | None = None  # serve every model kept here too (the node's next start)
     fleet_may_choose_model: bool | None = None
     fleet_models_quota: Quota | None = None
+    lend: bool | None = None  # lend memory to the fleet's split models (at once)
     app: Mapping[str, Any] | None = None
 
 
@@ -189,6 +190,11 @@ def _checked(ask: Ask, pending: Settings, in_force: Settings,
     if ask.fleet_models_quota is not None:
         chooser = replace(chooser or require_node(in_force),
                           fleet_models_quota=_quota(ask.fleet_models_quota))
+    if ask.lend is not None:
+        if not isinstance(ask.lend, bool):
+            raise CommandError("whether this machine lends memory is true or false",
+                               code="bad_setting")
+        chooser = replace(chooser or require_node(in_force), lend=ask.lend)
     return changes, chooser
 
 

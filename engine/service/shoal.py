@@ -218,6 +218,7 @@ class Shoal:
                               serve_kept: bool | None = None,
                               fleet_may_choose_model: bool | None = None,
                               fleet_models_quota: Quota | None = None,
+                              lend: bool | None = None,
                               app: Mapping[str, Any] | None = None) -> SettingsChange:
         """Change this machine's settings (`configuration.Ask` says when each applies).
         Validated first (CommandError with the fix), then written once (with ``keep``),
@@ -227,8 +228,10 @@ class Shoal:
                 queue_timeout_s=queue_timeout_s, memory_budget=memory_budget,
                 kv_type=kv_type, gpu=gpu, idle_unload_s=idle_unload_s,
                 serve_kept=serve_kept, fleet_may_choose_model=fleet_may_choose_model,
-                fleet_models_quota=fleet_models_quota, app=app),
+                fleet_models_quota=fleet_models_quota, lend=lend, app=app),
             running=self._roles.running or self._opening, ram_total=self.memory.total)
+        if lend is not None and self._roles.node is not None:
+            await self._roles.node.set_lend(lend, self.settings.home)
         self._emit(SettingsChanged(restart_needed=change.restart_needed))
         await self._conf.save()
         return change
