@@ -243,6 +243,10 @@ def to_json(snapshot: FleetSnapshot) -> dict[str, Any]:
     return out
 
 
+# how a split node's device ends: the memory another machine lends (engine.runtimes.llamacpp)
+LENT = "lent over the fleet's link"
+
+
 def offload_text(device: str, gpu_layers: int, model_layers: int) -> str:
     """Where a node's model runs, as people read it: ``CPU``, ``Vulkan0 (…): all 31
     layers`` or ``Vulkan0 (…): 20 of 31 layers`` (just the device when it gave no count)."""

@@ -28,7 +28,7 @@ from app.widgets import (
     tokens,
 )
 from engine.sizes import amount
-from engine.snapshot import FleetSnapshot, HeadSnapshot, NodeSnapshot, offload_text
+from engine.snapshot import LENT, FleetSnapshot, HeadSnapshot, NodeSnapshot, offload_text
 
 NODE_COLUMNS = ("Node", "Address", "Link", "State", "Model", "Runtime", "Device", "Context",
                 "Lanes", "KV cache", "Memory", "Tokens/s", "TTFT", "Last seen")
@@ -87,7 +87,8 @@ def device_cell(n: NodeSnapshot) -> Cell:
         return Cell("CPU", tip="The model runs on the CPU.")
     tip = n.device
     if n.model_layers > 0:
-        tip += f"\n{min(n.gpu_layers, n.model_layers)} of {n.model_layers} layers on the GPU"
+        where = "there (memory another machine lends)" if LENT in n.device else "on the GPU"
+        tip += f"\n{min(n.gpu_layers, n.model_layers)} of {n.model_layers} layers {where}"
     return Cell(offload_text(n.device, n.gpu_layers, n.model_layers), tip=tip)
 
 

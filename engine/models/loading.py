@@ -189,7 +189,7 @@ async def load_engine(model: Resolved, *, name: str, lanes: int, max_context: in
                       mock_speed: float, memory_budget: Budget = None,
                       kv_type: str = "f16", gpu: str = "auto",
                       measure_at_start: bool = True,
-                      split_with: tuple[tuple[str, int], ...] = ()) -> Engine:
+                      split_with: tuple[tuple[str, int, str], ...] = ()) -> Engine:
     """An engine loaded and running its decode thread (the load runs off the loop).
     ``memory_budget``: a share of RAM is taken of this machine's; ``measure_at_start``:
     off for a model loaded for a request that waits (registry.EngineSpec)."""

@@ -181,14 +181,17 @@ class Tunnel:
         self.name = name
         self.lend_bytes = 0
         self.endpoint = ""
+        self.identity = ""  # the lending machine's name, as its node says it
         self._server: asyncio.Server | None = None
         self._tasks = TaskSet("an RPC tunnel")
+        self._identity = ""
 
     async def open(self) -> None:
         """Ask the lending machine once (what it lends), then listen on loopback."""
         link, opened = await self._connect()
         link.close()
         self.lend_bytes = opened.lend_bytes
+        self.identity = self._identity
         self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0)
         port = self._server.sockets[0].getsockname()[1]
         self.endpoint = f"127.0.0.1:{port}"
@@ -199,8 +202,9 @@ class Tunnel:
         hello = m.HeadHello(head_id=f"rpc-{secrets.token_hex(8)}", model="",
                             name=self.name[:m.MAX_NAME])
         try:
-            await exchange_hellos(link, hello, responder=False, expect=m.NodeHello,
-                                  timeout_s=DIAL_S)
+            node = await exchange_hellos(link, hello, responder=False, expect=m.NodeHello,
+                                         timeout_s=DIAL_S)
+            self._identity = node.identity
             link.send(m.RpcOpen())
             async with asyncio.timeout(START_S + DIAL_S):
                 while True:

@@ -261,10 +261,11 @@ class LocalNode:
 
 
 async def _tunnels(settings: NodeSettings, psk: bytes | None,
-                   closers: list[Callable[[], Awaitable[None]]]) -> tuple[tuple[str, int], ...]:
+                   closers: list[Callable[[], Awaitable[None]]]
+                   ) -> tuple[tuple[str, int, str], ...]:
     """A loopback tunnel to each machine the model is split with (``--split-with``), and
     what each lends; StartError (one line) where one lends nothing."""
-    out: list[tuple[str, int]] = []
+    out: list[tuple[str, int, str]] = []
     for address in settings.split_with[:1]:  # one lending machine for now
         tunnel = Tunnel(address, psk, settings.identity or socket.gethostname())
         try:
@@ -277,7 +278,8 @@ async def _tunnels(settings: NodeSettings, psk: bytes | None,
                              "address, and that its node runs with this fleet's token",
                              code="split_unreachable") from None
         closers.append(tunnel.close)
-        out.append((tunnel.endpoint, tunnel.lend_bytes))
+        out.append((tunnel.endpoint, tunnel.lend_bytes,
+                    f"{tunnel.identity or 'a machine of the fleet'} ({address})"))
     return tuple(out)
 
 

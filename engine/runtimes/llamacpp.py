@@ -62,6 +62,7 @@ from engine.runtimes.offload import (
 )
 from engine.runtimes.threaded import ThreadedGeneration
 from engine.sizes import MiB, amount
+from engine.snapshot import LENT
 
 RUNTIME_ID = "llamacpp"
 log = logging.getLogger("shoal.node")
@@ -278,7 +279,7 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         pool_cells: int | None = None,
         gpu: str = "auto",
         measure_at_start: bool = True,
-        split_with: Sequence[tuple[str, int]] = (),
+        split_with: Sequence[tuple[str, int, str]] = (),
     ) -> None:
         if kv_type not in KV_TYPES:
             raise ValueError(f"--kv-type {kv_type} is not one of {', '.join(KV_TYPES)}")
@@ -309,7 +310,8 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         self.measure_at_start = measure_at_start  # the warm-up pass (registry.EngineSpec)
         self._threads_now = self.n_threads  # what the context uses now (cpu_share.py)
         # a split model: the RPC endpoint (a tunnel's loopback end) of the memory another
-        # machine lends, and how much it lends; its last layers run there
+        # machine lends, how much it lends and which machine that is; its last layers run
+        # there
         self.split_with = tuple(split_with)[:1]
         self._rpc_device: int | None = None
 
@@ -331,11 +333,13 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         if self.split_with:
             from engine.runtimes import rpc
 
-            endpoint, lend = self.split_with[0]
+            endpoint, lend, lender = self.split_with[0]
             self._rpc_device = rpc.add_server(endpoint)
-            return Choice(Device(name=f"RPC[{endpoint}]", description="memory another machine "
-                                 "of the fleet lends", kind="gpu", free=lend, total=lend),
-                          f"its last layers run on memory another machine lends ({endpoint})")
+            name, _, where = lender.partition(" (")
+            return Choice(Device(name=name, description=f"{where.rstrip(')')}, "
+                                 f"{amount(lend)} {LENT}", kind="gpu",
+                                 free=lend, total=lend),
+                          f"its last layers run on memory {lender} lends")
         if self.gpu == "off":
             return choose_device([], "off")
         found = gpu_backends(lib)
@@ -626,7 +630,7 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
     def stats(self) -> EngineStats:
         st = super().stats()
         dev = self.device  # read once: a load on the decode thread replaces it
-        if dev is None:
+        if dev is None or self._rpc_device is not None:  # another machine's: no GPU here
             return st
         # a fit estimate of another model here needs the GPU's memory, even where this
         # model left it no layer

@@ -59,7 +59,7 @@ class EngineSpec:
     # placement does not read
     measure_at_start: bool = True
     # split: the loopback endpoint of memory another machine lends, and how much (llama.cpp)
-    split_with: tuple[tuple[str, int], ...] = ()
+    split_with: tuple[tuple[str, int, str], ...] = ()
 
 
 class ResolvedModel(NamedTuple):
@@ -289,7 +289,7 @@ def make_engine(runtime_id: str, path: str, *, model_name: str, lanes: int = 8,
                 memory_budget: int | None = None, kv_type: str = "f16",
                 gpu: str = "auto", embedding: bool = False,
                 measure_at_start: bool = True,
-                split_with: tuple[tuple[str, int], ...] = ()) -> Engine:
+                split_with: tuple[tuple[str, int, str], ...] = ()) -> Engine:
     """A node's engine, not started yet (``await engine.start()`` loads the model).
     ``memory_budget`` and ``kv_type``: for the runtimes that size a KV pool (llama.cpp
     takes both, mlx the budget; the mock and the engines a node fronts, neither);

@@ -150,7 +150,7 @@ def shoal_sides(bench: Bench, model: Path) -> tuple[Side, Side, int]:
         [*SHOAL, "serve", str(model), "--split-with", f"127.0.0.1:{found.group(1)}", *args,
          "127.0.0.1:0"], bench.env_of(bench.home("split")),
         r"at http://127\.0\.0\.1:(\d+)/v1", "split")
-    layers = re.search(r"lends \(127\.0\.0\.1:\d+\): (\d+) of (\d+) layers", text)
+    layers = re.search(r"lends: (\d+) of (\d+) layers", text)
     if layers is None:
         raise SystemExit(f"the split's log names no layers:\n{text[-2000:]}")
     split_port = int(re.findall(r"at http://127\.0\.0\.1:(\d+)/v1", text)[0])

@@ -58,10 +58,18 @@ def test_a_model_split_with_a_lending_machine_answers_as_it_does_whole(
     whole = cluster.head([], model=str(gemma_gguf), runtime="llamacpp", ready_timeout=120,
                          extra=("--max-batch", "1"),
                          env=cluster.machine("whole", SHOAL_LLAMA_REPACK="0"))
-    layers = re.search(r"its last layers run on memory another machine lends "
-                       r"\(127\.0\.0\.1:\d+\): (\d+) of (\d+) layers", split.log_text())
+    layers = re.search(rf"its last layers run on memory desk \({lender.address}\) lends: "
+                       r"(\d+) of (\d+) layers", split.log_text())
     assert layers is not None, split.log_text()
     assert 0 < int(layers.group(1)) < int(layers.group(2))
+    # the fleet shows the split node's part on the lending machine
+    with urllib.request.urlopen(f"http://{split.address}/v1/fleet", timeout=30) as r:
+        node = json.loads(r.read())["nodes"][0]
+    assert node["device"].startswith(f"desk ({lender.address}, ") and \
+        node["device"].endswith(" lent over the fleet's link)"), node["device"]
+    assert (node["gpu_layers"], node["model_layers"]) == (int(layers.group(1)),
+                                                          int(layers.group(2)))
+    assert node["device_kind"] == ""  # no GPU here for a fit to count
     # no host prompt cache: parking would read the lent layers' KV back over the network
     assert "host prompt cache" not in split.log_text()
     assert "host prompt cache" in whole.log_text()

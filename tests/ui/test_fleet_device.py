@@ -35,6 +35,13 @@ async def test_each_node_shows_the_device_its_model_runs_on(bridge: ShoalBridge)
         assert page.nodes.text(desk, "Runtime") == "mock"
         assert page.nodes.text(desk, "Context") == "4k"
 
+        # a split model: its last layers on the memory another machine lends
+        lent = "desk (192.168.1.20:8455, 300 MiB lent over the fleet's link)"
+        page.render(snap(replace(node("laptop"), device=lent, gpu_layers=13, model_layers=19)))
+        assert page.nodes.text(0, "Device") == f"{lent}: 13 of 19 layers"
+        assert page.nodes.rows[0][column].tip == (
+            f"{lent}\n13 of 19 layers there (memory another machine lends)")
+
         page.render(snap(replace(node("desk"), model_layers=31)))  # the node moved to its CPU
         assert page.nodes.text(0, "Device") == "CPU"
     finally:
