@@ -19,6 +19,7 @@ fleet_models_quota = "50%"     # the disk the models heads chose may take: "20Gi
                                # of the models folder's disk; the least used go first
 serve_kept = false       # serve every model kept here too, each loaded on its first request
 lend = false             # lend this machine's memory for the layers of the fleet's split models
+lend_on_battery = false  # lend it on battery too (else only on mains power)
 ```
 """
 
@@ -138,7 +139,7 @@ def node_memory(section: Mapping[str, Any], source: str) -> dict[str, Any]:
                 raise ValueError(f"give {IDLE_FORMS}")
         except ValueError as exc:
             raise ConfigError(f"{source}: node.idle_unload: {exc}") from None
-    for flag in ("serve_kept", "lend"):
+    for flag in ("serve_kept", "lend", "lend_on_battery"):
         if flag in section:
             if not isinstance(section[flag], bool):
                 raise ConfigError(f"{source}: node.{flag} is true or false")
@@ -203,6 +204,7 @@ def load_config(home: Path) -> Config:
 # fleet_models_quota = "50%"   # the disk the models heads chose may take here
 # serve_kept = false           # serve every model kept here, each loaded on demand
 # lend = false                 # lend memory for the layers of the fleet's split models
+# lend_on_battery = false      # and on battery too
 # [discovery]
 # mode = "both"
 # [app]                        # the app's own choices, kept as they are
@@ -317,7 +319,8 @@ def save_machine_settings(settings: Settings, app: dict[str, Any]) -> None:
                       idle_unload=idle_unload_minutes(node.idle_unload_s),
                       fleet_may_choose_model=node.fleet_may_choose_model,
                       fleet_models_quota=quota_value(node.fleet_models_quota),
-                      serve_kept=node.serve_kept, lend=node.lend)
+                      serve_kept=node.serve_kept, lend=node.lend,
+                      lend_on_battery=node.lend_on_battery)
     doc["node"] = node_t
     d = settings.discovery
     discovery: dict[str, Any] = {"mode": d.mode, "seeds": list(d.seeds)}

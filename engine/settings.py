@@ -90,6 +90,7 @@ class NodeSettings:
     # lend this machine's memory to the fleet for the layers of a split model (llama.cpp's
     # RPC server on loopback, reached through the fleet's link): its owner's choice
     lend: bool = False
+    lend_on_battery: bool = False  # lend on battery too (else only on mains power)
     # split its model with the machines at these HOST:PORTs (their nodes' listeners), which
     # lend memory: its last layers run there
     split_with: tuple[str, ...] = ()

@@ -50,6 +50,7 @@ def _config(home: Path) -> Config:
 # the options of how a node holds its model, and their NodeSettings fields
 MEMORY_OPTIONS = {"memory_budget": "memory_budget", "kv_type": "kv_type", "gpu": "gpu",
                   "idle_unload": "idle_unload_s", "serve_kept": "serve_kept", "lend": "lend",
+                  "lend_on_battery": "lend_on_battery",
                   "split_with": "split_with"}
 
 

@@ -96,6 +96,9 @@ def _memory_options(p: argparse.ArgumentParser) -> None:
                    help="lend this machine's memory to the fleet for the layers of a model "
                    "split across machines (llama.cpp's RPC server on 127.0.0.1, reached only "
                    "through the fleet's encrypted link)")
+    p.add_argument("--lend-on-battery", action="store_true", default=argparse.SUPPRESS,
+                   help="with --lend: lend on battery power too (by default a machine on its "
+                   "battery lends nothing)")
     p.add_argument("--split-with", type=_addresses, default=argparse.SUPPRESS,
                    metavar="HOST:PORT", help="split the model with the machine whose node "
                    "listens there and lends memory (--lend): its last layers run there")

@@ -413,10 +413,13 @@ class NodeAgent:
                     # owner may take a few seconds, and this link's records go on
                     self._tasks.spawn(self._answer(link, rec), "node-serve-answer")
                 elif isinstance(rec, m.RpcOpen):
-                    if self.lender is None or not isinstance(link, Link) or run or embedding:
-                        link.send(m.Error(code="not_found", message="it lends no memory "
-                                          "(its owner allows it with --lend)"))
+                    refused = ("it lends no memory (its owner allows it with --lend)"
+                               if self.lender is None or not isinstance(link, Link) or run
+                               or embedding else await self.lender.refusal())
+                    if refused is not None:
+                        link.send(m.Error(code="not_found", message=refused))
                     else:  # the link carries the RPC server's connection from now on
+                        assert self.lender is not None and isinstance(link, Link)
                         try:
                             await self.lender.tunnel(link)
                         except (OSError, RuntimeError, TimeoutError) as exc:

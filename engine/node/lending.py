@@ -28,6 +28,7 @@ from pathlib import Path
 from engine.link import messages as m
 from engine.link.hello import exchange_hellos
 from engine.link.transport import Link, LinkClosed, dial
+from engine.node import power
 from engine.tasks import TaskSet, cancel_and_wait
 
 log = logging.getLogger("shoal.node")
@@ -76,8 +77,10 @@ class NotLending(Exception):
 class Lender:
     """This machine's RPC server, for the fleet's split models."""
 
-    def __init__(self, home: Path, *, lend_bytes: int, threads: int) -> None:
+    def __init__(self, home: Path, *, lend_bytes: int, threads: int,
+                 on_battery_too: bool = False) -> None:
         self.cache = home / "rpc-cache"
+        self.on_battery_too = on_battery_too  # else it lends only on mains power
         self.lend_bytes = lend_bytes
         self.threads = threads
         self._proc: asyncio.subprocess.Process | None = None
@@ -115,6 +118,13 @@ class Lender:
             log.info("lending memory to the fleet: llama.cpp's RPC server on 127.0.0.1:%d "
                      "(pid %d)", port, proc.pid)
             return port
+
+    async def refusal(self) -> str | None:
+        """Why it lends nothing now (on battery, its owner not having asked), else None."""
+        if not self.on_battery_too and await asyncio.to_thread(power.on_battery):
+            return ("it runs on its battery and lends memory only on mains power "
+                    "(--lend-on-battery lends on battery too)")
+        return None
 
     async def tunnel(self, link: Link) -> None:
         """Carry ``link`` to this machine's RPC server until either ends."""

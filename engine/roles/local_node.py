@@ -270,9 +270,9 @@ async def _tunnels(settings: NodeSettings, psk: bytes | None,
         tunnel = Tunnel(address, psk, settings.identity or socket.gethostname())
         try:
             await tunnel.open()
-        except NotLending:
-            raise StartError(f"cannot split the model with {address}: that machine lends no "
-                             "memory; start its node with --lend", code="not_lending") from None
+        except NotLending as exc:
+            raise StartError(f"cannot split the model with {address}: {exc}",
+                             code="not_lending") from None
         except (OSError, LinkClosed, TimeoutError) as exc:
             raise StartError(f"cannot split the model with {address}: {exc}; check the "
                              "address, and that its node runs with this fleet's token",
@@ -292,7 +292,8 @@ def _lender(settings: NodeSettings, engine: Engine, home: Path | None,
     st = engine.stats()
     budget = st.mem_budget or budget_bytes(settings.memory_budget, total_memory_bytes()) \
         or default_budget_bytes(total_memory_bytes())
-    lender = Lender(home, lend_bytes=max(budget - st.mem_used, 0), threads=usable_cpus())
+    lender = Lender(home, lend_bytes=max(budget - st.mem_used, 0), threads=usable_cpus(),
+                    on_battery_too=settings.lend_on_battery)
     closers.append(lender.close)
     return lender
 

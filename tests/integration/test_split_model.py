@@ -90,6 +90,30 @@ def test_a_machine_that_does_not_lend_is_refused_in_one_line(
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2, out.stderr
     line = out.stderr.strip().splitlines()[-1]
-    assert line == (f"shoal: cannot split the model with {desk.address}: that machine lends "
-                    "no memory; start its node with --lend")
+    assert line == (f"shoal: cannot split the model with {desk.address}: it lends no memory "
+                    "(its owner allows it with --lend)")
     until_sync(lambda: desk.popen.poll() is None, "the desk still serving", timeout=5)
+
+
+async def test_a_machine_on_its_battery_lends_only_when_its_owner_asked(
+        cluster: Cluster, tmp_path: Path) -> None:
+    from engine.node.lending import NotLending, Tunnel
+    from tests.unit.test_power import supply
+
+    power = tmp_path / "power_supply"  # a laptop off its charger
+    supply(power, "AC", type="Mains", online="0")
+    supply(power, "BAT0", type="Battery", present="1")
+    laptop = cluster.node("laptop", extra=("--lend",),
+                          env=cluster.machine("laptop", SHOAL_POWER_SUPPLY=str(power)))
+    psk = bytes.fromhex((cluster.home / "fleet" / "token").read_text().strip())
+    tunnel = Tunnel(laptop.address, psk, "desk")
+    with pytest.raises(NotLending, match="runs on its battery and lends memory only on mains"):
+        await tunnel.open()
+    asked = cluster.node("asked", extra=("--lend", "--lend-on-battery"),
+                         env=cluster.machine("asked", SHOAL_POWER_SUPPLY=str(power)))
+    tunnel = Tunnel(asked.address, psk, "desk")
+    try:
+        await tunnel.open()
+        assert tunnel.lend_bytes > 0 and tunnel.identity == "asked"
+    finally:
+        await tunnel.close()
