@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from engine.runtimes.base import GenerationRequest, GenerationResult
+from engine.runtimes.base import GenerationRequest, GenerationResult, Sampling
 from engine.runtimes.llamacpp import (
     LlamaCppEngine,
     LlamaCppGeneration,
@@ -115,7 +115,10 @@ async def test_new_prompt_joins_while_others_decode(
         return gen.result
 
     def start(name: str, prompt: list[int], max_tokens: int) -> asyncio.Task[GenerationResult]:
-        gen = engine.generate(GenerationRequest(prompt=prompt, max_tokens=max_tokens))
+        # greedy: a sampled answer may end after a few tokens (it did once in CI), and a
+        # and b must decode on while c prefills
+        gen = engine.generate(GenerationRequest(prompt=prompt, max_tokens=max_tokens,
+                                                sampling=Sampling(temperature=0.0)))
         return asyncio.ensure_future(consume(name, gen))
 
     ta = start("a", vocab.encode(chat("Count from one to one hundred in words.")), 40)

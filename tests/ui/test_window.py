@@ -248,8 +248,9 @@ async def test_pairing_starts_a_fleet_shows_its_qr_and_rotates_after_confirming(
         # the QR on screen reads back as the join URL, crisp at its size
         image = page.view.qr.pixmap().toImage()
         assert image.width() >= 150
-        [found] = zxingcpp.read_barcodes(_as_pil(image))
-        assert found.text == url
+        # zxing may report one code twice (it did once in CI); every reading is the URL
+        found = zxingcpp.read_barcodes(_as_pil(image))
+        assert found and {f.text for f in found} == {url}
         click(qtbot, page.view.url.button)
         assert clipboard() == url
         click(qtbot, page.view.command.button)
