@@ -172,18 +172,23 @@ async def capture_first_message(psk: bytes) -> bytes:
         await server.wait_closed()
 
 
+LOOPBACK_HEX = "0100007F"  # 127.0.0.1 as /proc/net/tcp writes it (little-endian)
+
+
 def accepted_sockets(port: int) -> int:
-    """How many of this process's descriptors are connections the listener on ``port``
-    accepted: sockets whose local port is ``port`` and that are not the listening one
-    (the clients' ends, in this process too, have their own ports)."""
+    """How many of this process's descriptors are connections the listener on
+    127.0.0.1:``port`` accepted: sockets whose local end is 127.0.0.1:``port`` and that are
+    not the listening one. The clients' ends, in this process too, have ports of their own;
+    one bound to another loopback address (127.0.0.5) may get the listener's port number
+    (a CI run counted one so), so the address counts too."""
     inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(FileNotFoundError), open(table) as f:
-            for line in list(f)[1:]:
-                fields = line.split()
-                local_port = int(fields[1].rsplit(":", 1)[1], 16)
-                if local_port == port and fields[3] != "0A":  # 0A: LISTEN
-                    inodes.add(fields[9])
+    with contextlib.suppress(FileNotFoundError), open("/proc/net/tcp") as f:
+        for line in list(f)[1:]:
+            fields = line.split()
+            address, local_port = fields[1].rsplit(":", 1)
+            if (address == LOOPBACK_HEX and int(local_port, 16) == port
+                    and fields[3] != "0A"):  # 0A: LISTEN
+                inodes.add(fields[9])
     held = 0
     for fd in Path("/proc/self/fd").iterdir():
         with contextlib.suppress(OSError):
