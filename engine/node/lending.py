@@ -23,6 +23,7 @@ import logging
 import secrets
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.link import messages as m
@@ -37,11 +38,14 @@ START_S = 30.0  # the RPC server's start (it loads the CPU backend)
 DIAL_S = 10.0
 READ = m.MAX_CHUNK  # bytes read from a socket at a time
 CONNECT_RETRY_S = 0.05  # between tries to reach the RPC server as it starts
+START_TRIES = 3  # a port another process took between our pick and the server's bind
 
 
 async def _pipe(link: Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                first: bytes = b"") -> None:
-    """Carry a TCP connection's bytes over ``link`` both ways until either ends."""
+                on_peer_end: Callable[[], None] | None = None) -> None:
+    """Carry a TCP connection's bytes over ``link`` both ways until either ends.
+    ``on_peer_end``: called when the link's side ended first (the other machine left),
+    before the socket closes."""
     async def out() -> None:  # the socket's bytes onto the link
         while data := await reader.read(READ):
             link.send(m.RpcBytes(data=data))
@@ -56,15 +60,19 @@ async def _pipe(link: Link, reader: asyncio.StreamReader, writer: asyncio.Stream
             elif isinstance(rec, m.Error):
                 return
 
-    if first:
-        writer.write(first)
-    tasks = [asyncio.create_task(out(), name="rpc-out"),
-             asyncio.create_task(back(), name="rpc-back")]
+    sending = asyncio.create_task(out(), name="rpc-out")
+    tasks = [sending, asyncio.create_task(back(), name="rpc-back")]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        # the socket's end is the local side's; anything else (the link closed, an
+        # Error from the other side, a failed send) is the other machine's
+        local_end = sending.done() and not sending.cancelled() and \
+            sending.exception() is None
         await cancel_and_wait(tasks, "an RPC connection")
         link.close()
+        if on_peer_end is not None and not local_end:
+            on_peer_end()
         writer.close()
         with contextlib.suppress(Exception):
             await writer.wait_closed()
@@ -99,19 +107,29 @@ class Lender:
                 return self._port
             await self.close()
             await asyncio.to_thread(self.cache.mkdir, parents=True, exist_ok=True)
-            port = _free_port()
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "engine.runtimes.rpc_lender", f"127.0.0.1:{port}",
-                str(self.cache), str(self.threads),
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True)
-            self._proc = proc
-            try:
-                async with asyncio.timeout(START_S):
-                    await _serving(proc)
-            except BaseException:
-                await self.close()
-                raise
+            for attempt in range(START_TRIES):
+                port = _free_port()  # another process may take it before the server binds
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "engine.runtimes.rpc_lender", f"127.0.0.1:{port}",
+                    str(self.cache), str(self.threads), stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True)
+                self._proc = proc
+                try:
+                    async with asyncio.timeout(START_S):
+                        await _serving(proc)
+                        # it says it listens before it binds: a connection proves it
+                        _, writer = await _connect(port, proc)
+                        writer.close()
+                except RuntimeError:
+                    await self.close()
+                    if attempt + 1 == START_TRIES:
+                        raise
+                    continue
+                except BaseException:
+                    await self.close()
+                    raise
+                break
             self._port = port
             # its later lines (each client it takes) would fill the pipe: read them away
             self._tasks.spawn(_drain(proc), "rpc-server-output")
@@ -147,14 +165,19 @@ class Lender:
         await self._tasks.close()
 
 
-async def _connect(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _connect(port: int, proc: asyncio.subprocess.Process | None = None
+                   ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A connection to the server on 127.0.0.1:``port``: it says it listens a moment
-    before it does, and takes one client at a time (the next waits in its backlog)."""
+    before it does, and takes one client at a time (the next waits in its backlog).
+    RuntimeError when ``proc`` (the server) ended first."""
     async with asyncio.timeout(START_S):
         while True:
             try:
                 return await asyncio.open_connection("127.0.0.1", port)
             except ConnectionRefusedError:
+                if proc is not None and proc.returncode is not None:
+                    raise RuntimeError("llama.cpp's RPC server ended as it started (its "
+                                       f"port {port} was taken?)") from None
                 await asyncio.sleep(CONNECT_RETRY_S)
 
 
@@ -183,7 +206,10 @@ async def _drain(proc: asyncio.subprocess.Process) -> None:
 
 
 class Tunnel:
-    """A loopback port on this machine that reaches a lending machine's RPC server."""
+    """A loopback port on this machine that reaches a lending machine's RPC server.
+
+    ``on_lost`` (set by whoever uses the port) hears when a connection's link ended from
+    the lending machine's side: it left, or its server ended."""
 
     def __init__(self, address: str, psk: bytes | None, name: str) -> None:
         self.address = address
@@ -192,19 +218,28 @@ class Tunnel:
         self.lend_bytes = 0
         self.endpoint = ""
         self.identity = ""  # the lending machine's name, as its node says it
+        self.on_lost: Callable[[str], None] | None = None
         self._server: asyncio.Server | None = None
         self._tasks = TaskSet("an RPC tunnel")
-        self._identity = ""
+
+    @property
+    def label(self) -> str:
+        """The lending machine as lines name it: "desk (192.168.1.20:8455)"."""
+        return f"{self.identity or 'a machine of the fleet'} ({self.address})"
 
     async def open(self) -> None:
         """Ask the lending machine once (what it lends), then listen on loopback."""
-        link, opened = await self._connect()
-        link.close()
-        self.lend_bytes = opened.lend_bytes
-        self.identity = self._identity
+        await self.probe()
         self._server = await asyncio.start_server(self._accepted, "127.0.0.1", 0)
         port = self._server.sockets[0].getsockname()[1]
         self.endpoint = f"127.0.0.1:{port}"
+
+    async def probe(self) -> None:
+        """Ask the lending machine whether it lends now (and how much); NotLending,
+        OSError, LinkClosed or TimeoutError when it does not answer so."""
+        link, opened = await self._connect()
+        link.close()
+        self.lend_bytes = opened.lend_bytes
 
     async def _connect(self) -> tuple[Link, m.RpcOpened]:
         host, _, port = self.address.rpartition(":")
@@ -214,7 +249,7 @@ class Tunnel:
         try:
             node = await exchange_hellos(link, hello, responder=False, expect=m.NodeHello,
                                          timeout_s=DIAL_S)
-            self._identity = node.identity
+            self.identity = node.identity
             link.send(m.RpcOpen())
             async with asyncio.timeout(START_S + DIAL_S):
                 while True:
@@ -236,12 +271,19 @@ class Tunnel:
         try:
             link, _ = await self._connect()
         except (OSError, LinkClosed, TimeoutError, NotLending) as exc:
-            log.warning("cannot reach the memory %s lends: %s", self.address, exc)
+            log.warning("cannot reach the memory %s lends: %s", self.label, exc)
+            self._lost(f"{self.label} does not answer ({exc})")
             writer.close()
             return
-        await _pipe(link, reader, writer)
+        await _pipe(link, reader, writer,
+                    on_peer_end=lambda: self._lost(f"the link to {self.label} ended"))
+
+    def _lost(self, why: str) -> None:
+        if self.on_lost is not None:
+            self.on_lost(why)
 
     async def close(self) -> None:
+        self.on_lost = None
         if self._server is not None:
             self._server.close()
             self._server = None

@@ -26,10 +26,11 @@ from engine.node.shelf import Keep, ModelShelf, Refused
 from engine.roles.sockets import bind, bound_address, parse_address
 from engine.runtimes.base import Embedder, Engine
 from engine.runtimes.budget import default_budget_bytes, total_memory_bytes
+from engine.runtimes.isolated import EngineStartFailed, IsolatedEngine, Load
 from engine.runtimes.llamacpp import usable_cpus
 from engine.runtimes.upstream.engine import UpstreamEngine
 from engine.settings import NODE_PORT, DiscoveryMode, NodeSettings
-from engine.sizes import budget_bytes
+from engine.sizes import Share, budget_bytes
 from engine.snapshot import KeptModelSnapshot, LocalNodeSnapshot, ServingState
 
 log = logging.getLogger("shoal.node")
@@ -73,13 +74,15 @@ class LocalNode:
         engine: Engine | None = None
         shelf: ModelShelf | None = None
         try:
-            split = await _tunnels(settings, psk, closers)
-            engine = await load_engine(model, name=name, lanes=settings.lanes,
-                                       max_context=settings.max_context,
-                                       mock_speed=settings.mock_speed,
-                                       memory_budget=settings.memory_budget,
-                                       kv_type=settings.kv_type, gpu=settings.gpu,
-                                       split_with=split)
+            tunnels = await _tunnels(settings, psk, closers)
+            if tunnels:
+                engine = await _split_engine(settings, model, name, tunnels)
+            else:
+                engine = await load_engine(model, name=name, lanes=settings.lanes,
+                                           max_context=settings.max_context,
+                                           mock_speed=settings.mock_speed,
+                                           memory_budget=settings.memory_budget,
+                                           kv_type=settings.kv_type, gpu=settings.gpu)
             # an engine it fronts has its own tokenizer: check it against each head's
             probe = engine.probe if isinstance(engine, UpstreamEngine) else []
             if kept:
@@ -261,11 +264,10 @@ class LocalNode:
 
 
 async def _tunnels(settings: NodeSettings, psk: bytes | None,
-                   closers: list[Callable[[], Awaitable[None]]]
-                   ) -> tuple[tuple[str, int, str], ...]:
-    """A loopback tunnel to each machine the model is split with (``--split-with``), and
-    what each lends; StartError (one line) where one lends nothing."""
-    out: list[tuple[str, int, str]] = []
+                   closers: list[Callable[[], Awaitable[None]]]) -> list[Tunnel]:
+    """A loopback tunnel to each machine the model is split with (``--split-with``);
+    StartError (one line) where one lends nothing."""
+    out: list[Tunnel] = []
     for address in settings.split_with[:1]:  # one lending machine for now
         tunnel = Tunnel(address, psk, settings.identity or socket.gethostname())
         try:
@@ -278,9 +280,39 @@ async def _tunnels(settings: NodeSettings, psk: bytes | None,
                              "address, and that its node runs with this fleet's token",
                              code="split_unreachable") from None
         closers.append(tunnel.close)
-        out.append((tunnel.endpoint, tunnel.lend_bytes,
-                    f"{tunnel.identity or 'a machine of the fleet'} ({address})"))
-    return tuple(out)
+        out.append(tunnel)
+    return out
+
+
+async def _split_engine(settings: NodeSettings, model: Resolved, name: str,
+                        tunnels: Sequence[Tunnel]) -> Engine:
+    """A split model's engine, in a process of its own (engine.runtimes.isolated): a
+    lending machine that leaves aborts llama.cpp's RPC client, which would end this node
+    and every session on it. Here the node fails those sessions over, refuses new ones
+    while the split is down, and forms it again once every lending machine answers."""
+    total = await asyncio.to_thread(total_memory_bytes) \
+        if isinstance(settings.memory_budget, Share) else 0
+    load = Load(path=model.path, name=name, runtime=model.runtime, lanes=settings.lanes,
+                max_context=settings.max_context,
+                memory_budget=budget_bytes(settings.memory_budget, total) or 0,
+                kv_type=settings.kv_type, gpu=settings.gpu,
+                split_with=tuple((t.endpoint, t.lend_bytes, t.label) for t in tunnels))
+
+    async def all_answer() -> None:
+        for t in tunnels:
+            await t.probe()
+
+    names = ", ".join(t.label for t in tunnels)
+    engine = IsolatedEngine(load, module="engine.roles.engine_process", gate=all_answer,
+                            what=f"the split with {names}",
+                            again=f"it forms again when {names} lends again")
+    for t in tunnels:
+        t.on_lost = engine.lost
+    try:
+        await engine.start()
+    except EngineStartFailed as exc:
+        raise StartError(str(exc), code=exc.code) from None
+    return engine
 
 
 def _lender(settings: NodeSettings, engine: Engine, home: Path | None,

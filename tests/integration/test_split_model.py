@@ -3,22 +3,29 @@ lends memory (``--lend``: llama.cpp's RPC server on its loopback only) and a nod
 serves Gemma 3 270M with its last layers there (``--split-with``), reached through a
 tunnel over the encrypted link. Its greedy answer equals the model's served whole on one
 machine with the same CPU kernels; the RPC server listens on 127.0.0.1 only; a machine
-that does not lend refuses in one line. Real processes on loopback, real llama.cpp.
+that does not lend refuses in one line; a lending machine killed mid-answer moves the
+session to another node with no token twice, and the split forms again when it returns.
+Real processes on loopback, real llama.cpp.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import re
 import subprocess
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from tests.e2e.conftest import gemma_gguf  # noqa: F401  # the real GGUF, cached per machine
 from tests.integration.conftest import SHOAL, Cluster, Proc
-from tests.waiting import until_sync
+from tests.integration.test_fleet import fleet_state, wait_ready
+from tests.waiting import until, until_result, until_sync
 
 pytestmark = [pytest.mark.processes, pytest.mark.e2e]
 
@@ -117,3 +124,112 @@ async def test_a_machine_on_its_battery_lends_only_when_its_owner_asked(
         assert tunnel.lend_bytes > 0 and tunnel.identity == "asked"
     finally:
         await tunnel.close()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not stat.exists() or stat.read_text().split(") ", 1)[1][0] != "Z"
+
+
+async def completion_stream(head: Proc, max_tokens: int,
+                            on_delta: Callable[[int], None]) -> tuple[list[str], dict]:
+    """A greedy streamed completion of PROMPT: its text deltas and its usage."""
+    body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    parts: list[str] = []
+    usage: dict = {}
+    async with aiohttp.ClientSession() as http, \
+            http.post(f"http://{head.address}/v1/completions", json=body,
+                      timeout=aiohttp.ClientTimeout(total=600)) as r:
+        assert r.status == 200, await r.text()
+        async for raw in r.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[len("data: "):])
+            if event.get("usage"):
+                usage = event["usage"]
+            for choice in event.get("choices", []):
+                if choice.get("text"):
+                    parts.append(choice["text"])
+                    on_delta(len(parts))
+    return parts, usage
+
+
+MODEL_NAME = "gemma-3-270m-q4_k_m"
+MAX_TOKENS = 800  # long enough that the answer is still running when the lender is killed
+
+
+async def test_a_lending_machine_killed_mid_answer_moves_the_session_and_the_split_forms_again(
+        cluster: Cluster, gemma_gguf: Path) -> None:  # noqa: F811
+    assert gemma_gguf.stem == MODEL_NAME
+    desk_env = cluster.machine("desk")
+    lender = cluster.node("desk", extra=("--lend", "--memory-budget", "300M"), env=desk_env)
+    laptop = cluster.node("laptop", model=str(gemma_gguf), runtime="llamacpp", lanes=1,
+                          extra=("--split-with", lender.address),
+                          env=cluster.machine("laptop"), ready_timeout=120)
+    head = cluster.head([laptop], model=str(gemma_gguf), runtime="llamacpp",
+                        extra=("--fleet-listen", "127.0.0.1:0"), ready_timeout=120)
+    await wait_ready(head, 1, timeout=60)
+    join = cluster.join_port(head)
+    served = re.search(r"RPC server on 127\.0\.0\.1:\d+ \(pid (\d+)\)", lender.log_text())
+    assert served is not None, lender.log_text()
+    rpc_server = int(served.group(1))
+
+    whole: list[Proc] = []
+    killed_at: list[int] = []
+
+    async def kill_the_lender_once_another_node_serves() -> None:
+        # the session is on the split node (the only one): now a whole node joins, and the
+        # lending machine goes away under the answer
+        whole.append(await asyncio.to_thread(
+            cluster._start, "whole",
+            ["node", "join", f"127.0.0.1:{join}", "--runtime", "llamacpp", "--model",
+             str(gemma_gguf), "--identity", "whole", "--max-batch", "1"],
+            re.compile(r"joining [\d.]+:(\d+)"),
+            cluster.machine("whole", SHOAL_LLAMA_REPACK="0"), (), 120))
+        await wait_ready(head, 2, timeout=120)
+        killed_at.append(len(parts_seen))
+        lender.popen.kill()
+
+    parts_seen: list[int] = []
+    tasks: list[asyncio.Task[None]] = []
+
+    def on_delta(n: int) -> None:
+        parts_seen.append(n)
+        if n == 1:
+            tasks.append(asyncio.create_task(kill_the_lender_once_another_node_serves()))
+
+    parts, usage = await completion_stream(head, MAX_TOKENS, on_delta)
+    await asyncio.gather(*tasks)
+    assert killed_at and killed_at[0] < len(parts), "the answer ended before the kill"
+    moved = re.search(r"moved from 'laptop' to 'whole' at .* after (\d+) tokens",
+                      head.log_text())
+    assert moved is not None, head.log_text()
+    at = int(moved.group(1))
+    assert killed_at[0] <= at < usage["completion_tokens"]
+    # one delta per token (a lagging loop may merge two): none delivered twice
+    merged = usage["completion_tokens"] - len(parts)
+    assert 0 <= merged <= 3, (usage, len(parts))
+    # the lender's RPC server ended with its node, and the split node still runs, down
+    await until(lambda: not alive(rpc_server), "the killed lender's RPC server to end")
+    assert laptop.popen.poll() is None
+    assert "the split with desk (" in laptop.log_text() and " is down: " in laptop.log_text()
+
+    # the lending machine returns on its address: the split forms again and serves
+    cluster.node("desk", port=lender.port, extra=("--lend", "--memory-budget", "300M"),
+                 env=desk_env)
+    await until(lambda: "formed again" in laptop.log_text(), "the split to form again",
+                timeout=60)
+    whole[0].stop()
+    await until_result(lambda: fleet_state(head),
+                       lambda s: [(n["identity"], n["lanes_busy"]) for n in s["nodes"]
+                                  if n["state"] == "ready"] == [("laptop", 0)],
+                       what="the split node ready again, alone", timeout=60)
+    reference, _ = await completion_stream(head, at, lambda n: None)
+    # before the seam the moved answer is the split's own greedy text, token for token
+    assert "".join(parts).startswith("".join(reference)), (reference, parts)
