@@ -1,0 +1,111 @@
+"""A model split across two machines on a LAN (issue 33): network namespaces joined by a
+veth pair stand for them. The desk lends memory (``--lend``); the laptop serves Gemma 3
+270M with its last layers on the desk, through the fleet's encrypted link across the
+veth. The answer comes whole; the desk's RPC server is reachable on the desk's own
+loopback only, never from the laptop, on neither the desk's veth address nor any other.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.conftest import gemma_gguf  # noqa: F401  # the real GGUF, cached per machine
+from tests.netns.conftest import Pair
+from tests.netns.test_join_netns import in_ns, wait_line
+
+pytestmark = [pytest.mark.netns, pytest.mark.e2e, pytest.mark.timeout(240)]
+
+CONNECT = ("import socket, sys\n"
+           "try:\n"
+           "    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).close()\n"
+           "    print('connected')\n"
+           "except OSError as exc:\n"
+           "    print(type(exc).__name__)\n")
+
+
+def connect_from(ns: str, host: str, port: int) -> str:
+    """What a TCP connect from namespace ``ns`` to host:port comes to."""
+    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", CONNECT, host,
+                          str(port)], capture_output=True, text=True, timeout=30, check=True)
+    return out.stdout.strip()
+
+
+def complete(ns: str, port: int, model: str) -> dict:
+    body = json.dumps({"model": model, "prompt": "The history of the printing press begins",
+                       "max_tokens": 16, "temperature": 0})
+    code = ("import urllib.request, sys; r = urllib.request.Request("
+            f"'http://127.0.0.1:{port}/v1/completions', data=sys.argv[1].encode(), "
+            "headers={'Content-Type': 'application/json'}); "
+            "print(urllib.request.urlopen(r, timeout=120).read().decode())")
+    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code, body],
+                         capture_output=True, text=True, timeout=150, check=True)
+    return json.loads(out.stdout)
+
+
+def test_a_split_across_two_hosts_reaches_the_rpc_server_only_through_the_link(
+        netns_pair: Pair, tmp_path: Path, gemma_gguf: Path) -> None:  # noqa: F811
+    token = "cd" * 32
+    homes = {}
+    for side in ("desk", "laptop"):
+        home = tmp_path / side
+        (home / "fleet").mkdir(parents=True)
+        (home / "fleet" / "token").write_text(token)
+        (home / "fleet" / "token").chmod(0o600)
+        (home / "config.toml").write_text('[node]\ngpu = "off"\n')
+        homes[side] = home
+    base = {**os.environ, "PYTHONUNBUFFERED": "1",
+            "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        desk = in_ns(netns_pair.a, ["node", "--runtime", "mock", "--model", "mock-m",
+                                    "--identity", "desk", "--listen", f"{netns_pair.addr_a}:0",
+                                    "--discovery", "none", "--lend", "--memory-budget", "300M"],
+                     {**base, "SHOAL_HOME": str(homes["desk"])}, tmp_path / "desk.log")
+        procs.append(desk)
+        link_port = int(wait_line(desk, rf" on {re.escape(netns_pair.addr_a)}:(\d+) \(link")
+                        .group(1))
+        laptop = in_ns(netns_pair.b, ["serve", str(gemma_gguf), "--runtime", "llamacpp",
+                                      "--http", "127.0.0.1:0", "--max-batch", "1",
+                                      "--split-with", f"{netns_pair.addr_a}:{link_port}"],
+                       {**base, "SHOAL_HOME": str(homes["laptop"])}, tmp_path / "laptop.log")
+        procs.append(laptop)
+        http_port = int(wait_line(laptop, r"at http://127\.0\.0\.1:(\d+)/v1", timeout=180)
+                        .group(1))
+        laptop_log = (tmp_path / "laptop.log").read_text()
+        layers = re.search(rf"its last layers run on memory desk \({re.escape(netns_pair.addr_a)}"
+                           rf":{link_port}\) lends: (\d+) of (\d+) layers", laptop_log)
+        assert layers is not None, laptop_log
+        assert 0 < int(layers.group(1)) < int(layers.group(2))
+
+        body = complete(netns_pair.b, http_port, gemma_gguf.stem)
+        assert body["usage"]["completion_tokens"] == 16, body
+        assert body["choices"][0]["text"].strip(), body
+
+        served = re.search(r"RPC server on 127\.0\.0\.1:(\d+)",
+                           (tmp_path / "desk.log").read_text())
+        assert served is not None, (tmp_path / "desk.log").read_text()
+        rpc_port = int(served.group(1))
+        # on the desk itself it listens (its backlog takes a second client) ...
+        assert connect_from(netns_pair.a, "127.0.0.1", rpc_port) == "connected"
+        # ... but the laptop reaches it on no address: only the link carries it
+        assert connect_from(netns_pair.b, netns_pair.addr_a, rpc_port) == \
+            "ConnectionRefusedError"
+        assert connect_from(netns_pair.b, "127.0.0.1", rpc_port) == "ConnectionRefusedError"
+        assert connect_from(netns_pair.b, netns_pair.addr_a, link_port) == "connected"
+        assert token not in laptop_log + (tmp_path / "desk.log").read_text()
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(5)
