@@ -8,6 +8,7 @@ it: at once), keys at once (the running head watches their files)."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, cast
 
 from PySide6.QtCore import Qt, QUrl
@@ -78,6 +79,10 @@ LEND = "Lend this machine's memory to models split across the fleet"
 LEND_TIP = ("Another machine of your fleet may run the last layers of a model too large for "
             "it here, within this machine's memory budget (llama.cpp's RPC server, reached "
             "only through the fleet's encrypted link). It takes effect at once.")
+LEND_ON_BATTERY = "Lend it on battery power too"
+LEND_ON_BATTERY_TIP = ("A split keeps this machine's processor busy for another machine's "
+                       "requests, so on its battery it lends nothing unless this is ticked. "
+                       "It takes effect at the next split that asks.")
 SERVE_KEPT = "Serve every model kept on this machine"
 SERVE_KEPT_TIP = ("Besides the model it starts with, this machine serves every model on the "
                   "Models page's list: each loads on the first request that names it, and "
@@ -234,6 +239,10 @@ class SettingsPage(QWidget):
         self.lend.setObjectName("lendMemory")
         self.lend.toggled.connect(self._lend_changed)
         serving.add(self.lend)
+        self.lend_on_battery = QCheckBox(LEND_ON_BATTERY)
+        self.lend_on_battery.setObjectName("lendOnBattery")
+        self.lend_on_battery.toggled.connect(self._lend_on_battery_changed)
+        serving.add(self.lend_on_battery)
         self.fleet_quota = QLineEdit()
         self.fleet_quota.setObjectName("fleetModelsQuota")
         self.fleet_quota.setMaximumWidth(160)
@@ -364,6 +373,13 @@ class SettingsPage(QWidget):
             self.lend.blockSignals(True)  # shown, not chosen
             self.lend.setChecked(node.lend)
             self.lend.blockSignals(False)
+        if self.lend_on_battery.isChecked() != node.lend_on_battery:
+            self.lend_on_battery.blockSignals(True)
+            self.lend_on_battery.setChecked(node.lend_on_battery)
+            self.lend_on_battery.blockSignals(False)
+        self.lend_on_battery.setEnabled(node.lend and self.lend.isEnabled())
+        self.lend_on_battery.setToolTip(LEND_ON_BATTERY_TIP if self.lend.isEnabled()
+                                        else NO_NODE)
         if not self.fleet_quota.isModified():  # left as it is while a person types
             self.fleet_quota.setText(str(quota_value(node.fleet_models_quota)))
         if self.serve_kept.isChecked() != node.serve_kept:
@@ -434,15 +450,26 @@ class SettingsPage(QWidget):
             done=saved, failed=failed, anytime=True)
 
     def _lend_changed(self, on: bool) -> None:
+        self._at_once(self._bridge.shoal.update_settings(lend=on))
+
+    def _lend_on_battery_changed(self, on: bool) -> None:
+        self._at_once(self._bridge.shoal.update_settings(lend_on_battery=on))
+
+    def _at_once(self, change: Awaitable[SettingsChange]) -> None:
+        """A choice in force at once on the running node (lend, and lend on battery too)."""
         say(self.node_saved, "")
         say(self.node_error, "")
+        shoal = self._bridge.shoal
+
+        def saved(_change: SettingsChange) -> None:
+            say(self.node_saved, "Saved.")
+            self._show_node(shoal.settings.node)  # the battery box follows the lend box
 
         def failed(line: str) -> None:
             say(self.node_error, line)
-            self._show_node(self._bridge.shoal.pending.node)  # shown as Shoal holds it
+            self._show_node(shoal.pending.node)  # shown as Shoal holds it
 
-        run(self, self._bridge, self._bridge.shoal.update_settings(lend=on),
-            done=lambda _change: say(self.node_saved, "Saved."), failed=failed, anytime=True)
+        run(self, self._bridge, change, done=saved, failed=failed, anytime=True)
 
     def _fleet_chooses_changed(self, on: bool) -> None:
         say(self.node_saved, "")

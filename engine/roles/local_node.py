@@ -96,7 +96,7 @@ class LocalNode:
                               probe_source=f"the {engine.info.runtime} at {engine.info.path}",
                               machine=machine, serve_model=serve_model, shelf=shelf,
                               files=FileShelf(home) if home is not None else None,
-                              lender=_lender(settings, engine, home, closers))
+                              lender=await _lender(settings, engine, home, closers))
             agent.paused = settings.paused
             await agent.listen_on(sock)
         except BaseException:
@@ -207,11 +207,17 @@ class LocalNode:
         (the RPC server ends; a split using it fails over as a failed node does)."""
         self.settings = replace(self.settings, lend=on)
         if on and self.agent.lender is None:
-            self.agent.lender = _lender(self.settings, self.engine, home, self._closers)
+            self.agent.lender = await _lender(self.settings, self.engine, home, self._closers)
         elif not on and self.agent.lender is not None:
             lender, self.agent.lender = self.agent.lender, None
             await lender.close()
             log.info("this machine lends no memory to the fleet any more")
+
+    def set_lend_on_battery(self, on: bool) -> None:
+        """Lend on battery power too from now on, or only on mains (asked at each split)."""
+        self.settings = replace(self.settings, lend_on_battery=on)
+        if self.agent.lender is not None:
+            self.agent.lender.on_battery_too = on
 
     def set_keep_alive(self, path: str, name: str, seconds: float | None) -> bool:
         """The idle time of the model kept at ``path`` as ``name`` (None: the node's own
@@ -315,15 +321,17 @@ async def _split_engine(settings: NodeSettings, model: Resolved, name: str,
     return engine
 
 
-def _lender(settings: NodeSettings, engine: Engine, home: Path | None,
-            closers: list[Callable[[], Awaitable[None]]]) -> Lender | None:
+async def _lender(settings: NodeSettings, engine: Engine, home: Path | None,
+                  closers: list[Callable[[], Awaitable[None]]]) -> Lender | None:
     """This machine's memory lent to the fleet (``--lend``): its node budget less what its
     own model holds."""
     if not settings.lend or home is None:
         return None
     st = engine.stats()
-    budget = st.mem_budget or budget_bytes(settings.memory_budget, total_memory_bytes()) \
-        or default_budget_bytes(total_memory_bytes())
+    budget = st.mem_budget
+    if not budget:  # /proc/meminfo or sysctl: read off the loop
+        total = await asyncio.to_thread(total_memory_bytes)
+        budget = budget_bytes(settings.memory_budget, total) or default_budget_bytes(total)
     lender = Lender(home, lend_bytes=max(budget - st.mem_used, 0), threads=usable_cpus(),
                     on_battery_too=settings.lend_on_battery)
     closers.append(lender.close)

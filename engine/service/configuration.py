@@ -54,7 +54,8 @@ class Ask:
     how the node holds its model (``memory_budget``: bytes or a share of RAM, 0 the
     default share; ``kv_type``; ``gpu``: auto, off or a device name; ``idle_unload_s``: 0
     never) waits for the node's next start; ``fleet_may_choose_model``,
-    ``fleet_models_quota`` and ``lend`` apply at once; ``app`` is merged key by key."""
+    ``fleet_models_quota``, ``lend`` and ``lend_on_battery`` apply at once; ``app`` is merged
+    key by key."""
 
     http_port: int | None = None
     fleet_port: int | None = None
@@ -68,6 +69,7 @@ class Ask:
     fleet_may_choose_model: bool | None = None
     fleet_models_quota: Quota | None = None
     lend: bool | None = None  # lend memory to the fleet's split models (at once)
+    lend_on_battery: bool | None = None  # and on battery power too (at once)
     app: Mapping[str, Any] | None = None
 
 
@@ -195,6 +197,12 @@ def _checked(ask: Ask, pending: Settings, in_force: Settings,
             raise CommandError("whether this machine lends memory is true or false",
                                code="bad_setting")
         chooser = replace(chooser or require_node(in_force), lend=ask.lend)
+    if ask.lend_on_battery is not None:
+        if not isinstance(ask.lend_on_battery, bool):
+            raise CommandError("whether this machine lends memory on battery is true or "
+                               "false", code="bad_setting")
+        chooser = replace(chooser or require_node(in_force),
+                          lend_on_battery=ask.lend_on_battery)
     return changes, chooser
 
 

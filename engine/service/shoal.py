@@ -219,6 +219,7 @@ class Shoal:
                               fleet_may_choose_model: bool | None = None,
                               fleet_models_quota: Quota | None = None,
                               lend: bool | None = None,
+                              lend_on_battery: bool | None = None,
                               app: Mapping[str, Any] | None = None) -> SettingsChange:
         """Change this machine's settings (`configuration.Ask` says when each applies).
         Validated first (CommandError with the fix), then written once (with ``keep``),
@@ -228,10 +229,13 @@ class Shoal:
                 queue_timeout_s=queue_timeout_s, memory_budget=memory_budget,
                 kv_type=kv_type, gpu=gpu, idle_unload_s=idle_unload_s,
                 serve_kept=serve_kept, fleet_may_choose_model=fleet_may_choose_model,
-                fleet_models_quota=fleet_models_quota, lend=lend, app=app),
+                fleet_models_quota=fleet_models_quota, lend=lend,
+                lend_on_battery=lend_on_battery, app=app),
             running=self._roles.running or self._opening, ram_total=self.memory.total)
         if lend is not None and self._roles.node is not None:
             await self._roles.node.set_lend(lend, self.settings.home)
+        if lend_on_battery is not None and self._roles.node is not None:
+            self._roles.node.set_lend_on_battery(lend_on_battery)
         self._emit(SettingsChanged(restart_needed=change.restart_needed))
         await self._conf.save()
         return change
