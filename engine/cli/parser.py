@@ -100,8 +100,9 @@ def _memory_options(p: argparse.ArgumentParser) -> None:
                    help="with --lend: lend on battery power too (by default a machine on its "
                    "battery lends nothing)")
     p.add_argument("--split-with", type=_addresses, default=argparse.SUPPRESS,
-                   metavar="HOST:PORT", help="split the model with the machine whose node "
-                   "listens there and lends memory (--lend): its last layers run there")
+                   metavar="HOST:PORT[,...]", help="split the model with the machines whose "
+                   "nodes listen there and lend memory (--lend): its last layers run there, "
+                   "each holding a share in proportion to what it lends")
 
 
 def _discovery_options(p: argparse.ArgumentParser, *, again: bool = False) -> None:

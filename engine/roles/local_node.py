@@ -27,7 +27,7 @@ from engine.roles.sockets import bind, bound_address, parse_address
 from engine.runtimes.base import Embedder, Engine
 from engine.runtimes.budget import default_budget_bytes, total_memory_bytes
 from engine.runtimes.isolated import EngineStartFailed, IsolatedEngine, Load
-from engine.runtimes.llamacpp import usable_cpus
+from engine.runtimes.llamacpp import MAX_LENDERS, usable_cpus
 from engine.runtimes.upstream.engine import UpstreamEngine
 from engine.settings import NODE_PORT, DiscoveryMode, NodeSettings
 from engine.sizes import Share, budget_bytes
@@ -274,7 +274,11 @@ async def _tunnels(settings: NodeSettings, psk: bytes | None,
     """A loopback tunnel to each machine the model is split with (``--split-with``);
     StartError (one line) where one lends nothing."""
     out: list[Tunnel] = []
-    for address in settings.split_with[:1]:  # one lending machine for now
+    if len(settings.split_with) > MAX_LENDERS:
+        raise StartError(f"a model splits across at most {MAX_LENDERS} lending machines "
+                         f"(llama.cpp's RPC backend), not {len(settings.split_with)}; name "
+                         "fewer in --split-with", code="bad_split")
+    for address in settings.split_with:
         tunnel = Tunnel(address, psk, settings.identity or socket.gethostname())
         try:
             await tunnel.open()
@@ -311,7 +315,8 @@ async def _split_engine(settings: NodeSettings, model: Resolved, name: str,
     names = ", ".join(t.label for t in tunnels)
     engine = IsolatedEngine(load, module="engine.roles.engine_process", gate=all_answer,
                             what=f"the split with {names}",
-                            again=f"it forms again when {names} lends again")
+                            again=f"it forms again when {names} "
+                                  f"{'lends' if len(tunnels) == 1 else 'lend'} again")
     for t in tunnels:
         t.on_lost = engine.lost
     try:

@@ -58,7 +58,7 @@ from engine.runtimes.offload import (
     choose_device,
     no_offload,
     plan_offload,
-    plan_split,
+    plan_split_among,
 )
 from engine.runtimes.threaded import ThreadedGeneration
 from engine.sizes import MiB, amount
@@ -82,6 +82,9 @@ _LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 
 _lib_lock = threading.Lock()
 _lib_mod: Any = None
+
+
+MAX_LENDERS = 16  # ggml's RPC backend takes at most 16 servers
 
 
 def _lib() -> Any:
@@ -312,8 +315,9 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         # a split model: the RPC endpoint (a tunnel's loopback end) of the memory another
         # machine lends, how much it lends and which machine that is; its last layers run
         # there
-        self.split_with = tuple(split_with)[:1]
-        self._rpc_device: int | None = None
+        self.split_with = tuple(split_with)[:MAX_LENDERS]
+        self._rpc_devices: tuple[int, ...] = ()  # their handles, in split_with's order
+        self.split_parts: tuple[int, ...] = ()  # the layers each holds
 
     @property
     def pool_cells(self) -> int:
@@ -333,17 +337,41 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         if self.split_with:
             from engine.runtimes import rpc
 
-            endpoint, lend, lender = self.split_with[0]
-            self._rpc_device = rpc.add_server(endpoint)
-            name, _, where = lender.partition(" (")
-            return Choice(Device(name=name, description=f"{where.rstrip(')')}, "
-                                 f"{amount(lend)} {LENT}", kind="gpu",
-                                 free=lend, total=lend),
-                          f"its last layers run on memory {lender} lends")
+            self._rpc_devices = tuple(rpc.add_server(endpoint)
+                                      for endpoint, _, _ in self.split_with)
+            lent = sum(lend for _, lend, _ in self.split_with)
+            names = [lender.partition(" (")[0] for _, _, lender in self.split_with]
+            labels = ", ".join(lender for _, _, lender in self.split_with)
+            return Choice(Device(name=" + ".join(names), description=self._lent_text(),
+                                 kind="gpu", free=lent, total=lent),
+                          f"its last layers run on memory {labels} "
+                          f"{'lends' if len(names) == 1 else 'lend'}")
         if self.gpu == "off":
             return choose_device([], "off")
         found = gpu_backends(lib)
         return choose_device(found.devices, self.gpu, unavailable=found.unavailable)
+
+    def _lent_text(self) -> str:
+        """Where a split model's lent layers are: "192.168.1.20:8455, 300 MiB lent over
+        the fleet's link"; with several machines, each one's address, memory and layers."""
+        if len(self.split_with) == 1:
+            _, lend, lender = self.split_with[0]
+            return f"{lender.partition(' (')[2].rstrip(')')}, {amount(lend)} {LENT}"
+        parts = self.split_parts or (0,) * len(self.split_with)
+        each = "; ".join(f"{lender}: {amount(lend)}, {n} layers"
+                         for (_, lend, lender), n in zip(self.split_with, parts, strict=True))
+        return f"{each}; {LENT}"
+
+    def _device_handles(self, lib: Any, choice: Choice, off: Offload) -> list[int]:
+        """The devices llama.cpp may put layers on, in order: the lending machines' (those
+        given layers), the chosen GPU, or none."""
+        if choice.device is None or not off.layers:
+            return []
+        if self._rpc_devices:
+            return [dev for dev, n in zip(self._rpc_devices, self.split_parts, strict=True)
+                    if n]
+        handle = device_handle(lib, choice.device.name)
+        return [handle] if handle else []
 
     def _sizes(self, lib: Any, model: Any) -> tuple[int, int, int, int]:
         """(n_ctx_train, n_batch, compute overhead, KV bytes per token) of a loaded model."""
@@ -360,7 +388,7 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         if choice.device is None:
             return no_offload(0, model_bytes, 0)
         params = lib.llama_model_default_params()
-        if self._rpc_device is not None:
+        if self._rpc_devices:
             params.use_extra_bufts = False
         params.no_alloc = True
         params.load_mode = 0  # LLAMA_LOAD_MODE_NONE: no_alloc maps nothing (as common/fit.cpp)
@@ -378,10 +406,12 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
             lib.llama_model_free(head)
         want = wanted_cells(lanes=self.lanes, n_ctx_train=n_ctx_train,
                             max_context=self.max_context, pool_cells=self.pool_cells_wanted)
-        if self._rpc_device is not None:
-            return plan_split(n_layer=n_layer, model_bytes=model_bytes,
-                              kv_bytes_per_token=per_token, want_cells=want,
-                              lend_bytes=choice.device.free, overhead=overhead)
+        if self._rpc_devices:
+            off, self.split_parts = plan_split_among(
+                n_layer=n_layer, model_bytes=model_bytes, kv_bytes_per_token=per_token,
+                want_cells=want, lends=[lend for _, lend, _ in self.split_with],
+                overhead=overhead)
+            return off
         return plan_offload(device=choice.device, n_layer=n_layer, model_bytes=model_bytes,
                             kv_bytes_per_token=per_token, want_cells=want, overhead=overhead)
 
@@ -394,19 +424,25 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         # its driver are in (about 60 MB for Vulkan with Mesa's drivers)
         base = process_rss_bytes()
         off = self._plan_offload(lib, choice, model_bytes)
+        if self._rpc_devices and choice.device is not None:  # each lender's layers, now known
+            choice = replace(choice, device=replace(choice.device,
+                                                    description=self._lent_text()))
         mparams = lib.llama_model_default_params()
         # not on AMX CPUs (cpu_quirks.py); not for a split model either: the lent layers
         # run the plain CPU kernels there, and the same kernels here keep its answers
         # what the model gives whole on a machine without repacking
-        mparams.use_extra_bufts = repack_here() and self._rpc_device is None
+        mparams.use_extra_bufts = repack_here() and not self._rpc_devices
         # the devices llama.cpp may use, NULL-terminated: the chosen one, or none at all
         # (NULL itself would mean every GPU it lists)
-        handle = (None if choice.device is None or not off.layers
-                  else self._rpc_device if self._rpc_device is not None
-                  else device_handle(lib, choice.device.name))
-        devices = (ctypes.c_void_p * 2)(handle, None)
+        handles = self._device_handles(lib, choice, off)
+        handle = handles[0] if handles else None
+        devices = (ctypes.c_void_p * (len(handles) + 1))(*handles, None)
         mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
         mparams.n_gpu_layers = off.layers if handle else 0
+        if len(handles) > 1:  # several lending machines: the layers each holds, in order
+            shares = [float(n) for n in self.split_parts if n]
+            split = (ctypes.c_float * max(int(lib.llama_max_devices()), len(shares)))(*shares)
+            mparams.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
         model = lib.llama_model_load_from_file(self.path.encode(), mparams)
         if not model and handle and choice.device is not None:
             # the device refused what the plan gave it (its free memory changed, or the
@@ -451,7 +487,7 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         cparams.no_perf = True
         # a node without layers on a GPU keeps its prompts off it too (llama.cpp would
         # otherwise copy weights to a GPU it lists for every large batch)
-        cparams.op_offload = bool(handle) and self._rpc_device is None  # weights stay put
+        cparams.op_offload = bool(handle) and not self._rpc_devices  # weights stay put
         if type_id != 1:
             cparams.type_k = type_id
             cparams.type_v = type_id
@@ -490,7 +526,7 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         # and parking a sequence here reads it back over the network cell range by cell
         # range (a 70-token sequence took 300 ms through the link, before the next first
         # token)
-        self._host = None if self._rpc_device is not None else HostCache(
+        self._host = None if self._rpc_devices else HostCache(
             min(plan.host_cache_bytes, max(self._budget - held, 0)))
         self._n_batch = int(lib.llama_n_batch(ctx))
         self._batch = lib.llama_batch_init(self._n_batch, 0, 1)
@@ -630,7 +666,7 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
     def stats(self) -> EngineStats:
         st = super().stats()
         dev = self.device  # read once: a load on the decode thread replaces it
-        if dev is None or self._rpc_device is not None:  # another machine's: no GPU here
+        if dev is None or self._rpc_devices:  # another machine's: no GPU here
             return st
         # a fit estimate of another model here needs the GPU's memory, even where this
         # model left it no layer

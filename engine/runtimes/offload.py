@@ -16,6 +16,7 @@ integrated GPU's is the machine's RAM, so all of it still counts there.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -98,14 +99,43 @@ def plan_split(*, n_layer: int, model_bytes: int, kv_bytes_per_token: int, want_
     RPC backend) and what stays here: each takes its weights and its share of the pool
     there; the lender keeps room for its compute buffers (``overhead``, as here). The
     output layer and the embeddings stay here: every token's logits are read here."""
+    return plan_split_among(n_layer=n_layer, model_bytes=model_bytes,
+                            kv_bytes_per_token=kv_bytes_per_token, want_cells=want_cells,
+                            lends=(lend_bytes,), overhead=overhead)[0]
+
+
+def plan_split_among(*, n_layer: int, model_bytes: int, kv_bytes_per_token: int,
+                     want_cells: int, lends: Sequence[int], overhead: int
+                     ) -> tuple[Offload, tuple[int, ...]]:
+    """:func:`plan_split` with several lending machines: each holds the layers its memory
+    holds (less its own compute buffers); when together they could hold more than the
+    model has, each keeps a share in proportion to what it could hold. Returns the plan and
+    the layers of each lender, in order (llama.cpp gives the first lender the first of
+    the lent layers)."""
     n_layer = max(n_layer, 1)
     per_token = max(kv_bytes_per_token, 1)
     per_layer = model_bytes / (n_layer + 1) + want_cells * per_token / n_layer
-    layers = max(min(int(max(lend_bytes - overhead, 0) // per_layer), n_layer), 0)
+    room = [max(min(int(max(lend - overhead, 0) // per_layer), n_layer), 0) for lend in lends]
+    parts = _within(room, n_layer)
+    layers = sum(parts)
     left = n_layer - layers
-    return Offload(layers, n_layer + 1, None,
-                   int(model_bytes * (left + 1) / (n_layer + 1)),
-                   max(per_token * left // n_layer, 1))
+    return (Offload(layers, n_layer + 1, None,
+                    int(model_bytes * (left + 1) / (n_layer + 1)),
+                    max(per_token * left // n_layer, 1)), parts)
+
+
+def _within(room: Sequence[int], most: int) -> tuple[int, ...]:
+    """``room`` itself when it sums to at most ``most``; else shares of ``most`` in
+    proportion to it, each at most its room (the largest remainders rounded up)."""
+    total = sum(room)
+    if total <= most:
+        return tuple(room)
+    exact = [most * r / total for r in room]
+    parts = [int(e) for e in exact]
+    order = sorted(range(len(room)), key=lambda i: exact[i] - parts[i], reverse=True)
+    for i in order[:most - sum(parts)]:
+        parts[i] += 1
+    return tuple(parts)
 
 
 def device_reserve(device: Device, overhead: int) -> int:

@@ -89,6 +89,40 @@ def test_a_model_split_with_a_lending_machine_answers_as_it_does_whole(
     assert listening(int(served.group(1))) == ["127.0.0.1"]  # never on another address
 
 
+def test_a_model_split_with_two_lending_machines_shares_its_layers_between_them(
+        cluster: Cluster, gemma_gguf: Path) -> None:  # noqa: F811
+    desk = cluster.node("desk", extra=("--lend", "--memory-budget", "280M"),
+                        env=cluster.machine("desk"))
+    attic = cluster.node("attic", extra=("--lend", "--memory-budget", "256M"),
+                         env=cluster.machine("attic"))
+    split = cluster.head([], model=str(gemma_gguf), runtime="llamacpp", ready_timeout=120,
+                         extra=("--split-with", f"{desk.address},{attic.address}",
+                                "--max-batch", "1"),
+                         env=cluster.machine("laptop"))
+    whole = cluster.head([], model=str(gemma_gguf), runtime="llamacpp", ready_timeout=120,
+                         extra=("--max-batch", "1"),
+                         env=cluster.machine("whole", SHOAL_LLAMA_REPACK="0"))
+    layers = re.search(rf"its last layers run on memory desk \({desk.address}\), attic "
+                       rf"\({attic.address}\) lend: (\d+) of (\d+) layers", split.log_text())
+    assert layers is not None, split.log_text()
+    with urllib.request.urlopen(f"http://{split.address}/v1/fleet", timeout=30) as r:
+        node = json.loads(r.read())["nodes"][0]
+    # which machine holds which layers and memory
+    parts = re.fullmatch(rf"desk \+ attic \(desk \({desk.address}\): [\d.]+ MiB, (\d+) layers; "
+                         rf"attic \({attic.address}\): [\d.]+ MiB, (\d+) layers; lent over "
+                         r"the fleet's link\)", node["device"])
+    assert parts is not None, node["device"]
+    on_desk, on_attic = int(parts.group(1)), int(parts.group(2))
+    assert on_desk > 0 and on_attic > 0
+    assert node["gpu_layers"] == on_desk + on_attic == int(layers.group(1))
+    assert on_desk + on_attic < node["model_layers"]  # some stay on the serving machine
+
+    model = gemma_gguf.stem
+    assert greedy(split, model) == greedy(whole, model)
+    for lender in (desk, attic):  # each lender's RPC server took a client
+        assert re.search(r"RPC server on 127\.0\.0\.1:\d+", lender.log_text())
+
+
 def test_a_machine_that_does_not_lend_is_refused_in_one_line(
         cluster: Cluster, gemma_gguf: Path) -> None:  # noqa: F811
     desk = cluster.node("desk", env=cluster.machine("desk"))

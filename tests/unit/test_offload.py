@@ -14,6 +14,7 @@ from engine.runtimes.offload import (
     no_offload,
     plan_offload,
     plan_split,
+    plan_split_among,
 )
 from engine.sizes import GiB, MiB
 
@@ -151,3 +152,22 @@ def test_a_split_puts_as_many_last_layers_as_the_lent_memory_holds_there() -> No
     every = plan_split(n_layer=24, model_bytes=model, kv_bytes_per_token=per_token,
                        want_cells=1024, lend_bytes=100_000 * MiB, overhead=80 * MiB)
     assert every.layers == 24 and every.ram_weights == 40 * MiB  # the output layer stays
+
+
+def test_several_lenders_each_hold_what_their_memory_holds_or_a_share_of_the_model() -> None:
+    model, per_token = 25 * 40 * MiB, 24 * 1024
+    kw = dict(n_layer=24, model_bytes=model, kv_bytes_per_token=per_token, want_cells=1024,
+              overhead=80 * MiB)
+    # 420 MiB and 200 MiB past their compute buffers: 10 and 4 layers (41 MiB each)
+    split, parts = plan_split_among(lends=(500 * MiB, 280 * MiB, 60 * MiB), **kw)
+    assert parts == (10, 4, 0) and split.layers == 14  # one too small to hold a layer
+    assert split.ram_weights == 11 * 40 * MiB  # 10 layers and the output layer stay here
+    # together they could hold 30 layers of 24: shares in proportion (20:10), 16 + 8
+    split, parts = plan_split_among(lends=(80 * MiB + 20 * 41 * MiB, 80 * MiB + 10 * 41 * MiB),
+                                    **kw)
+    assert parts == (16, 8) and split.layers == 24
+    # rounding never gives one more than it holds, and the parts sum to the layers
+    split, parts = plan_split_among(lends=(80 * MiB + 13 * 41 * MiB,) * 3, **kw)
+    assert sum(parts) == 24 and max(parts) - min(parts) <= 1 and max(parts) <= 13
+    assert plan_split_among(lends=(500 * MiB,), **kw)[0] == plan_split(lend_bytes=500 * MiB,
+                                                                       **kw)
