@@ -29,7 +29,8 @@ from pathlib import Path
 from engine.link import messages as m
 from engine.link.hello import exchange_hellos
 from engine.link.transport import Link, LinkClosed, dial
-from engine.node import power
+from engine.models.pulls.quota import DEFAULT_QUOTA, Quota
+from engine.node import power, rpc_cache
 from engine.tasks import TaskSet, cancel_and_wait
 
 log = logging.getLogger("shoal.node")
@@ -86,8 +87,10 @@ class Lender:
     """This machine's RPC server, for the fleet's split models."""
 
     def __init__(self, home: Path, *, lend_bytes: int, threads: int,
-                 on_battery_too: bool = False) -> None:
+                 on_battery_too: bool = False, quota: Quota = DEFAULT_QUOTA) -> None:
+        self.home = home
         self.cache = home / "rpc-cache"
+        self.quota = quota  # what the fleet may keep here, its tensors with its models
         self.on_battery_too = on_battery_too  # else it lends only on mains power
         self.lend_bytes = lend_bytes
         self.threads = threads
@@ -107,6 +110,7 @@ class Lender:
                 return self._port
             await self.close()
             await asyncio.to_thread(self.cache.mkdir, parents=True, exist_ok=True)
+            await self.trim()
             for attempt in range(START_TRIES):
                 port = _free_port()  # another process may take it before the server binds
                 proc = await asyncio.create_subprocess_exec(
@@ -149,7 +153,18 @@ class Lender:
         port = await self._ensure()
         reader, writer = await _connect(port)
         link.send(m.RpcOpened(lend_bytes=self.lend_bytes))
-        await _pipe(link, reader, writer)
+        try:
+            await _pipe(link, reader, writer)
+        finally:  # the tensors that split sent are on the disk now
+            await self.trim()
+
+    async def trim(self) -> None:
+        """Keep the tensor cache within the fleet's quota here (engine.node.rpc_cache)."""
+        try:
+            await asyncio.to_thread(rpc_cache.trim, self.home, self.cache, self.quota)
+        except OSError as exc:
+            log.warning("could not trim the tensors kept for the fleet's split models in "
+                        "%s: %s", self.cache, exc)
 
     async def close(self) -> None:
         proc, self._proc = self._proc, None

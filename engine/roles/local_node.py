@@ -338,7 +338,8 @@ async def _lender(settings: NodeSettings, engine: Engine, home: Path | None,
         total = await asyncio.to_thread(total_memory_bytes)
         budget = budget_bytes(settings.memory_budget, total) or default_budget_bytes(total)
     lender = Lender(home, lend_bytes=max(budget - st.mem_used, 0), threads=usable_cpus(),
-                    on_battery_too=settings.lend_on_battery)
+                    on_battery_too=settings.lend_on_battery,
+                    quota=settings.fleet_models_quota)
     closers.append(lender.close)
     return lender
 
