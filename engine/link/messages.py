@@ -377,7 +377,10 @@ class RpcOpened(msgspec.Struct, frozen=True, array_like=True, tag="rpc_opened",
 
 
 class RpcBytes(msgspec.Struct, frozen=True, array_like=True, tag="rpc_bytes", tag_field="t"):
-    data: Annotated[bytes, msgspec.Meta(min_length=1, max_length=MAX_CHUNK)]
+    """Bytes of an RPC connection carried over the link; empty, the lending side's sign of
+    life while its server computes (engine.node.lending)."""
+
+    data: Annotated[bytes, msgspec.Meta(max_length=MAX_CHUNK)]
 
 
 # what a channel carries: what one connection carries, and its end

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import socket
 import sys
@@ -40,13 +41,27 @@ DIAL_S = 10.0
 READ = m.MAX_CHUNK  # bytes read from a socket at a time
 CONNECT_RETRY_S = 0.05  # between tries to reach the RPC server as it starts
 START_TRIES = 3  # a port another process took between our pick and the server's bind
+BEAT_S = 2.0  # the lending side's sign of life on each RPC connection
+STALL_S = 15.0  # a lending machine silent this long is taken as gone (it sleeps)
+
+
+def stall_seconds() -> float:
+    """STALL_S, or SHOAL_RPC_STALL_S where a test sets it shorter."""
+    try:
+        return max(float(os.environ.get("SHOAL_RPC_STALL_S", STALL_S)), BEAT_S * 2)
+    except ValueError:
+        return STALL_S
 
 
 async def _pipe(link: Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                on_peer_end: Callable[[], None] | None = None) -> None:
+                on_peer_end: Callable[[], None] | None = None, *, beat_s: float = 0.0,
+                stall_s: float = 0.0) -> None:
     """Carry a TCP connection's bytes over ``link`` both ways until either ends.
     ``on_peer_end``: called when the link's side ended first (the other machine left),
-    before the socket closes."""
+    before the socket closes. ``beat_s``: the lending side says it is there that often
+    (an empty RpcBytes), also while its server computes; ``stall_s``: the serving side
+    takes a link silent that long as ended (the lending machine sleeps, or its network
+    went: no TCP reset comes for minutes)."""
     async def out() -> None:  # the socket's bytes onto the link
         while data := await reader.read(READ):
             link.send(m.RpcBytes(data=data))
@@ -54,15 +69,27 @@ async def _pipe(link: Link, reader: asyncio.StreamReader, writer: asyncio.Stream
 
     async def back() -> None:  # the link's bytes into the socket
         while True:
-            rec = await link.recv()
+            if stall_s:
+                async with asyncio.timeout(stall_s):
+                    rec = await link.recv()
+            else:
+                rec = await link.recv()
             if isinstance(rec, m.RpcBytes):
-                writer.write(rec.data)
-                await writer.drain()
+                if rec.data:
+                    writer.write(rec.data)
+                    await writer.drain()
             elif isinstance(rec, m.Error):
                 return
 
+    async def beat() -> None:
+        while True:
+            await asyncio.sleep(beat_s)
+            link.send(m.RpcBytes(data=b""))
+
     sending = asyncio.create_task(out(), name="rpc-out")
     tasks = [sending, asyncio.create_task(back(), name="rpc-back")]
+    if beat_s:
+        tasks.append(asyncio.create_task(beat(), name="rpc-beat"))
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -154,7 +181,7 @@ class Lender:
         reader, writer = await _connect(port)
         link.send(m.RpcOpened(lend_bytes=self.lend_bytes))
         try:
-            await _pipe(link, reader, writer)
+            await _pipe(link, reader, writer, beat_s=BEAT_S)
         finally:  # the tensors that split sent are on the disk now
             await self.trim()
 
@@ -291,7 +318,8 @@ class Tunnel:
             writer.close()
             return
         await _pipe(link, reader, writer,
-                    on_peer_end=lambda: self._lost(f"the link to {self.label} ended"))
+                    on_peer_end=lambda: self._lost(f"the link to {self.label} ended"),
+                    stall_s=stall_seconds())
 
     def _lost(self, why: str) -> None:
         if self.on_lost is not None:

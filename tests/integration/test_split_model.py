@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import urllib.request
 from collections.abc import Callable
@@ -267,3 +268,33 @@ async def test_a_lending_machine_killed_mid_answer_moves_the_session_and_the_spl
     reference, _ = await completion_stream(head, at, lambda n: None)
     # before the seam the moved answer is the split's own greedy text, token for token
     assert "".join(parts).startswith("".join(reference)), (reference, parts)
+
+
+async def test_a_lending_machine_that_sleeps_takes_the_split_down_until_it_wakes(
+        cluster: Cluster, gemma_gguf: Path) -> None:  # noqa: F811
+    lender = cluster.node("desk", extra=("--lend", "--memory-budget", "300M"),
+                          env=cluster.machine("desk"))
+    split = cluster.head([], model=str(gemma_gguf), runtime="llamacpp", ready_timeout=120,
+                         extra=("--split-with", lender.address, "--max-batch", "1"),
+                         env=cluster.machine("laptop", SHOAL_RPC_STALL_S="4"))
+    model = gemma_gguf.stem
+    assert greedy(split, model)
+
+    def node() -> dict:
+        with urllib.request.urlopen(f"http://{split.address}/v1/fleet", timeout=30) as r:
+            return json.loads(r.read())["nodes"][0]
+
+    assert node()["lanes_busy"] == 0
+    lender.signal(signal.SIGSTOP)  # asleep: its sockets stay open, nothing answers
+    try:
+        await until(lambda: "is down: the link to desk" in split.log_text(),
+                    "the split node to see the lender asleep", timeout=60)
+        await until(lambda: node()["lanes_busy"] == node()["lanes"],
+                    "every lane busy: heads place elsewhere meanwhile")
+    finally:
+        lender.signal(signal.SIGCONT)
+    await until(lambda: "formed again" in split.log_text(), "the split to form again",
+                timeout=60)
+    await until(lambda: node()["lanes_busy"] == 0, "the split node to take sessions again")
+    assert greedy(split, model)
+    assert split.popen.poll() is None and lender.popen.poll() is None
