@@ -92,6 +92,8 @@ class NodeSnapshot:
         return 100.0 * self.kv_used / self.kv_total if self.kv_total else 0.0
     # the models it keeps besides ``model``, loaded on demand, and which are loaded now
     kept: tuple[KeptModelSnapshot, ...] = ()
+    # the memory its owner lends to the fleet's split models now (0: it lends none)
+    lend_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

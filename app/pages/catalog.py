@@ -1,7 +1,9 @@
 """The Models page's "Choose a model" card: the catalog as a table, with one column per
 machine of the fleet saying whether the quantisation shown fits there and how fast it
 would answer (the fit's estimate, "slow" where too slow for chat), a chooser of that
-quantisation, "Serve on this machine", and "Other model…" for a file or a hub id.
+quantisation, "Serve on this machine", and "Other model…" for a file or a hub id. A model
+no machine holds alone says how it would run split across the machines that lend memory
+(``FleetFits.offers``), and "Serve it split" asks for that (``shoal.serve_split``).
 
 The fits come from the engine (``shoal.models.fits()``); this card only renders them and
 starts the pull through `ServeModel`, whose progress row it shares.
@@ -15,14 +17,15 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QItemSelection, Qt
 from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QToolButton, QWidget
 
+from app.bridge import ShoalBridge
 from app.pages.serve_model import ServeModel
-from app.widgets import Card, Cell, RowsModel, fit_rows, inline_error, note, say, table
+from app.widgets import Card, Cell, RowsModel, fit_rows, inline_error, note, run, say, table
 from engine.models.fit import Fit, tokens_text
 from engine.models.speed import speed_text
 from engine.sizes import amount
 
 if TYPE_CHECKING:  # the catalog and its fits are read when the page asks for them
-    from engine.models.choice import EntryFit, QuantFit
+    from engine.models.choice import EntryFit, QuantFit, SplitOffer
     from engine.models.commands import FleetFits, MachineFits
 
 BASE_COLUMNS = ("Model", "Good for", "Size", "Window")
@@ -67,6 +70,13 @@ def size_text(q: QuantFit) -> str:
     return f"{amount(q.quant.size)}, downloaded" if q.kept else amount(q.quant.size)
 
 
+def split_text(offer: SplitOffer, fits: FleetFits | None) -> str:
+    """``No machine holds it alone; Q4_K_M split across This machine + laptop (12 + 16 of
+    28 layers), about 3 tokens/s``."""
+    line = offer.proposal.line_for(fits.label_of() if fits is not None else None)
+    return f"No machine holds it alone; {offer.quant} {line}"
+
+
 @dataclass(frozen=True, slots=True)
 class Shown:
     """One row: the entry with its fit on every machine, at the quantisation shown."""
@@ -77,11 +87,15 @@ class Shown:
 
 
 class CatalogCard(Card):
-    """Renders a `FleetFits`; "Serve on this machine" calls ``serve.serve_spec``."""
+    """Renders a `FleetFits`; "Serve on this machine" calls ``serve.serve_spec``, "Serve it
+    split" ``shoal.serve_split``."""
 
-    def __init__(self, serve: ServeModel, parent: QWidget | None = None) -> None:
+    def __init__(self, serve: ServeModel, bridge: ShoalBridge,
+                 parent: QWidget | None = None) -> None:
         super().__init__("Choose a model", parent)
         self.serve = serve
+        self._bridge = bridge
+        self._splitting = False  # a split asked for, not answered yet
         self._fits: FleetFits | None = None
         self._quant: dict[str, str] = {}  # entry id -> the quantisation the user picked
         self._rows: list[Shown] = []
@@ -108,6 +122,20 @@ class CatalogCard(Card):
         line = self.row(QLabel("Quantisation"), self.quant)
         line.addWidget(self.fit_line, 1)
         line.addWidget(self.serve_here)
+        # a model no machine holds alone: how it would run split, and the button for it
+        self.split_line = note("")
+        self.split_line.setObjectName("splitLine")
+        self.serve_split = QPushButton("Serve it split")
+        self.serve_split.setObjectName("serveSplit")
+        self.serve_split.setToolTip("Serve this model on the first machine named, its last "
+                                    "layers on the memory the others lend")
+        self.serve_split.clicked.connect(self.split_selected)
+        self.row(self.split_line, self.serve_split).setStretch(0, 1)
+        self.split_line.hide()
+        self.serve_split.hide()
+        self.split_done = note("")
+        self.split_done.setObjectName("splitDone")
+        self.add(self.split_done)
         self.catalog_note = note("")
         self.catalog_note.hide()
         self.add(self.catalog_note)
@@ -215,6 +243,10 @@ class CatalogCard(Card):
     def _update_selection(self) -> None:
         shown = self.selected()
         self.quant.clear()
+        offer = self.offer()
+        self.split_line.setText(split_text(offer, self._fits) if offer is not None else "")
+        self.split_line.setVisible(offer is not None)
+        self.serve_split.setVisible(offer is not None)
         if shown is not None:
             for q in shown.fitted.quants:
                 verdict = fit_cell(q.fit).text
@@ -237,6 +269,7 @@ class CatalogCard(Card):
         shown = self.selected()
         usable = shown is not None and shown.quant.fit.fits and not shown.quant.fit.disk_short
         self.serve_here.setEnabled(usable and not self.serve.busy)
+        self.serve_split.setEnabled(self.offer() is not None and not self._splitting)
         self.quant.setEnabled(shown is not None)
 
     def serve_selected(self) -> None:
@@ -244,6 +277,34 @@ class CatalogCard(Card):
         if shown is None:
             return
         self.serve.serve_spec(shown.quant.spec)
+
+    def offer(self) -> SplitOffer | None:
+        """The split offered for the model chosen: it fits no machine alone."""
+        key = self.selected_id()
+        return self._fits.offer_for(key) if key is not None and self._fits else None
+
+    def split_selected(self) -> None:
+        """Ask the machines of the offer to serve the model chosen split, as offered."""
+        offer = self.offer()
+        if offer is None:
+            return
+        say(self.error, "")
+        self._splitting = True
+        self.split_done.setText("")
+        self._update_buttons()
+
+        def done(line: str) -> None:
+            self._splitting = False
+            self.split_done.setText(line)
+            self._update_buttons()
+
+        def failed(line: str) -> None:
+            self._splitting = False
+            say(self.error, line)
+            self._update_buttons()
+
+        run(self, self._bridge, self._bridge.shoal.serve_split(
+            offer.spec, offer.proposal.machines), done=done, failed=failed)
 
     def _other_toggled(self, on: bool) -> None:
         self.other.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)

@@ -7,7 +7,9 @@ each pulling its own, and this machine to serve the models beside its own too
 (``shoal.serve_too``: each loads on its first request); beside another machine's they are
 suggestions. Then each machine's line
 says how its pull goes (this machine from its pulls, the others from their nodes' stats)
-until it serves its model.
+until it serves its model. Under it, one line offers the largest catalog model no machine
+holds alone split across the machines that lend memory (``FleetFits.offers``), with its
+speed estimate; the catalog card serves it.
 
 Hidden when the fleet is this machine alone and it already serves what it is offered.
 """
@@ -42,6 +44,20 @@ def role_text(s: Suggestion) -> str:
     """What a suggested model is for: ``agents and chat``, ``agents and chat, editor
     autocomplete`` (a main model that does fill-in-the-middle serves autocomplete too)."""
     return ", ".join(ROLE.get(r, r) for r in (s.role, *s.also))
+
+
+def offer_text(fits: FleetFits) -> str:
+    """The largest catalog model no machine holds alone, split across machines that lend
+    memory: ``Larger than any one machine: Qwen2.5 Coder 32B Q4_K_M, split across This
+    machine + desk (30 + 34 of 64 layers), about 2 tokens/s; choose it above to serve it
+    so`` ("" when none is offered)."""
+    params = {e.id: (e.params_b, e.name) for e in fits.catalog.entries}
+    offer = max(fits.offers, key=lambda o: params.get(o.entry_id, (0.0, ""))[0], default=None)
+    if offer is None:
+        return ""
+    name = params.get(offer.entry_id, (0.0, offer.entry_id))[1]
+    return (f"Larger than any one machine: {name} {offer.quant}, "
+            f"{offer.proposal.line_for(fits.label_of())}; choose it above to serve it so")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +154,9 @@ class SplitCard(Card):
         self.row(self.use, self.done_line, None)
         self.error = inline_error()
         self.add(self.error)
+        self.offer_line = note("")
+        self.offer_line.setObjectName("splitOffer")
+        self.add(self.offer_line)
         self.hide()
 
     def show_split(self, fits: FleetFits) -> None:
@@ -146,6 +165,7 @@ class SplitCard(Card):
         self.split = fits.split if self._accepted is None else self._accepted
         self.beside = fits.beside if self._accepted is None else self._accepted_beside
         self._names = {e.id: e.name for e in fits.catalog.entries}
+        self.offer_line.setText(offer_text(fits))
         self.render(self._bridge.last)
 
     def _machine_label(self, key: str) -> str:
@@ -162,7 +182,9 @@ class SplitCard(Card):
         beside_waiting = any(b.machine == self._here and
                              beside_now_cell(b, snap, self._here).text == "not served"
                              for b in self.beside)
-        self.setVisible(bool(split) and not (alone and offered_served and not beside_waiting))
+        offered = bool(self.offer_line.text())  # a model no machine holds alone
+        self.setVisible(offered or (bool(split) and not (alone and offered_served
+                                                         and not beside_waiting)))
         if not split:
             return
         rows = []

@@ -146,7 +146,7 @@ class ModelsPage(QWidget):
                                     "and the names your editors use."))
 
         self.serve = ServeModel(bridge)
-        self.catalog = CatalogCard(self.serve)
+        self.catalog = CatalogCard(self.serve, bridge)
         self.current = QLabel()
         self.current.setObjectName("currentModel")
         self.catalog.body.insertWidget(1, self.current)

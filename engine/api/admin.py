@@ -1,13 +1,17 @@
-"""Alias administration over HTTP, for `shoal alias ...` on this machine: the routes call
-the head's alias commands (`engine.head.commands`), as the app does.
+"""Administration over HTTP, for `shoal alias ...` and `shoal models serve --split` on this
+machine: the alias routes call the head's alias commands (`engine.head.commands`), as the
+app does; ``POST /v1/fleet/serve`` asks the service to serve a model split across
+machines (`Shoal.serve_split`), as the Models page does.
 
-Writes are taken only with this machine's admin secret (`shoal alias` sends it:
+Writes are taken only with this machine's admin secret (the CLI sends it:
 engine/head/access/admin_secret.py) or the head's API key: an alias changes what every
-client of the fleet gets, and coming from loopback proves nothing behind a reverse proxy.
+client of the fleet gets, a split changes what machines serve, and coming from loopback
+proves nothing behind a reverse proxy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -15,12 +19,20 @@ from aiohttp import web
 from engine import nesting
 from engine.api.context import HEAD
 from engine.api.errors import error_response
-from engine.errors import CommandError
+from engine.errors import CommandError, ShoalError
 from engine.head.access import keys
 from engine.head.access.admin_secret import HEADER, admin_secret_ok
 from engine.head.commands import AliasChange, AliasCommands
 
 ALIASES: web.AppKey[AliasCommands] = web.AppKey("aliases", AliasCommands)
+# serve a model (org/repo:QUANT) on the first machine named, its last layers on the
+# memory the others lend: the line of what happens, or CommandError
+ServeSplit = Callable[[str, tuple[str, ...]], Awaitable[str]]
+SERVE_SPLIT: web.AppKey[ServeSplit] = web.AppKey("serve_split")
+MAX_SPLIT_NAME = 256  # a machine's name in a split ask
+# a split that names what is not there, or asks what cannot be done: 404 and 400; a
+# machine that cannot be asked now or refuses: 409 (the default)
+_SPLIT_STATUS = {"machine_unknown": 404, "bad_split": 400, "bad_model": 400}
 # a change or an import that the alias table has no room for: 413, as a body too large
 _STATUS = {"alias_not_found": 404, "request_too_large": 413, "alias_table_full": 413}
 
@@ -35,9 +47,9 @@ def _allowed(request: web.Request) -> bool:
     return bool(key) and presented is not None and keys.static_key_ok(key, presented)
 
 
-def _refuse() -> web.Response:
-    return error_response(403, "alias changes need this machine's admin secret: run "
-                          "`shoal alias` on the head's machine (it sends "
+def _refuse(what: str = "alias changes", command: str = "shoal alias") -> web.Response:
+    return error_response(403, f"{what} need this machine's admin secret: run "
+                          f"`{command}` on the head's machine (it sends "
                           "$SHOAL_HOME/fleet/admin.secret), or send the head's --api-key",
                           code="forbidden")
 
@@ -126,6 +138,32 @@ async def import_aliases(request: web.Request) -> web.Response:
                               "heads_total": result.heads_total})
 
 
+async def serve_split(request: web.Request) -> web.Response:
+    """``{"model": "org/repo:QUANT", "split": ["laptop", "desk"]}``: serve the model on the
+    first machine, its last layers on the memory the others lend."""
+    if not _allowed(request):
+        return _refuse("splits across machines", "shoal models serve --split")
+    serve = request.app.get(SERVE_SPLIT)
+    if serve is None:
+        return error_response(503, "this head runs without Shoal's service and serves no "
+                              "split; start it with `shoal serve`", code="no_service")
+    try:
+        body = nesting.json_loads(await request.read())
+        model, split = body["model"], body["split"]
+        if not isinstance(model, str) or not isinstance(split, list) \
+                or not all(isinstance(n, str) and len(n) <= MAX_SPLIT_NAME for n in split):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        return error_response(400, 'send {"model": "org/repo:QUANT", "split": [SERVING, '
+                              "LENDER, ...]}, each machine as /v1/fleet names it",
+                              code="invalid_request")
+    try:
+        line = await serve(model, tuple(split))
+    except ShoalError as exc:  # a machine that refused, or this one failing to serve it
+        return error_response(_SPLIT_STATUS.get(exc.code, 409), str(exc), code=exc.code)
+    return web.json_response({"message": line})
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/aliases", list_aliases)
     app.router.add_get("/v1/aliases/export", export_aliases)
@@ -134,3 +172,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_put("/v1/aliases/{name}", set_alias)
     app.router.add_delete("/v1/aliases/{name}", remove_alias)
     app.router.add_post("/v1/aliases/{name}/revert", revert_alias)
+    app.router.add_post("/v1/fleet/serve", serve_split)

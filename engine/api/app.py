@@ -126,9 +126,11 @@ def counting(metrics: ApiMetrics, clock: Callable[[], float]) -> Middleware:
 
 
 def build_app(head: Head, *, snapshot: Callable[[], FleetSnapshot] | None = None,
-              aliases: AliasCommands | None = None) -> web.Application:
+              aliases: AliasCommands | None = None,
+              serve_split: admin.ServeSplit | None = None) -> web.Application:
     """The head's API. ``snapshot`` renders ``GET /v1/fleet`` (the service's whole
-    snapshot; by default the head's own view), ``aliases`` serves the alias routes."""
+    snapshot; by default the head's own view), ``aliases`` serves the alias routes,
+    ``serve_split`` the ask for a model split across machines (none: refused)."""
     metrics = ApiMetrics()
     gate = Gate(head)
     if aliases is None:
@@ -144,6 +146,8 @@ def build_app(head: Head, *, snapshot: Callable[[], FleetSnapshot] | None = None
         bounded_body])
     app[context.HEAD] = head
     app[admin.ALIASES] = aliases
+    if serve_split is not None:
+        app[admin.SERVE_SPLIT] = serve_split
     app[ops.SNAPSHOT] = snapshot
     app[METRICS] = metrics
     app[GATE] = gate

@@ -36,6 +36,10 @@ _ALIAS_SET = {"type": "object", "required": ["target"], "properties": {
     "fallbacks": {"type": "array", "items": {"type": "string", "maxLength": 512},
                   "maxItems": 16}}}
 _OBJECT = {"type": "object"}
+_SPLIT_ASK = {"type": "object", "required": ["model", "split"], "properties": {
+    "model": {"type": "string", "maxLength": 256},
+    "split": {"type": "array", "items": {"type": "string", "maxLength": 256},
+              "minItems": 2, "maxItems": 8}}}
 
 # (method, path, operationId, summary, request schema name or inline schema, kind)
 # kind: "openai" | "ollama" | "anthropic" | "stream" (may answer SSE) | "anthropic-stream"
@@ -94,6 +98,9 @@ ROUTES: tuple[Route, ...] = (
      "openai"),
     ("post", "/v1/aliases/{name}/revert", "revertAlias",
      "Point an alias back at its previous target (this machine)", None, "openai"),
+    ("post", "/v1/fleet/serve", "serveSplit",
+     "Serve a model on one machine, its last layers on memory others lend (this machine)",
+     _SPLIT_ASK, "openai"),
 )
 
 GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages",

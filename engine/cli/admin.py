@@ -7,12 +7,10 @@ import argparse
 import asyncio
 import json
 import sys
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from engine import nesting
+from engine.cli.http import call
 from engine.errors import StartError
 from engine.settings import HTTP_DEFAULT
 
@@ -59,59 +57,6 @@ def add_parsers(sub: Any) -> None:
         p.add_argument("name", help="whose key: 1-63 of a-z, 0-9, '_' and '.'")
 
 
-def _admin_headers(head: str) -> dict[str, str]:
-    """This machine's admin secret, for a head on this machine only (never sent away)."""
-    from engine.head.access.admin_secret import HEADER, AdminSecretError, read_admin_secret
-    from engine.settings import default_home
-
-    if not _local(head):
-        return {}
-    try:
-        secret = read_admin_secret(default_home())
-    except AdminSecretError as exc:
-        raise StartError(str(exc)) from None
-    return {HEADER: secret} if secret else {}
-
-
-def _local(head: str) -> bool:
-    from engine.link.transport import is_loopback
-
-    host = head.rsplit(":", 1)[0].strip("[]") if ":" in head else head
-    return host == "localhost" or is_loopback(host)
-
-
-def _opener(head: str) -> urllib.request.OpenerDirector:
-    """No proxy for a head on this machine: http_proxy would carry the admin secret away
-    (urllib honours it even for 127.0.0.1 when no_proxy is unset)."""
-    if _local(head):
-        return urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    return urllib.request.build_opener()
-
-
-def _call(head: str, method: str, path: str, body: bytes | None = None) -> Any:
-    url = f"http://{head}{path}"
-    req = urllib.request.Request(url, data=body, method=method,
-                                 headers={"Content-Type": "application/json",
-                                          **_admin_headers(head)})
-    try:
-        with _opener(head).open(req, timeout=30) as resp:
-            data = resp.read()
-    except urllib.error.HTTPError as exc:
-        try:
-            message = nesting.json_loads(exc.read())["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = f"HTTP {exc.code}"
-        raise StartError(message) from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise StartError(f"no head answers at {head} ({getattr(exc, 'reason', exc)}); start "
-                         "one with `shoal serve`, or name it with --head HOST:PORT") from None
-    try:
-        return nesting.json_loads(data or b"null")
-    except ValueError as exc:
-        raise StartError(f"the head at {head} answered with malformed JSON ({exc}); "
-                         "check that a Shoal head listens there") from None
-
-
 def _changed(result: dict[str, Any]) -> str:
     e = result["entry"]
     heads = f"{result['heads_holding']}/{result['heads_total']} heads"
@@ -126,13 +71,13 @@ def run_alias(args: argparse.Namespace) -> int:
     cmd = args.alias_command
     if cmd == "set":
         body = json.dumps({"target": args.target, "fallbacks": args.fallback}).encode()
-        print(_changed(_call(head, "PUT", f"/v1/aliases/{args.name}", body)))
+        print(_changed(call(head, "PUT", f"/v1/aliases/{args.name}", body)))
     elif cmd == "rm":
-        print(_changed(_call(head, "DELETE", f"/v1/aliases/{args.name}")))
+        print(_changed(call(head, "DELETE", f"/v1/aliases/{args.name}")))
     elif cmd == "revert":
-        print(_changed(_call(head, "POST", f"/v1/aliases/{args.name}/revert")))
+        print(_changed(call(head, "POST", f"/v1/aliases/{args.name}/revert")))
     elif cmd == "ls":
-        rows = _call(head, "GET", "/v1/aliases")["aliases"]
+        rows = call(head, "GET", "/v1/aliases")["aliases"]
         if not rows:
             print("no aliases; make one with `shoal alias set NAME MODEL`")
         for r in rows:
@@ -140,18 +85,18 @@ def run_alias(args: argparse.Namespace) -> int:
             print(f"{r['name']} -> {r['target']}{fallbacks} (ver {r['version']}, "
                   f"{r['state']}, now {r['resolves_to'] or 'nothing'})")
     elif cmd == "history":
-        for e in _call(head, "GET", f"/v1/aliases/{args.name}/history")["history"]:
+        for e in call(head, "GET", f"/v1/aliases/{args.name}/history")["history"]:
             target = e["target"] if e["target"] is not None else "(removed)"
             print(f"ver {e['version']}: {target}"
                   + (f" then {', '.join(e['fallbacks'])}" if e["fallbacks"] else ""))
     elif cmd == "export":
-        sys.stdout.write(json.dumps(_call(head, "GET", "/v1/aliases/export"), indent=2) + "\n")
+        sys.stdout.write(json.dumps(call(head, "GET", "/v1/aliases/export"), indent=2) + "\n")
     elif cmd == "import":
         try:
             data = args.file.read_bytes()
         except OSError as exc:
             raise StartError(f"cannot read {args.file}: {exc.strerror}") from None
-        result = _call(head, "POST", "/v1/aliases/import", data)
+        result = call(head, "POST", "/v1/aliases/import", data)
         names = ", ".join(result["imported"]) or "nothing new"
         print(f"imported {names}: {result['heads_holding']}/{result['heads_total']} heads")
     return 0

@@ -1,6 +1,7 @@
-"""`shoal models list|rm|catalog|pull|import|keep-alive`: the models kept on this machine,
-the catalog with the fit for this machine, a pull with progress, a GGUF the user has kept by
-name, and how long a model stays loaded once idle.
+"""`shoal models list|rm|catalog|pull|import|keep-alive|serve`: the models kept on this
+machine, the catalog with the fit for this machine (and a model no machine holds alone split
+across the fleet), a pull with progress, a GGUF the user has kept by name, how long a model
+stays loaded once idle, and a model served split across machines that lend memory.
 Parses and prints only: the work is :mod:`engine.models.store`, :mod:`engine.models.catalog`
 and :mod:`engine.models.choice`."""
 
@@ -12,16 +13,21 @@ import math
 import time
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import StartError
 from engine.models import store as model_store
-from engine.models.fit import Suggestion, tokens_text
+from engine.models.fit import Machine, Suggestion, tokens_text
 from engine.models.speed import AUTOCOMPLETE_TPS, CHAT_TPS
 from engine.node import model_set
 from engine.settings import HTTP_DEFAULT
 from engine.sizes import amount
+
+if TYPE_CHECKING:
+    from engine.models.catalog import Catalog
+    from engine.models.choice import SplitOffer
 
 FLEET_TIMEOUT_S = 3.0
 MAX_FLEET_BYTES = 16 << 20
@@ -30,7 +36,7 @@ MAX_FLEET_BYTES = 16 << 20
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("models", help="the models kept on this machine, and the catalog")
     msub = p.add_subparsers(dest="models_command", required=True,
-                            metavar="{list,rm,catalog,pull,import,keep-alive}",
+                            metavar="{list,rm,catalog,pull,import,keep-alive,serve}",
                             help="`shoal models VERB --help` for its arguments")
     ls = msub.add_parser("list", help="the models on this machine: size, who serves them, "
                                       "when last used")
@@ -44,6 +50,10 @@ def add_parser(sub: Any) -> None:
                      help="with whether each fits this machine, and with which window")
     cat.add_argument("--memory-budget", default=None, metavar="SIZE",
                      help="the node budget to judge the fit by (default: this machine's)")
+    cat.add_argument("--head", default=HTTP_DEFAULT, metavar="HOST:PORT",
+                     help="with --fits: the head asked for the fleet's machines, to split a "
+                          "model no machine holds alone across those that lend memory "
+                          "(default: this machine's)")
     pull = msub.add_parser("pull", help="download a model (a catalog id or org/repo:QUANT) "
                                         "without serving it")
     pull.add_argument("model", help="a catalog id (`shoal models catalog`) or org/repo:QUANT")
@@ -60,6 +70,15 @@ def add_parser(sub: Any) -> None:
     ka.add_argument("idle", nargs="?", default=None, metavar="DURATION",
                     help="5m, 1h30m, 90s, 0 (unload after each request), never, or default "
                          "(the node's --idle-unload); without it, show the current one")
+    serve = msub.add_parser("serve", help="serve a model on one machine of the fleet, its "
+                                          "last layers on memory other machines lend")
+    serve.add_argument("model", help="a catalog id (`shoal models catalog`) or org/repo:QUANT")
+    serve.add_argument("--split", required=True, metavar="SERVING,LENDER[,...]",
+                       help="the machine that serves it, then those that lend memory, as "
+                            "the Fleet page and /v1/fleet name them (`shoal models catalog "
+                            "--fits` proposes a split)")
+    serve.add_argument("--head", default=HTTP_DEFAULT, metavar="HOST:PORT",
+                       help="the head that asks the machines (default: this machine's)")
 
 
 def main(args: argparse.Namespace, home: Path) -> int:
@@ -74,11 +93,13 @@ def main(args: argparse.Namespace, home: Path) -> int:
         print(f"removed {gone.name} ({amount(gone.size)} freed)")
         return 0
     if cmd == "catalog":
-        return _catalog(home, fits=args.fits, budget=args.memory_budget)
+        return _catalog(home, fits=args.fits, budget=args.memory_budget, head=args.head)
     if cmd == "import":
         return _import(home, args.file.expanduser(), args.name)
     if cmd == "keep-alive":
         return _keep_alive(home, args.name, args.idle)
+    if cmd == "serve":
+        return _serve_split(home, args.model, args.split, args.head)
     return _pull(home, args.model)
 
 
@@ -92,8 +113,8 @@ def _ago(when: float | None, now: float) -> str:
     return "just now"
 
 
-def fleet_models(head: str) -> tuple[dict[str, list[str]], str]:
-    """Model name -> the fleet nodes serving it, from the head's /v1/fleet; and a line when
+def fleet_nodes(head: str, unseen: str) -> tuple[list[dict[str, Any]], str]:
+    """The nodes of the head's /v1/fleet; and a line, saying what is ``unseen`` then, when
     the head could not be asked."""
     try:
         with urllib.request.urlopen(f"http://{head}/v1/fleet",  # http only
@@ -101,12 +122,20 @@ def fleet_models(head: str) -> tuple[dict[str, list[str]], str]:
             data = json.loads(r.read(MAX_FLEET_BYTES))
     except (OSError, ValueError, urllib.error.URLError) as exc:
         reason = getattr(exc, "reason", exc)
-        return {}, f"(no head answered at {head}: {reason}; fleet nodes are not shown)"
+        return [], f"(no head answered at {head}: {reason}; {unseen})"
+    nodes = data.get("nodes", []) if isinstance(data, dict) else []
+    return [n for n in nodes if isinstance(n, dict)] if isinstance(nodes, list) else [], ""
+
+
+def fleet_models(head: str) -> tuple[dict[str, list[str]], str]:
+    """Model name -> the fleet nodes serving it, from the head's /v1/fleet; and a line when
+    the head could not be asked."""
+    nodes, note = fleet_nodes(head, "fleet nodes are not shown")
     out: dict[str, list[str]] = {}
-    for n in data.get("nodes", []) if isinstance(data, dict) else []:
-        if isinstance(n, dict) and isinstance(n.get("model"), str):
+    for n in nodes:
+        if isinstance(n.get("model"), str):
             out.setdefault(n["model"].lower(), []).append(str(n.get("identity") or n.get("key")))
-    return out, ""
+    return out, note
 
 
 def _served_names(m: model_store.StoredModel) -> set[str]:
@@ -139,7 +168,7 @@ def _list(home: Path, head: str) -> int:
     return 0
 
 
-def _catalog(home: Path, *, fits: bool, budget: str | None) -> int:
+def _catalog(home: Path, *, fits: bool, budget: str | None, head: str = HTTP_DEFAULT) -> int:
     from engine.models.catalog import CatalogError, load_catalog
 
     try:
@@ -148,9 +177,11 @@ def _catalog(home: Path, *, fits: bool, budget: str | None) -> int:
         raise StartError(str(exc)) from None
     if line:
         print(line)
-    head = f"catalog v{catalog.version} ({catalog.updated}), {len(catalog.entries)} models"
+    title = f"catalog v{catalog.version} ({catalog.updated}), {len(catalog.entries)} models"
     results = None
     split: tuple[Suggestion, ...] = ()
+    offers: dict[str, SplitOffer] = {}
+    unseen = ""
     if fits:
         from engine.config import ConfigError, machine_settings
         from engine.models.choice import fits_for, fleet_split
@@ -167,9 +198,10 @@ def _catalog(home: Path, *, fits: bool, budget: str | None) -> int:
                                       name="this machine")
         kept = [m.spec for m in model_store.kept_models(home)]
         results = {f.entry.id: f for f in fits_for(catalog, machine, kept=kept)}
-        head += f"; the fit for this machine: {facts}"
+        title += f"; the fit for this machine: {facts}"
         split = fleet_split(catalog, [machine])
-    print(head)
+        offers, unseen = _fleet_offers(catalog, machine, head)
+    print(title)
     for e in catalog.entries:
         caps = ", ".join(c for c, on in (("tools", e.tools), ("fill-in-the-middle", e.fim),
                                           ("thinking", e.thinking)) if on) or "chat"
@@ -185,11 +217,38 @@ def _catalog(home: Path, *, fits: bool, budget: str | None) -> int:
             if got is not None:
                 text += f"  {got.fit.line}" + ("  (downloaded)" if got.kept else "")
             print(text)
+        offer = offers.get(e.id)
+        if offer is not None:
+            print(f"    no machine holds it alone; {offer.quant} {offer.proposal.line}: "
+                  f"`{offer.command()}`")
     print("\n* the default quantisation; serve one with `shoal serve ID` or pull it with "
           "`shoal models pull ID`")
     if results is not None:
         _suggested(split)
+    if unseen:
+        print(unseen)
     return 0
+
+
+def _fleet_offers(catalog: Catalog, here: Machine, head: str
+                  ) -> tuple[dict[str, SplitOffer], str]:
+    """The catalog models no machine of the fleet holds alone, split across those that lend
+    memory (each machine named as /v1/fleet names it), by entry id; and a line when the
+    head (which knows the fleet's machines) could not be asked."""
+    from engine.models.choice import split_offers
+    from engine.models.commands import machine_of_json
+
+    nodes, note = fleet_nodes(head, "a model no machine holds alone is not offered split "
+                                    "across the fleet")
+    machines = [here]
+    for n in nodes:
+        if n.get("key") == "local":  # this machine's own node: its name and what it lends
+            lend = n.get("lend_bytes")
+            machines[0] = replace(here, name=str(n.get("identity") or here.name)[:256],
+                                  lend=lend if isinstance(lend, int) and lend >= 0 else 0)
+        elif (other := machine_of_json(n)) is not None:
+            machines.append(other)
+    return {o.entry_id: o for o in split_offers(catalog, machines)}, note
 
 
 def _suggested(split: tuple[Suggestion, ...]) -> None:
@@ -214,18 +273,10 @@ def _pull(home: Path, model: str) -> int:
 
     from engine.cli.run import PullLines
     from engine.events import PullProgress
-    from engine.models.catalog import CatalogError, load_catalog
     from engine.service import Shoal
     from engine.settings import Settings
 
-    spec = model
-    try:
-        catalog, _ = load_catalog(home)
-        entry = catalog.get(model)
-        if entry is not None:
-            spec = entry.spec()
-    except CatalogError:
-        pass  # a broken catalog does not stop a pull by id
+    spec = _spec_of(home, model)
 
     async def pull() -> Path:
         shoal = Shoal(Settings(home=home))  # nothing started: only its pull
@@ -248,6 +299,29 @@ def _pull(home: Path, model: str) -> int:
 
     path = asyncio.run(pull())
     print(f"{spec} is ready at {path}; serve it with `shoal serve {spec}`")
+    return 0
+
+
+def _spec_of(home: Path, model: str) -> str:
+    """``model`` as a hub id: a catalog id's default quantisation, else as given."""
+    from engine.models.catalog import CatalogError, load_catalog
+
+    try:
+        catalog, _ = load_catalog(home)
+    except CatalogError:
+        return model  # a broken catalog does not stop an ask by id
+    entry = catalog.get(model)
+    return entry.spec() if entry is not None else model
+
+
+def _serve_split(home: Path, model: str, split: str, head: str) -> int:
+    """Ask the head to serve ``model`` on the first machine of ``split``, its last layers
+    on the memory the others lend; the head asks the machines and says what happens."""
+    from engine.cli.http import call
+
+    machines = [m.strip() for m in split.split(",") if m.strip()]
+    body = json.dumps({"model": _spec_of(home, model), "split": machines}).encode()
+    print(call(head, "POST", "/v1/fleet/serve", body)["message"])
     return 0
 
 

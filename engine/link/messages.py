@@ -9,7 +9,8 @@ A record gains fields only at its end, with defaults: an older peer leaves them 
 and reads a newer peer's record without them (array-like records drop extra trailing
 fields). A new record type is sent only to a peer whose hello says it reads it (an older
 one refuses an unknown tag and drops the link): ``HeadHello.progress`` for Progress,
-``NodeHello.takes_models`` for ServeModel (answered by ServeModelResult),
+``NodeHello.takes_models`` for ServeModel (answered by ServeModelResult; its
+``split_with`` only where ``NodeHello.splits``),
 ``NodeHello.embeds`` for Embed (answered by Embedded or Error).
 """
 
@@ -45,6 +46,10 @@ MAX_ANSWER = 1000  # a ServeModelResult's line
 MODEL_ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9._-]*/[A-Za-z0-9_][A-Za-z0-9._-]*(:[A-Za-z0-9._-]+)?$"
 _Spec = Annotated[str, msgspec.Meta(min_length=3, max_length=MAX_SPEC,
                                     pattern=MODEL_ID_PATTERN)]
+MAX_SPLIT = 8  # machines lending to one split model
+MAX_ADDRESS = 300  # HOST:PORT (a DNS name is at most 253)
+_Addresses = Annotated[list[Annotated[str, msgspec.Meta(min_length=3, max_length=MAX_ADDRESS)]],
+                       msgspec.Meta(max_length=MAX_SPLIT)]
 
 
 class Rates(msgspec.Struct, frozen=True, array_like=True):
@@ -95,6 +100,8 @@ class NodeHello(msgspec.Struct, frozen=True, array_like=True, tag="node_hello", 
     embeds: bool = False
     # the models it keeps besides ``model``, loaded on demand (its Stats say them anew)
     kept: _Kept = msgspec.field(default_factory=list)
+    # it reads ServeModel.split_with (an older node would serve the model whole)
+    splits: bool = False
 
 
 class HeadHello(msgspec.Struct, frozen=True, array_like=True, tag="head_hello", tag_field="t"):
@@ -227,6 +234,9 @@ class Stats(msgspec.Struct, frozen=True, array_like=True, tag="stats", tag_field
     gpu_bandwidth: _Bytes = 0
     # the models it keeps besides its hello's, and which are loaded now (as NodeHello.kept)
     kept: _Kept = msgspec.field(default_factory=list)
+    # the memory its owner lends to the fleet's split models now (engine.node.lending): its
+    # budget less what its own model holds (0: it lends none)
+    lend_bytes: _Bytes = 0
 
 
 class Progress(msgspec.Struct, frozen=True, array_like=True, tag="progress", tag_field="t"):
@@ -257,6 +267,10 @@ class ServeModel(msgspec.Struct, frozen=True, array_like=True, tag="serve_model"
 
     spec: _Spec
     ask: _Count = 0  # echoed in the answer, so the head knows which question it answers
+    # serve it split: its last layers on the memory these machines lend, each named by its
+    # node's listener (HOST:PORT, as --split-with takes them); sent only to a node whose
+    # hello said ``splits``
+    split_with: _Addresses = msgspec.field(default_factory=list)
 
 
 class ServeModelResult(msgspec.Struct, frozen=True, array_like=True,

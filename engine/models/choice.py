@@ -1,5 +1,6 @@
-"""The catalog seen through the fit estimate: which of its models fit a machine, and the
-split a fleet is offered (pure: the catalog and machines in, verdicts out)."""
+"""The catalog seen through the fit estimate: which of its models fit a machine, the
+split a fleet is offered, and a model no machine holds alone split across those that lend
+memory (pure: the catalog and machines in, verdicts out)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from engine.models.fit import (
     estimate,
     suggest_split,
 )
+from engine.models.split_fit import SplitProposal, propose_split
 
 
 def shape_of(entry: CatalogEntry, quant: CatalogQuant, kv_type: str = "f16") -> ModelShape:
@@ -81,3 +83,39 @@ def fits_for(catalog: Catalog, machine: Machine, *, kept: Iterable[str] = (),
 def fleet_split(catalog: Catalog, machines: Sequence[Machine], *,
                 kv_type: str = "f16") -> tuple[Suggestion, ...]:
     return suggest_split(candidates(catalog, kv_type), machines)
+
+
+@dataclass(frozen=True, slots=True)
+class SplitOffer:
+    """A catalog model no machine of the fleet holds alone, served split across machines
+    that lend memory (:mod:`engine.models.split_fit`)."""
+
+    entry_id: str
+    quant: str
+    spec: str
+    proposal: SplitProposal
+
+    def command(self, names: dict[str, str] | None = None) -> str:
+        """The command that serves it so, each machine by ``names`` (else its own key)."""
+        who = ",".join((names or {}).get(m, m) for m in self.proposal.machines)
+        return f"shoal models serve {self.spec} --split {who}"
+
+
+def split_offers(catalog: Catalog, machines: Sequence[Machine], *,
+                 kv_type: str = "f16") -> tuple[SplitOffer, ...]:
+    """For each catalog model that no machine holds alone at any of its quantisations,
+    the split of its default quantisation, else of the finest one a split holds; models
+    no split holds are left out."""
+    out = []
+    for e in catalog.entries:
+        shapes = [(q, shape_of(e, q, kv_type)) for q in e.quants]
+        if e.embeddings or any(estimate(shape, m).fits for _, shape in shapes
+                               for m in machines):
+            continue
+        default = e.quant(None).name
+        for q, shape in sorted(shapes, key=lambda qs: (qs[0].name != default, -qs[0].size)):
+            proposal = propose_split(shape, machines)
+            if proposal is not None:
+                out.append(SplitOffer(e.id, q.name, e.spec(q.name), proposal))
+                break
+    return tuple(out)

@@ -1,5 +1,6 @@
 """Model commands on a running Shoal (``shoal.models``): the catalog, the fit of each of its
-models on each machine of the fleet with a split to accept, and the models kept on this
+models on each machine of the fleet with a split to accept (and, for a model no machine
+holds alone, a split across the machines that lend memory), and the models kept on this
 machine, removed unless a node here serves them. Every file and device read runs off the
 event loop.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,9 +26,10 @@ log = logging.getLogger("shoal")
 
 if TYPE_CHECKING:  # imported when first used: the catalog is read only when asked for
     from engine.models.catalog import Catalog
-    from engine.models.choice import EntryFit
+    from engine.models.choice import EntryFit, SplitOffer
 
 MACHINE_TTL_S = 10.0  # how long this machine's figures (free GPU memory, disk) are reused
+MAX_TEXT = 256  # a name or a device read from a head's answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,16 @@ class FleetFits:
     # in the machine's budget (their fits as placed beside it): an autocomplete model on a
     # machine alone and an embeddings model, for a node that keeps several models
     beside: tuple[Suggestion, ...] = ()
+    # each catalog model no machine holds alone, split across machines that lend memory
+    # (each machine by its MachineFits.key; `label_of` names them for people)
+    offers: tuple[SplitOffer, ...] = ()
+
+    def label_of(self) -> dict[str, str]:
+        """Each machine's key -> its label."""
+        return {m.key: m.label for m in self.machines}
+
+    def offer_for(self, entry_id: str) -> SplitOffer | None:
+        return next((o for o in self.offers if o.entry_id == entry_id), None)
 
 
 def machine_of(node: NodeSnapshot) -> Machine | None:
@@ -69,7 +81,32 @@ def machine_of(node: NodeSnapshot) -> Machine | None:
                    budget=node.mem_budget, device_kind=kind,  # type: ignore[arg-type]
                    device_total=node.device_total, device_free=node.device_free,
                    disk_free=node.disk_free or None, lanes=max(node.lanes, 1),
-                   mem_bandwidth=mem_bw, gpu_bandwidth=gpu_bw if mem_bw else 0)
+                   mem_bandwidth=mem_bw, gpu_bandwidth=gpu_bw if mem_bw else 0,
+                   lend=node.lend_bytes)
+
+
+def machine_of_json(raw: Mapping[str, object]) -> Machine | None:
+    """A node of ``GET /v1/fleet``'s answer as :func:`machine_of` sees it (None: it did not
+    say how much RAM); a value of the wrong type or out of bounds counts as not said."""
+    def num(key: str) -> int:
+        v = raw.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62 else 0
+
+    def text(key: str) -> str:
+        v = raw.get(key)
+        return v[:MAX_TEXT] if isinstance(v, str) else ""
+
+    node = NodeSnapshot(
+        key=text("key"), identity=text("identity"), address=text("address"), link="dialed",
+        state="ready", model=text("model"), runtime="", context_window=0,
+        lanes=min(num("lanes"), 1024), lanes_busy=0, own_sessions=0, kv_used=0, kv_total=0,
+        prefill_tps=0.0, decode_tps=0.0, ttft_ms=0.0, last_seen=0.0, sessions_total=0,
+        peak_busy=0, connections=0, error=None, mem_budget=num("mem_budget"),
+        device=text("device"), ram_total=num("ram_total"), device_kind=text("device_kind"),
+        device_total=num("device_total"), device_free=num("device_free"),
+        disk_free=num("disk_free"), mem_bandwidth=num("mem_bandwidth"),
+        gpu_bandwidth=num("gpu_bandwidth"), lend_bytes=num("lend_bytes"))
+    return machine_of(node)
 
 
 class ModelCommands:
@@ -148,16 +185,20 @@ class ModelCommands:
 
     async def fits(self) -> FleetFits:
         """Every catalog model's fit on every machine the fleet knows, and a split."""
-        from engine.models.choice import fits_for, fleet_split
+        from engine.models.choice import fits_for, fleet_split, split_offers
 
         catalog, note = await self.catalog()
         machine, facts = await self.this_machine()
         kept = [m.spec for m in await asyncio.to_thread(model_store.kept_models, self._home)]
         node = self._settings().node
         kv = node.kv_type if node is not None else "f16"
+        nodes = self._snapshot().nodes
+        # what this machine lends, as its own node tells its head
+        lend = next((n.lend_bytes for n in nodes if n.key == "local"), 0)
+        machine = replace(machine, lend=lend)
         rows = [MachineFits("this machine", "This machine", machine,
                             tuple(fits_for(catalog, machine, kept=kept, kv_type=kv)), True)]
-        for n in self._snapshot().nodes:
+        for n in nodes:
             if n.key == "local":
                 continue  # this machine's own node: already first
             other = machine_of(n)
@@ -175,4 +216,5 @@ class ModelCommands:
                 beside.append(s)
             else:
                 main.append(replace(s, fit=alone.get((s.machine, s.candidate.spec), s.fit)))
-        return FleetFits(catalog, note, tuple(rows), tuple(main), facts, tuple(beside))
+        return FleetFits(catalog, note, tuple(rows), tuple(main), facts, tuple(beside),
+                         split_offers(catalog, machines, kv_type=kv))

@@ -84,6 +84,9 @@ class Machine:
     # what decides decode speed (engine.models.bandwidth), bytes/s; 0: not known
     mem_bandwidth: int = 0
     gpu_bandwidth: int = 0
+    # the memory its owner lends to the fleet's split models now: its node budget less what
+    # its own model holds (0: it lends none; engine.models.split_fit)
+    lend: int = 0
 
     @property
     def memory(self) -> int:

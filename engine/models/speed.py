@@ -22,6 +22,7 @@ a line or two is worth showing only while the user still looks at the line).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # fit.py imports this module: the shape only types the argument
@@ -64,11 +65,42 @@ def decode_tps(shape: ModelShape, *, mem_bandwidth: int, gpu_bandwidth: int = 0,
     gpu_share, kv_gpu_share = min(max(gpu_share, 0.0), 1.0), min(max(kv_gpu_share, 0.0), 1.0)
     on_gpu = weights * gpu_share + kv * kv_gpu_share
     on_cpu = weights + kv - on_gpu
+    return _tps([(on_cpu, shape.layers * (1 - gpu_share), mem_bandwidth, CPU_EFFICIENCY,
+                  CPU_LAYER_S),
+                 (on_gpu, shape.layers * gpu_share, gpu_bandwidth, GPU_EFFICIENCY,
+                  GPU_LAYER_S)])
+
+
+# a split token's trip to a machine that lends layers and back (llama.cpp's RPC through the
+# fleet's link): the split benchmark's one-stream token took 42 ms against 15 ms whole
+# (docs/benchmarks.md, "A model split across machines"), two processes on one machine's
+# loopback; a LAN adds its round trips to that
+SPLIT_HOP_S = 25e-3
+
+
+def split_tps(shape: ModelShape, parts: Sequence[tuple[int, int]], *,
+              context: int = TYPICAL_CONTEXT) -> float | None:
+    """Estimated decode tokens/s of one answer of a model split across machines: ``parts``
+    are (repeating layers, RAM bandwidth in bytes/s) of each machine in the order a token
+    passes them, the first holding the output layer too; each reads its layers' weights
+    and cache on its CPU, and every other part costs a hop (:data:`SPLIT_HOP_S`). None
+    when a machine's bandwidth is not known."""
+    weights, kv = bytes_per_token(shape, context=context)
+    n_layer = max(shape.layers, 1)
+    per_layer = weights / (n_layer + 1)  # the output layer weighs as one more
+    reads = [(per_layer * (layers + (i == 0)) + kv * layers / n_layer, layers, bandwidth,
+              CPU_EFFICIENCY, CPU_LAYER_S) for i, (layers, bandwidth) in enumerate(parts)]
+    tps = _tps(reads)
+    if tps is None:
+        return None
+    return 1.0 / (1.0 / tps + SPLIT_HOP_S * max(len(parts) - 1, 0))
+
+
+def _tps(reads: Sequence[tuple[float, float, int, float, float]]) -> float | None:
+    """Tokens/s of a token that reads each (bytes, layers, bandwidth, efficiency, fixed cost
+    a layer) in turn; None when bytes are read where the bandwidth is not known."""
     seconds = 0.0
-    for read, layers, bandwidth, efficiency, per_layer in (
-            (on_cpu, shape.layers * (1 - gpu_share), mem_bandwidth, CPU_EFFICIENCY,
-             CPU_LAYER_S),
-            (on_gpu, shape.layers * gpu_share, gpu_bandwidth, GPU_EFFICIENCY, GPU_LAYER_S)):
+    for read, layers, bandwidth, efficiency, per_layer in reads:
         if read <= 0:
             continue
         if bandwidth <= 0:

@@ -20,8 +20,10 @@ every ``PROGRESS_S``, so that a long prefill is never taken for a hung attempt.
 A head may ask the node to serve another model (``ServeModel``): the agent checks the
 id and hands it to its owner's ``serve_model`` (given at construction), which says at
 once whether it takes it; the agent answers the head with that (``ServeModelResult``).
-Without one, the node refuses. Its stats carry what its owner's ``machine`` says of the
-machine (RAM, disk free, a pull under way) beside the engine's device and its memory.
+Without one, the node refuses. A head may ask for the model split (``split_with``: the
+machines whose lent memory holds its last layers), which the owner hears too. Its stats
+carry what its owner's ``machine`` says of the machine (RAM, disk free, a pull under way)
+beside the engine's device and its memory, and the memory it lends to split models.
 
 Idle unload (``idle_unload_s``, an engine that is a
 :class:`~engine.runtimes.base.Sleeper`): after that long with no session the
@@ -82,9 +84,10 @@ STATS_INTERVAL_S = 1.0
 PROGRESS_S = 1.0  # how often a head hears how far the prompt (or the model's load) is
 _TOLD_MAX = 1024
 SleepState = Literal["", "asleep", "waking"]
-# the owner's answer to a head asking this node to serve a model: (taken, the line why),
-# within the head's wait (links.ANSWER_S): it may look at the model's size first
-ServeModelAsked = Callable[[str], Awaitable[tuple[bool, str]]]
+# the owner's answer to a head asking this node to serve a model (split with the machines
+# at the addresses given, where any are): (taken, the line why), within the head's wait
+# (links.ANSWER_S): it may look at the model's size first
+ServeModelAsked = Callable[[str, tuple[str, ...]], Awaitable[tuple[bool, str]]]
 NO_FLEET_MODELS = ("this node does not take models chosen by heads; choose its model on "
                    "that machine")
 
@@ -345,7 +348,8 @@ class NodeAgent:
                            kv_total=st.kv_total, rates=_rates(st), instance=self.instance,
                            channels=self.offers_channels, takes_models=True,
                            embeds=isinstance(self.engine, Embedder),
-                           kept=self.shelf.records() if self.shelf is not None else [])
+                           kept=self.shelf.records() if self.shelf is not None else [],
+                           splits=True)
 
     async def _serve_channels(self, link: Link, head_id: str, progress: bool) -> None:
         """A head that dialed carries its sessions as channels of this one link: each is
@@ -477,7 +481,7 @@ class NodeAgent:
         except ValueError as exc:
             return answer(False, str(exc))
         try:
-            accepted, line = await self.serve_model(spec)
+            accepted, line = await self.serve_model(spec, tuple(ask.split_with))
         except Exception as exc:  # the owner's bug: the head hears it, the node goes on
             log.exception("could not take the model %s a head asked for", spec)
             return answer(False, f"the node could not take it: {exc}")
@@ -801,7 +805,8 @@ class NodeAgent:
                        pull_total=facts.pull_total, paused=self.paused,
                        serve_failed=facts.serve_failed[:m.MAX_ANSWER],
                        mem_bandwidth=facts.mem_bandwidth,
-                       kept=self.shelf.records() if self.shelf is not None else [])
+                       kept=self.shelf.records() if self.shelf is not None else [],
+                       lend_bytes=self.lender.lend_bytes if self.lender is not None else 0)
 
     def facts(self) -> MachineFacts:
         """What the owner says of the machine now (nothing, without an owner's word)."""

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from engine.api.admin import ServeSplit
 from engine.api.app import build_app, server_options
 from engine.discovery.service import HeadFinder, announce_head
 from engine.errors import CommandError, StartError
@@ -155,8 +156,10 @@ class HeadRole:
     async def start(cls, hs: HeadSettings, models: list[HeadModel], *, home: Path,
                     psk: bytes | None, emit: Emit, clock: Callable[[], float],
                     wall: Callable[[], float], http_sock: socket.socket,
-                    snapshot: Callable[[], FleetSnapshot]) -> HeadRole:
-        """Start the head on ``http_sock`` (bound earlier) with ``models`` (loaded)."""
+                    snapshot: Callable[[], FleetSnapshot],
+                    serve_split: ServeSplit | None = None) -> HeadRole:
+        """Start the head on ``http_sock`` (bound earlier) with ``models`` (loaded);
+        ``serve_split`` serves the API's asks for a model split across machines."""
         main = models[0]
         fleet = Fleet(model=main.name, head_id=secrets.token_hex(8), psk=psk,
                       name=socket.gethostname(),
@@ -177,7 +180,8 @@ class HeadRole:
                 host, port = parse_address(entry, NODE_PORT, what="--fleet")
                 fleet.add_dialed(host, port)
             commands = AliasCommands(head, clock=wall, emit=emit)
-            app = build_app(head, snapshot=snapshot, aliases=commands)
+            app = build_app(head, snapshot=snapshot, aliases=commands,
+                            serve_split=serve_split)
             # stop() drains sessions itself first; what is left then gets this long
             app_runner = web.AppRunner(app, access_log=None, handle_signals=False,
                                        shutdown_timeout=FINAL_WRITE_S, **server_options())
@@ -296,12 +300,14 @@ class HeadRole:
             host = "127.0.0.1"
         fleet.add_dialed(host, port, key="local")
 
-    async def ask_node_to_serve(self, node_key: str, spec: str) -> str:
-        """Ask the fleet's node ``node_key`` to serve ``spec``; the line of its yes, or
+    async def ask_node_to_serve(self, node_key: str, spec: str,
+                                split_with: tuple[str, ...] = ()) -> str:
+        """Ask the fleet's node ``node_key`` to serve ``spec`` (split with the machines
+        whose node listeners are ``split_with``, where any); the line of its yes, or
         CommandError (one line) when it cannot be asked or refuses."""
         fleet = self.head.fleet
         try:
-            answer = await fleet.serve_model(node_key, spec)
+            answer = await fleet.serve_model(node_key, spec, split_with=split_with)
         except NotAsked as exc:
             raise CommandError(str(exc), code=exc.code) from None
         if not answer.accepted:

@@ -1,8 +1,9 @@
 """What the fleet asks of this machine's models: a head asks this node to serve another
-model. `answer_at_once` is the pure decision (the settings, what is served and what is
-being switched to); `FleetChoice` executes a taken choice (room made under the owner's
-quota, the pull without the role lock, the swap under it) and is the only keeper of what
-was chosen and why it failed, which this node's stats tell its heads (`machine_facts`)."""
+model, whole or split with machines that lend memory. `answer_at_once` is the pure
+decision (the settings, what is served and what is being switched to); `FleetChoice`
+executes a taken choice (room made under the owner's quota, the pull without the role
+lock, the swap under it) and is the only keeper of what was chosen and why it failed,
+which this node's stats tell its heads (`machine_facts`)."""
 
 from __future__ import annotations
 
@@ -29,15 +30,18 @@ log = logging.getLogger("shoal")
 ROOM_S = 8.0  # how long a node sizes a model a head chose before answering (links.ANSWER_S)
 STOPPING = "this machine is stopping; ask again once it serves"
 
-# serve a model (pulled already) here in place of the one served now; its name
-Swap = Callable[[str, str | None, Resolved], Awaitable[str]]
+# serve a model (pulled already) here in place of the one served now, split with the
+# machines whose node listeners are given (none: whole); its name
+Swap = Callable[[str, str | None, Resolved, tuple[str, ...]], Awaitable[str]]
 
 
 def answer_at_once(spec: str, node: NodeSettings | None, *, stopping: bool,
-                   switching_to: str | None, serving: str | None) -> tuple[bool, str] | None:
-    """The answer to a head that asks this node to serve ``spec`` when it needs no look
-    at the disk or the hub: refused (why, and where to choose instead), or taken because
-    it is served already; None: take it, once room is made for it."""
+                   switching_to: str | None, serving: str | None,
+                   split_with: tuple[str, ...] = ()) -> tuple[bool, str] | None:
+    """The answer to a head that asks this node to serve ``spec`` (split with the machines
+    at ``split_with``, where any) when it needs no look at the disk or the hub: refused
+    (why, and where to choose instead), or taken because it is served so already; None:
+    take it, once room is made for it."""
     if node is None or stopping:
         return False, STOPPING
     if not node.fleet_may_choose_model:
@@ -50,8 +54,9 @@ def answer_at_once(spec: str, node: NodeSettings | None, *, stopping: bool,
     if switching_to is not None:
         return False, (f"this node is switching to {switching_to} already; ask again once "
                        "it serves it")
-    if serving == spec:
-        return True, f"serves {spec} already"
+    if serving == spec and tuple(node.split_with) == split_with:
+        return True, f"serves {spec} already" + (
+            f" split with {', '.join(split_with)}" if split_with else "")
     return None
 
 
@@ -74,8 +79,9 @@ class FleetChoice:
         self._bandwidth: asyncio.Future[int] | None = None
         self._stopping = False
 
-    async def ask(self, spec: str) -> tuple[bool, str]:
-        """A head asks this node to serve ``spec`` (a hub id, checked by the agent): taken
+    async def ask(self, spec: str, split_with: tuple[str, ...] = ()) -> tuple[bool, str]:
+        """A head asks this node to serve ``spec`` (a hub id, checked by the agent), split
+        with the machines whose node listeners are ``split_with`` where any: taken
         when the settings let the fleet choose and the owner's quota of fleet models has
         room for it (older fleet models removed to make it), then pulled and loaded in the
         background; refused with why otherwise. Answers within ROOM_S (the hub sizes the
@@ -84,7 +90,7 @@ class FleetChoice:
         running = self._task is not None and not self._task.done()
         answer = answer_at_once(spec, node, stopping=self._stopping,
                                 switching_to=self._spec if running else None,
-                                serving=self._serving())
+                                serving=self._serving(), split_with=split_with)
         if answer is not None:
             return answer
         assert node is not None
@@ -92,7 +98,8 @@ class FleetChoice:
         loop = asyncio.get_running_loop()
         room: asyncio.Future[str | None] = loop.create_future()
         self._task = loop.create_task(
-            self._serve(model_cache.HubId(spec), node.runtime, node.fleet_models_quota, room),
+            self._serve(model_cache.HubId(spec), node.runtime, node.fleet_models_quota, room,
+                        split_with),
             name="shoal-fleet-model")
         try:
             async with asyncio.timeout(ROOM_S):
@@ -102,7 +109,8 @@ class FleetChoice:
                          "once it is loaded"
         if refusal is not None:
             return False, refusal
-        return True, f"pulling {spec}; this node serves it once it is loaded"
+        split = f" split with {', '.join(split_with)}" if split_with else ""
+        return True, f"pulling {spec}; this node serves it{split} once it is loaded"
 
     async def close(self) -> None:
         """Stop with this Shoal: a pull under way goes on from where it stopped at the
@@ -154,7 +162,7 @@ class FleetChoice:
         return reading.result() if reading.exception() is None else 0
 
     async def _serve(self, spec: str, runtime: str | None, quota: Quota,
-                     room: asyncio.Future[str | None]) -> None:
+                     room: asyncio.Future[str | None], split_with: tuple[str, ...]) -> None:
         """Make room for ``spec`` (said on ``room``), pull it without the role lock, then
         swap it in under the lock."""
         settings = self._conf.settings
@@ -172,7 +180,7 @@ class FleetChoice:
             model = await self._resolve(spec, runtime)
             if made.need:  # a new model, here because the fleet chose it: the quota's
                 await asyncio.to_thread(model_store.note_fleet_chosen, home, str(spec))
-            name = await self._swap(spec, runtime, model)
+            name = await self._swap(spec, runtime, model, split_with)
         except ShoalError as exc:
             line = f"could not serve {spec}, which a head of the fleet chose: {exc}"
             log.warning("%s", line)

@@ -34,21 +34,24 @@ log = logging.getLogger("shoal")
 
 DRAIN_S = 10.0  # a role that stops at run time lets its sessions finish this long
 
-ServeModel = Callable[[str], Awaitable[tuple[bool, str]]]
+ServeModel = Callable[[str, tuple[str, ...]], Awaitable[tuple[bool, str]]]
+ServeSplit = Callable[[str, tuple[str, ...]], Awaitable[str]]
 
 
 class RunningRoles:
     """``snapshot``: the whole Shoal's (the head's API serves it); ``machine``,
-    ``serve_model``: the node's answers to its heads (`FleetChoice`)."""
+    ``serve_model``: the node's answers to its heads (`FleetChoice`); ``serve_split``: the
+    API's asks for a model split across machines (`Shoal.serve_split`)."""
 
     def __init__(self, conf: Configuration, creds: FleetCredentials, models: HeadModels, *,
                  resolve: Resolve, emit: Callable[[ShoalEvent], None],
                  clock: Callable[[], float], wall: Callable[[], float],
                  snapshot: Callable[[], FleetSnapshot], machine: Callable[[], MachineFacts],
-                 serve_model: ServeModel) -> None:
+                 serve_model: ServeModel, serve_split: ServeSplit | None = None) -> None:
         self._conf, self._creds, self._models, self._resolve = conf, creds, models, resolve
         self._emit, self._clock, self._wall = emit, clock, wall
         self._snapshot, self._machine, self._serve_model = snapshot, machine, serve_model
+        self._serve_split = serve_split
         self.head: HeadRole | None = None
         self.node: LocalNode | None = None
         self.member: Membership | None = None
@@ -149,7 +152,8 @@ class RunningRoles:
             sock = HeadRole.bind_http(hs)
         self.head = await HeadRole.start(hs, models, home=s.home, psk=self._creds.token,
                                          emit=self._emit, clock=self._clock, wall=self._wall,
-                                         http_sock=sock, snapshot=self._snapshot)
+                                         http_sock=sock, snapshot=self._snapshot,
+                                         serve_split=self._serve_split)
         await self._models.learn_later(later)
         # models the fleet's nodes keep that this head does not know: learnt as they come
         self.head.head.fleet.on_unknown_kept = self._models.learn_kept
@@ -276,8 +280,10 @@ class RunningRoles:
                           if s.node is not None else s)
         self.changed()
 
-    async def swap(self, spec: str | None, runtime: str | None, model: Resolved) -> str:
-        """Serve ``model`` (pulled already) here in place of the model served now. When it
+    async def swap(self, spec: str | None, runtime: str | None, model: Resolved,
+                   split_with: tuple[str, ...] = ()) -> str:
+        """Serve ``model`` (pulled already) here in place of the model served now, split
+        with the machines whose node listeners are ``split_with`` (none: whole). When it
         cannot be served, the old one is served again and ShoalError says both."""
         async with self.lock:
             if self.stopping:
@@ -285,7 +291,7 @@ class RunningRoles:
             # the node starts again as it will hold its model (a HubId made a plain str)
             ns = replace(self._conf.pending.node or NodeSettings(),
                          model=str(spec) if spec is not None else None, runtime=runtime,
-                         model_name=None)
+                         model_name=None, split_with=split_with)
             before, old_model = self._conf.settings, self.node.model if self.node else None
             had_fleet = self.head is not None and self.head.fleet_side is not None
             member = self.member

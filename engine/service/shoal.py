@@ -6,6 +6,7 @@ desktop app all drive.
     async for event in shoal.events(): ...     # typed changes, bounded per subscriber
     await shoal.join(code) / leave() / set_head(on) / pause_serving(on) / set_model(spec)
     await shoal.serve_on(node_key, spec)       # this machine's node, or one of the fleet's
+    await shoal.serve_split(spec, machines)    # one model across machines that lend memory
     await shoal.aliases.set(...); shoal.keys.issue(name); await shoal.pairing()
     shoal.settings / shoal.pending             # in force / for the next start
     await shoal.update_settings(http_port=8460)  # validated, written once (SettingsChanged)
@@ -26,7 +27,7 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +38,15 @@ from engine.discovery.mdns import local_addresses
 from engine.errors import CommandError
 from engine.events import EventBus, Notice, SettingsChanged, ShoalEvent, Subscription
 from engine.head.commands import AliasCommands
+from engine.head.fleet.split_ask import hub_spec, split_targets
 from engine.head.observe import fleet_snapshot
-from engine.models import ids
 from engine.models import store as model_store
 from engine.models.commands import ModelCommands
 from engine.models.loading import Pulls, Resolved
 from engine.models.pulls.quota import Quota
 from engine.node import model_set
 from engine.node.files import FleetPeers
+from engine.roles.head_role import HeadRole
 from engine.service.configuration import Ask, Configuration
 from engine.service.fleet_choice import FleetChoice
 from engine.service.head_models import HeadModels, ModelSource
@@ -89,8 +91,8 @@ class Shoal:
         self._head_models = HeadModels(self._conf, resolve=self._resolve, emit=self._emit,
                                        head=lambda: self._roles.head)
         self._choice = FleetChoice(self._conf, pulls=self._pulls, resolve=self._resolve,
-                                   swap=lambda spec, runtime, model:
-                                   self._roles.swap(spec, runtime, model),
+                                   swap=lambda spec, runtime, model, split:
+                                   self._roles.swap(spec, runtime, model, split),
                                    serving=self._roles_serving,
                                    ram_total=lambda: machine_memory().total, emit=self._emit,
                                    clock=clock)
@@ -98,7 +100,8 @@ class Shoal:
                                    resolve=self._resolve, emit=self._emit, clock=clock,
                                    wall=wall, snapshot=self.snapshot,
                                    machine=self._choice.machine_facts,
-                                   serve_model=self._choice.ask)
+                                   serve_model=self._choice.ask,
+                                   serve_split=self.serve_split)
         # a pull asks the fleet's machines for a model before the hub
         self._pulls.peers = FleetPeers(self._roles.peer_addresses, lambda: self._creds.token)
         self._rejoin = Rejoin(self._conf, join=lambda head: self._roles.join(None, head))
@@ -365,22 +368,41 @@ class Shoal:
             node = self.pending.node
             name = await self.set_model(spec, runtime=node.runtime if node else None)
             return f"this machine serves {name}"
-        spec = spec.strip()
-        try:
-            ids.parse_model_id(spec)
-            if ids.looks_like_path(spec):
-                raise ValueError(f"{spec!r} names a file on this machine")
-        except ValueError as exc:
-            raise CommandError(f"{exc}; a fleet node pulls its model from the hub, so give "
-                               "it as org/repo:QUANT", code="bad_model") from None
+        spec = hub_spec(spec)
+        said = await self._require_head().ask_node_to_serve(node_key, spec)
+        learnt = await self._head_models.learn(spec)
+        return f"{said}; {learnt}" if learnt else said
+
+    async def serve_split(self, spec: str, machines: Sequence[str]) -> str:
+        """Serve ``spec`` (a hub id, org/repo:QUANT) on the first of ``machines``, its last
+        layers on the memory the others lend (each named as the Fleet page and /v1/fleet
+        name it, by its node's key, or ``this machine``): this machine's node swaps to it
+        at once, as `set_model` does; a node of the fleet is asked over its link and
+        answers at once, then pulls it and serves it split. The line of what happens;
+        CommandError (one line) for an unknown machine, one that lends nothing or cannot
+        be reached, or a serving machine that does not take models from heads."""
+        spec = hub_spec(spec)
+        head = self._require_head()
+        targets = split_targets(self.snapshot().nodes, machines)
+        names = ", ".join(targets.names[1:])
+        if targets.serving == "local":
+            node = self.pending.node
+            runtime = node.runtime if node else None
+            name = await self._roles.swap(spec, runtime, await self._owned(spec, runtime),
+                                          targets.lenders)
+            return f"this machine serves {name}, its last layers on {names}"
+        said = await head.ask_node_to_serve(targets.serving, spec, targets.lenders)
+        learnt = await self._head_models.learn(spec)
+        return f"{targets.names[0]}: {said}; {learnt}" if learnt else \
+            f"{targets.names[0]}: {said}"
+
+    def _require_head(self) -> HeadRole:
         head = self._roles.head
         if head is None:
             raise CommandError("the API does not run on this machine, so it links with no "
                                "fleet node; turn it on (Run the API on this machine), or "
                                "choose the model on that machine", code="no_head")
-        said = await head.ask_node_to_serve(node_key, spec)
-        learnt = await self._head_models.learn(spec)
-        return f"{said}; {learnt}" if learnt else said
+        return head
 
     # -- the fleet -----------------------------------------------------------------
 

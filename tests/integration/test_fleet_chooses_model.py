@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -51,31 +51,40 @@ def node_at(head: Shoal, identity: str) -> NodeSnapshot | None:
 
 
 class SlowPull:
-    """The mock runtime's model lookup made a pull: it reports bytes as a hub pull does,
-    half of them, then waits until the test lets it finish."""
+    """The mock runtime's model lookup made a pull of the ids ``held`` (CHOSEN): it reports
+    bytes as a hub pull does, half of them, then waits until the test lets it finish; with
+    ``fail``, it fails then."""
 
-    def __init__(self) -> None:
+    def __init__(self, held: Callable[[str], bool] = CHOSEN.__eq__, *,
+                 fail: bool = False) -> None:
         self.go = threading.Event()
         self.asked: list[str] = []
+        self.held, self.fail = held, fail
 
     def find(self, spec: str | None, home: Path, offline: bool, progress: object,
              cancel: object) -> registry.ResolvedModel:
         name = spec or "mock"
-        if spec == CHOSEN:
+        if spec is not None and self.held(spec):
             self.asked.append(spec)
             progress("", PULL_BYTES // 2, PULL_BYTES)  # type: ignore[operator]
             if not self.go.wait(30):
                 raise registry.RuntimeUnavailable("the test never let the pull finish")
+            if self.fail:
+                raise registry.RuntimeUnavailable("the test ends this pull here")
         return registry.ResolvedModel(name, name)
 
 
-@pytest.fixture
-def slow_pull(monkeypatch: pytest.MonkeyPatch) -> Iterator[SlowPull]:
-    pull = SlowPull()
+def holding(monkeypatch: pytest.MonkeyPatch, pull: SlowPull) -> Iterator[SlowPull]:
+    """The mock runtime with ``pull``'s lookup, for a fixture."""
     mock = registry._RUNTIMES["mock"]
     monkeypatch.setitem(registry._RUNTIMES, "mock", dataclasses.replace(mock, find_model=pull.find))
     yield pull
     pull.go.set()  # a failed test does not leave the worker thread waiting
+
+
+@pytest.fixture
+def slow_pull(monkeypatch: pytest.MonkeyPatch) -> Iterator[SlowPull]:
+    yield from holding(monkeypatch, SlowPull())
 
 
 @contextlib.asynccontextmanager
@@ -197,7 +206,7 @@ class OlderAgent(NodeAgent):
 
 
 async def test_an_older_node_is_not_asked(tmp_path: Path):
-    async def would_pull(spec: str) -> tuple[bool, str]:
+    async def would_pull(spec: str, split_with: tuple[str, ...]) -> tuple[bool, str]:
         return True, "would have pulled it"
 
     agent = OlderAgent(MockEngine(model="mock-m", lanes=1), identity="old", psk=None,

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine.cli import main
+from engine.cli import models as cli_models
 
 
 @pytest.fixture
@@ -15,6 +17,15 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SHOAL_HOME", str(tmp_path))
     (tmp_path / "config.toml").write_text('[node]\ngpu = "off"\n')
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def fleet(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The nodes the head answers with (/v1/fleet): none unless a test adds some; no
+    socket in a unit test."""
+    nodes: list[dict[str, Any]] = []
+    monkeypatch.setattr(cli_models, "fleet_nodes", lambda head, unseen: (nodes, ""))
+    return nodes
 
 
 def entry_block(out: str, entry_id: str) -> str:
@@ -102,3 +113,41 @@ def test_keep_alive_sets_shows_and_refuses_a_models_idle_time(
     assert main(["models", "keep-alive", name, "default"]) == 0
     assert main(["models", "keep-alive", "other", "5m"]) == 2
     assert "no model 'other' is kept on this machine" in capsys.readouterr().err
+
+
+def test_fits_offers_a_model_no_machine_holds_split_across_one_that_lends(
+        home: Path, capsys: pytest.CaptureFixture[str], fleet: list[dict[str, Any]]) -> None:
+    from engine.sizes import GiB
+
+    # this machine's own node lends nothing; the desk lends 14 GiB of its 14 GiB budget
+    fleet.append({"key": "local", "identity": "laptop", "lend_bytes": 0})
+    fleet.append({"key": "10.0.0.2:8455", "identity": "desk", "ram_total": 32 * GiB,
+                  "mem_budget": 14 * GiB, "lend_bytes": 14 * GiB, "lanes": 8,
+                  "device_kind": "", "lend_junk": "x" * 10_000})
+    assert main(["models", "catalog", "--fits", "--memory-budget", "8GiB"]) == 0
+    out = capsys.readouterr().out
+    big = entry_block(out, "qwen2.5-coder-32b-instruct").splitlines()
+    assert all("does not fit" in line for line in big[1:-1])
+    assert big[-1].startswith("    no machine holds it alone; Q4_K_M split across laptop + "
+                              "desk (")
+    assert big[-1].endswith(" of 64 layers): `shoal models serve "
+                            "bartowski/Qwen2.5-Coder-32B-Instruct-GGUF:Q4_K_M --split "
+                            "laptop,desk`")
+    # a model the desk holds alone is offered no split
+    assert "no machine holds it alone" not in entry_block(out, "qwen2.5-coder-14b-instruct")
+    # the desk lending nothing: no split at all
+    fleet[1]["lend_bytes"] = 0
+    assert main(["models", "catalog", "--fits", "--memory-budget", "8GiB"]) == 0
+    assert "no machine holds it alone" not in capsys.readouterr().out
+
+
+def test_fits_says_when_no_head_answers_for_the_fleet(
+        home: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli_models, "fleet_nodes", lambda head, unseen: (
+        [], f"(no head answered at {head}: refused; {unseen})"))
+    assert main(["models", "catalog", "--fits", "--memory-budget", "8GiB",
+                 "--head", "127.0.0.1:9"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "(no head answered at 127.0.0.1:9: refused; a model no machine holds alone is not "
+        "offered split across the fleet)")

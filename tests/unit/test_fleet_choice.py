@@ -39,3 +39,15 @@ def test_a_model_served_already_is_taken_at_once_and_another_waits_for_room():
     assert ask(serving=SPEC) == (True, f"serves {SPEC} already")
     assert ask() is None
     assert ask(serving=None) is None
+
+
+def test_a_model_served_whole_is_asked_again_split_and_a_split_served_so_is_taken():
+    split = ("desk:8455",)
+    assert answer_at_once(SPEC, NODE, stopping=False, switching_to=None, serving=SPEC,
+                          split_with=split) is None
+    served_split = NodeSettings(fleet_may_choose_model=True, split_with=split)
+    assert answer_at_once(SPEC, served_split, stopping=False, switching_to=None,
+                          serving=SPEC, split_with=split) == (
+        True, f"serves {SPEC} already split with desk:8455")
+    assert answer_at_once(SPEC, served_split, stopping=False, switching_to=None,
+                          serving=SPEC) is None  # asked whole again

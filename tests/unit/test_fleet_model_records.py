@@ -85,9 +85,10 @@ def test_the_new_figures_come_after_every_older_field() -> None:
     paused, serve_failed = False, ""  # added after the facts, as an older node sends none
     mem_bandwidth = gpu_bandwidth = 0  # added after those (issue 32's speed estimate)
     kept: list[object] = []  # then the models it keeps besides its first (issue 32)
+    lend_bytes = 0  # then the memory it lends to split models (issue 33)
     assert msgspec.msgpack.decode(m.encode(sent)) == [*OLD_STATS, *FACTS, paused,
                                                       serve_failed, mem_bandwidth,
-                                                      gpu_bandwidth, kept]
+                                                      gpu_bandwidth, kept, lend_bytes]
 
 
 @pytest.mark.parametrize(("index", "bad"), [
@@ -107,6 +108,29 @@ def test_hellos_say_whether_a_node_takes_models() -> None:
     assert isinstance(got, m.NodeHello) and got.channels and not got.takes_models
     agent = NodeAgent(MockEngine(lanes=1), identity="n", psk=None)
     assert agent._hello().takes_models
+
+
+def test_a_split_ask_carries_the_lenders_bounded_and_an_older_ask_none() -> None:
+    rec = m.ServeModel(spec="acme/Big-GGUF:Q4_K_M", ask=2,
+                       split_with=["desk.local:8455", "[fe80::1]:8455"])
+    assert roundtrip(rec) == rec
+    older = m.decode(m._encoder.encode(["serve_model", "acme/Big-GGUF:Q4_K_M", 2]))
+    assert isinstance(older, m.ServeModel) and older.split_with == []
+    for bad in (["h:1"] * (m.MAX_SPLIT + 1), ["h" * m.MAX_ADDRESS + ":1"], [""], [7]):
+        with pytest.raises(m.RecordError):
+            m.decode(m._encoder.encode(["serve_model", "acme/Big-GGUF:Q4_K_M", 2, bad]))
+
+
+def test_a_node_says_it_takes_splits_and_what_it_lends(tmp_path: Path) -> None:
+    from engine.node.lending import Lender
+
+    agent = NodeAgent(MockEngine(lanes=1), identity="n", psk=None)
+    assert agent._hello().splits and agent.stats_record().lend_bytes == 0
+    agent.lender = Lender(tmp_path, lend_bytes=3 * GiB, threads=1)  # started on first use
+    assert roundtrip(agent.stats_record()).lend_bytes == 3 * GiB  # type: ignore[union-attr]
+    old = ["node_hello", "n", "m", "mock", 4096, 2, 0, [0.0] * 5, 1, "i", True, True]
+    got = m.decode(m._encoder.encode(old))
+    assert isinstance(got, m.NodeHello) and got.takes_models and not got.splits
 
 
 class GpuEngine(MockEngine):
@@ -130,10 +154,10 @@ def test_the_node_reports_its_machine_its_device_and_its_pull() -> None:
 
 
 async def test_the_agent_hands_a_hub_id_to_its_owner_and_answers_with_its_word() -> None:
-    asked: list[str] = []
+    asked: list[tuple[str, tuple[str, ...]]] = []
 
-    async def owner(spec: str) -> tuple[bool, str]:
-        asked.append(spec)
+    async def owner(spec: str, split_with: tuple[str, ...]) -> tuple[bool, str]:
+        asked.append((spec, split_with))
         return spec.endswith("Q4_K_M"), f"pulling {spec}" if spec.endswith("Q4_K_M") else "no"
 
     agent = NodeAgent(MockEngine(lanes=1), identity="n", psk=None, serve_model=owner)
@@ -144,7 +168,11 @@ async def test_the_agent_hands_a_hub_id_to_its_owner_and_answers_with_its_word()
     # a name that passes the link's pattern but not the hub's rules is refused here
     refused = await agent.asked_to_serve(m.ServeModel(spec="acme/re..po", ask=6))
     assert not refused.accepted and "is not a model id" in refused.message
-    assert asked == ["acme/C-GGUF:Q4_K_M", "acme/C-GGUF:Q8_0"]
+    # a split: the lending machines' addresses reach the owner as the head sent them
+    split = m.ServeModel(spec="acme/Big-GGUF:Q4_K_M", ask=7, split_with=["10.0.0.2:8455"])
+    assert (await agent.asked_to_serve(split)).accepted
+    assert asked == [("acme/C-GGUF:Q4_K_M", ()), ("acme/C-GGUF:Q8_0", ()),
+                     ("acme/Big-GGUF:Q4_K_M", ("10.0.0.2:8455",))]
 
 
 async def test_an_agent_without_an_owner_or_with_a_failing_one_refuses() -> None:
@@ -152,7 +180,7 @@ async def test_an_agent_without_an_owner_or_with_a_failing_one_refuses() -> None
     assert await bare.asked_to_serve(m.ServeModel(spec="a/b:Q4_0", ask=1)) == m.ServeModelResult(
         accepted=False, message=NO_FLEET_MODELS, ask=1)
 
-    async def broken(spec: str) -> tuple[bool, str]:
+    async def broken(spec: str, split_with: tuple[str, ...]) -> tuple[bool, str]:
         raise RuntimeError("disk on fire")
 
     agent = NodeAgent(MockEngine(lanes=1), identity="n", psk=None, serve_model=broken)
@@ -207,12 +235,13 @@ def test_kept_models_travel_bounded_and_after_every_older_field() -> None:
     got_hello = m.decode(m.encode(hello))
     assert isinstance(got_hello, m.NodeHello) and got_hello.kept == kept[:2]
     # one more than a node may say, a name past the bound, a state no node has: refused
+    at = -2  # the kept models, just before the memory lent (issue 33)
     too_many = msgspec.msgpack.decode(m.encode(stats))
-    too_many[-1] = [*too_many[-1], too_many[-1][0]]
+    too_many[at] = [*too_many[at], too_many[at][0]]
     long_name = msgspec.msgpack.decode(m.encode(stats))
-    long_name[-1][0][0] = "x" * (m.MAX_NAME + 1)
+    long_name[at][0][0] = "x" * (m.MAX_NAME + 1)
     odd_state = msgspec.msgpack.decode(m.encode(stats))
-    odd_state[-1][0][1] = "sleeping"
+    odd_state[at][0][1] = "sleeping"
     for bad in (too_many, long_name, odd_state):
         with pytest.raises(m.RecordError):
             m.decode(msgspec.msgpack.encode(bad))

@@ -137,6 +137,7 @@ class PoolReport(TypedDict):
     serve_failed: str
     mem_bandwidth: int
     gpu_bandwidth: int
+    lend_bytes: int
 
 
 @dataclass
@@ -147,6 +148,7 @@ class NodeInfo:
     context_window: int = 0
     lanes: int = 0
     takes_models: bool = False  # it reads ServeModel (its hello said so)
+    splits: bool = False  # and ServeModel.split_with
     kept: tuple[m.KeptModel, ...] = ()  # the models it keeps besides ``model`` (its hello)
 
 
@@ -253,10 +255,11 @@ class NodePool:
         if asked is not None and not asked[1].done():
             asked[1].set_result(answer)
 
-    async def serve_model(self, spec: str, *, timeout_s: float = ANSWER_S
-                          ) -> m.ServeModelResult:
-        """Ask the node to serve ``spec`` (a hub id) and wait for its answer; NotAsked
-        (one line) when it cannot be asked or does not answer in ``timeout_s``."""
+    async def serve_model(self, spec: str, *, split_with: tuple[str, ...] = (),
+                          timeout_s: float = ANSWER_S) -> m.ServeModelResult:
+        """Ask the node to serve ``spec`` (a hub id; split with the machines whose node
+        listeners are ``split_with``, where any) and wait for its answer; NotAsked (one
+        line) when it cannot be asked or does not answer in ``timeout_s``."""
         name = self.info.identity or self.address
         conn = next((c for c in [*self.idle, *self.busy] if not c.closed), None)
         if self.state != "ready" or conn is None:
@@ -267,12 +270,16 @@ class NodePool:
             raise NotAsked(f"the node {name} runs an older Shoal that cannot take a model "
                            "from the fleet; update Shoal there, or choose its model on that "
                            "machine", "node_too_old")
+        if split_with and not self.info.splits:
+            raise NotAsked(f"the node {name} runs an older Shoal that cannot serve a model "
+                           "split across machines; update Shoal there, or serve it split "
+                           "from another machine", "node_too_old")
         ask = self.fleet.next_ask()
         answered: asyncio.Future[m.ServeModelResult] = \
             asyncio.get_running_loop().create_future()
         self._asks[ask] = (conn, answered)
         try:
-            conn.link.send(m.ServeModel(spec=spec, ask=ask))
+            conn.link.send(m.ServeModel(spec=spec, ask=ask, split_with=list(split_with)))
             async with asyncio.timeout(timeout_s):
                 return await answered
         except LinkClosed:
@@ -423,7 +430,7 @@ class NodePool:
                           disk_free=st.disk_free, pull_model=st.pull_model,
                           pull_done=st.pull_done, pull_total=st.pull_total,
                           serve_failed=st.serve_failed, mem_bandwidth=st.mem_bandwidth,
-                          gpu_bandwidth=st.gpu_bandwidth)
+                          gpu_bandwidth=st.gpu_bandwidth, lend_bytes=st.lend_bytes)
 
     def shown_state(self) -> ShownState:
         """The link's state; for a linked node, "paused" when its user paused serving and
@@ -557,7 +564,8 @@ class NodePool:
             self.info.identity, self.info.model, self.info.context_window, self.info.lanes)
         self.info = NodeInfo(identity=hello.identity, model=hello.model, runtime=hello.runtime,
                              context_window=hello.context_window, lanes=hello.lanes,
-                             takes_models=hello.takes_models, kept=tuple(hello.kept))
+                             takes_models=hello.takes_models, splits=hello.splits,
+                             kept=tuple(hello.kept))
         if hello.kept:
             self.fleet.kept_seen(hello.kept)
         if fresh or not self._announced:
@@ -656,8 +664,8 @@ class Fleet:
         self._asks += 1
         return self._asks
 
-    async def serve_model(self, key: str, spec: str, *, timeout_s: float = ANSWER_S
-                          ) -> m.ServeModelResult:
+    async def serve_model(self, key: str, spec: str, *, split_with: tuple[str, ...] = (),
+                          timeout_s: float = ANSWER_S) -> m.ServeModelResult:
         """Ask the node ``key`` (a NodeSnapshot's key) to serve ``spec``; its answer, or
         NotAsked (one line) when there is no such node or it cannot be asked."""
         pool = self.pools.get(key)
@@ -665,7 +673,7 @@ class Fleet:
             known = ", ".join(sorted(self.pools)[:8]) or "none"
             raise NotAsked(f"no node '{key}' in this head's fleet (it knows: {known}); give "
                            "a node's key as the fleet lists it", "node_unknown")
-        return await pool.serve_model(spec, timeout_s=timeout_s)
+        return await pool.serve_model(spec, split_with=split_with, timeout_s=timeout_s)
 
     def add_dialed(self, host: str, port: int, *, key: str | None = None,
                    discovered: bool = False) -> NodePool:
