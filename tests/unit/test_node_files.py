@@ -60,6 +60,7 @@ def test_a_file_record_out_of_bounds_is_refused_before_use(record: m.Record) -> 
 def test_rpc_bytes_are_bounded_like_a_files_chunks() -> None:
     assert m.decode(m.encode(m.RpcBytes(data=b"x" * m.MAX_CHUNK))) == m.RpcBytes(
         data=b"x" * m.MAX_CHUNK)
-    for bad in (m.RpcBytes(data=b"x" * (m.MAX_CHUNK + 1)), m.RpcBytes(data=b"")):
-        with pytest.raises(m.RecordError):
-            m.decode(m.encode(bad))
+    with pytest.raises(m.RecordError):
+        m.decode(m.encode(m.RpcBytes(data=b"x" * (m.MAX_CHUNK + 1))))
+    # empty: the lending side's sign of life while its server computes
+    assert m.decode(m.encode(m.RpcBytes(data=b""))) == m.RpcBytes(data=b"")
