@@ -160,7 +160,8 @@ class LinkConnection:
             self._check_handshake_length(n)
         if len(self._inbox) < 2 + n:
             return None
-        frame = bytes(self._inbox[2:2 + n])
+        with memoryview(self._inbox) as view:
+            frame = bytes(view[2:2 + n])
         del self._inbox[:2 + n]
         return frame
 
@@ -243,7 +244,8 @@ class LinkConnection:
             self._need = n
         if len(self._plain) < self._need:
             return None
-        body = bytes(self._plain[:self._need])
+        with memoryview(self._plain) as view:  # one copy (a slice of a bytearray is two)
+            body = bytes(view[:self._need])
         del self._plain[:self._need]
         self._need = None
         return _decoded(body)
@@ -272,14 +274,17 @@ class LinkConnection:
         if len(stream) <= _MAX_PLAIN:
             chunk = cs.encrypt_with_ad(b"", stream) if cs is not None else stream
             return _LEN2.pack(len(chunk)) + chunk
-        out = bytearray()
+        # a large record (a file's chunk): each frame encrypted from a view of the stream
+        # and the frames joined once
+        view = memoryview(stream)
+        parts: list[bytes | memoryview] = []
         for i in range(0, len(stream), _MAX_PLAIN):
-            chunk = stream[i:i + _MAX_PLAIN]
+            piece: bytes | memoryview = view[i:i + _MAX_PLAIN]
             if cs is not None:
-                chunk = cs.encrypt_with_ad(b"", chunk)
-            out += _LEN2.pack(len(chunk))
-            out += chunk
-        return bytes(out)
+                piece = cs.encrypt_with_ad(b"", piece)
+            parts.append(_LEN2.pack(len(piece)))
+            parts.append(piece)
+        return b"".join(parts)
 
 
 def _decoded(body: bytes | memoryview) -> messages.Record:

@@ -87,12 +87,12 @@ class CipherState:
     def has_key(self) -> bool:
         return self._aead is not None
 
-    def encrypt_with_ad(self, ad: bytes, plaintext: bytes) -> bytes:
+    def encrypt_with_ad(self, ad: bytes, plaintext: bytes | memoryview) -> bytes:
         aead = self._aead
         if aead is None:
             # Spec: without a key the "ciphertext" is the plaintext (never the case
             # after MixKeyAndHash(psk), kept for fidelity to the spec).
-            return plaintext
+            return bytes(plaintext)
         if len(plaintext) + TAGLEN > MAX_MESSAGE:
             raise NoiseError(f"plaintext of {len(plaintext)} bytes exceeds a Noise message")
         n = self._n

@@ -21,6 +21,7 @@ the part, its sha256 compared at the end).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import secrets
@@ -110,13 +111,21 @@ class FileShelf:
 
 
 async def _send_file(link: Link, path: Path, offset: int) -> None:
+    """The file's bytes from ``offset`` in FileChunks; the next chunk is read from the
+    disk while the link sends this one."""
     f: BinaryIO = await asyncio.to_thread(path.open, "rb")
+    reading: asyncio.Future[bytes] | None = None
     try:
         await asyncio.to_thread(f.seek, offset)
-        while data := await asyncio.to_thread(f.read, m.MAX_CHUNK):
+        reading = asyncio.ensure_future(asyncio.to_thread(f.read, m.MAX_CHUNK))
+        while data := await reading:
+            reading = asyncio.ensure_future(asyncio.to_thread(f.read, m.MAX_CHUNK))
             link.send(m.FileChunk(data=data))
             await link.drain()
     finally:
+        if reading is not None and not reading.done():  # its thread still reads f
+            with contextlib.suppress(Exception):
+                await asyncio.shield(reading)
         await asyncio.to_thread(f.close)
 
 
@@ -194,6 +203,7 @@ class FleetPeers:
     async def _receive(self, address: str, psk: bytes, wanted: Wanted, offset: int,
                        sink: Sink) -> None:
         link, node = await self._open(address, psk)
+        writing: asyncio.Future[None] | None = None
         try:
             link.send(m.FileWanted(repo=wanted.repo, sha256=wanted.sha256, offset=offset))
             done = offset
@@ -201,10 +211,19 @@ class FleetPeers:
                 async with asyncio.timeout(CHUNK_S):
                     rec = await link.recv()
                 if isinstance(rec, m.FileChunk):
-                    sink(rec.data)  # written here: this loop is the pull's own
+                    # written and hashed in a thread while the next chunk comes (both
+                    # leave the GIL), one chunk at a time, in order
+                    if writing is not None:
+                        await writing
+                    writing = asyncio.ensure_future(asyncio.to_thread(sink, rec.data))
                     done += len(rec.data)
                 elif isinstance(rec, m.Error):
                     raise ModelMissing(f"{node.identity} stopped sending {wanted.label}: "
                                        f"{rec.message}; run again")
+            if writing is not None:
+                await writing
         finally:
+            if writing is not None and not writing.done():  # the sink is the caller's
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(writing)
             link.close()
