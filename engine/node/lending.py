@@ -142,7 +142,8 @@ class Lender:
                 port = _free_port()  # another process may take it before the server binds
                 proc = await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "engine.runtimes.rpc_lender", f"127.0.0.1:{port}",
-                    str(self.cache), str(self.threads), stdin=asyncio.subprocess.PIPE,
+                    str(self.cache), str(self.threads), str(self.lend_bytes),
+                    stdin=asyncio.subprocess.PIPE,
                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                     start_new_session=True)
                 self._proc = proc

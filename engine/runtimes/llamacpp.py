@@ -439,10 +439,22 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         devices = (ctypes.c_void_p * (len(handles) + 1))(*handles, None)
         mparams.devices = ctypes.cast(devices, ctypes.c_void_p)
         mparams.n_gpu_layers = off.layers if handle else 0
-        if len(handles) > 1:  # several lending machines: the layers each holds, in order
-            shares = [float(n) for n in self.split_parts if n]
-            split = (ctypes.c_float * max(int(lib.llama_max_devices()), len(shares)))(*shares)
-            mparams.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
+        keep: Any = None  # what llama.cpp reads while it loads
+        if self._rpc_devices and handle:
+            from engine.runtimes import rpc
+
+            # llama.cpp gives devices the last n_gpu_layers of the model's layers and its
+            # output layer, in that order: one more, and the output kept here
+            keep = rpc.output_here()
+            mparams.tensor_buft_overrides = ctypes.cast(keep, ctypes.c_void_p)
+            mparams.n_gpu_layers = off.layers + 1
+            if len(handles) > 1:  # several lending machines: the layers each holds
+                shares = [float(n) for n in self.split_parts if n]
+                shares[-1] += 1.0  # the output layer's place, in the last one's range
+                split = (ctypes.c_float * max(int(lib.llama_max_devices()),
+                                              len(shares)))(*shares)
+                mparams.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
+                keep = (keep, split)
         model = lib.llama_model_load_from_file(self.path.encode(), mparams)
         if not model and handle and choice.device is not None:
             # the device refused what the plan gave it (its free memory changed, or the

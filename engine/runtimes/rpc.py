@@ -111,6 +111,31 @@ def add_server(endpoint: str) -> int:
     return int(rpc.g.ggml_backend_reg_dev_get(reg, 0))
 
 
+class _Override(ctypes.Structure):
+    """llama.cpp's llama_model_tensor_buft_override: tensors whose name the pattern finds
+    go to that buffer type."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+# the output layer (its norm and weights; Gemma's tied output is a second token_embd):
+# llama.cpp puts it with the last of the layers given to devices, so on the lending machine
+# it would compute every token's logits there (a MiB per token back over the link, and a
+# batch's logits, 512 MiB for a 262k vocabulary, in the lent memory)
+OUTPUT_HERE = b"^(output|token_embd)"
+
+
+def output_here() -> Any:
+    """The NULL-terminated overrides that keep the output layer in this machine's RAM
+    (for llama_model_params.tensor_buft_overrides; keep the array alive while loading)."""
+    rpc = _load()
+    rpc.g.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    rpc.g.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    cpu = rpc.g.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
+    buft = rpc.g.ggml_backend_dev_buffer_type(cpu)
+    return (_Override * 2)(_Override(OUTPUT_HERE, buft), _Override(None, None))
+
+
 def serve(endpoint: str, cache_dir: str, threads: int) -> None:
     """Serve this machine's CPU to one RPC client at a time at ``endpoint`` (127.0.0.1
     only), caching tensors under ``cache_dir``; returns only when the server fails."""

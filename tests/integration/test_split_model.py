@@ -23,6 +23,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from engine.runtimes.rpc_lender import HEADROOM
 from tests.e2e.conftest import gemma_gguf  # noqa: F401  # the real GGUF, cached per machine
 from tests.integration.conftest import SHOAL, Cluster, Proc
 from tests.integration.test_fleet import fleet_state, wait_ready
@@ -85,9 +86,14 @@ def test_a_model_split_with_a_lending_machine_answers_as_it_does_whole(
     model = gemma_gguf.stem
     assert greedy(split, model) == greedy(whole, model)
 
-    served = re.search(r"RPC server on 127\.0\.0\.1:(\d+)", lender.log_text())
+    served = re.search(r"RPC server on 127\.0\.0\.1:(\d+) \(pid (\d+)\)", lender.log_text())
     assert served is not None, lender.log_text()
     assert listening(int(served.group(1))) == ["127.0.0.1"]  # never on another address
+    # the server may take no more than the machine lends (within its 300M budget)
+    limits = Path(f"/proc/{served.group(2)}/limits").read_text()
+    data = re.search(r"Max data size\s+(\d+)\s+(\d+)", limits)
+    assert data is not None, limits
+    assert HEADROOM < int(data.group(1)) <= 300 * 2**20 + HEADROOM
 
 
 def test_a_model_split_with_two_lending_machines_shares_its_layers_between_them(
