@@ -49,6 +49,18 @@ def wait_line(proc: subprocess.Popen[str], pattern: str, timeout: float = 30.0) 
     raise AssertionError(f"no {pattern!r} in {buf!r}")
 
 
+def stop(procs: list[subprocess.Popen[str]]) -> None:
+    """End the processes a test started, by their ids (killed if they linger)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
 def fleet(ns: str, port: int) -> dict:
     code = (f"import urllib.request; print(urllib.request.urlopen("
             f"'http://127.0.0.1:{port}/v1/fleet', timeout=5).read().decode())")
@@ -110,11 +122,4 @@ def test_node_finds_head_over_mdns_across_hosts(netns_pair: Pair, tmp_path: Path
         assert token not in (tmp_path / "head.log").read_text() + \
             (tmp_path / "node.log").read_text()
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+        stop(procs)

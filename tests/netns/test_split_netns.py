@@ -18,7 +18,7 @@ import pytest
 
 from tests.e2e.conftest import gemma_gguf  # noqa: F401  # the real GGUF, cached per machine
 from tests.netns.conftest import Pair
-from tests.netns.test_join_netns import in_ns, wait_line
+from tests.netns.test_join_netns import in_ns, stop, wait_line
 
 pytestmark = [pytest.mark.netns, pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -101,11 +101,4 @@ def test_a_split_across_two_hosts_reaches_the_rpc_server_only_through_the_link(
         assert connect_from(netns_pair.b, netns_pair.addr_a, link_port) == "connected"
         assert token not in laptop_log + (tmp_path / "desk.log").read_text()
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(5)
+        stop(procs)
