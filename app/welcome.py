@@ -8,7 +8,9 @@ The model step offers the catalog's models that fit this machine, each with its 
 estimate here, the one suggested for it chosen already (app/pages/model_options.py), and
 names the models suggested beside it for an editor (autocomplete, embeddings): the step's
 button pulls and serves the choice, with its progress and a Cancel, then goes on; the
-embedded default starts with no download.
+embedded default starts with no download. Where the fleet's machines together hold a
+catalog model that none holds alone, it offers the largest split across them, and "Serve
+it split" asks them for it as the Models page does.
 """
 
 from __future__ import annotations
@@ -34,11 +36,14 @@ from PySide6.QtWidgets import (
 from app.bridge import ShoalBridge
 from app.editors import EditorsPanel
 from app.join import JoinPanel, in_the_app, joined_line
+from app.pages.catalog import SplitAsk
+from app.pages.fleet_split import largest_offer
 from app.pages.model_options import (
     ModelOption,
     ModelOptions,
     beside_line,
     not_offered,
+    split_line,
     welcome_options,
 )
 from app.pages.pairing import PairingView
@@ -222,6 +227,18 @@ class Welcome(QDialog):
         self.left_out = note("")
         self.left_out.setObjectName("welcomeLeftOut")
         card.add(self.left_out)
+        # the largest model no machine holds alone, which the fleet's machines hold split
+        self.split_offer = note("")
+        self.split_offer.setObjectName("welcomeSplitOffer")
+        self.serve_split = SplitAsk(self._bridge)
+        self.serve_split.clicked.connect(lambda: say(self.split_done, ""))
+        card.row(self.split_offer, self.serve_split).setStretch(0, 1)
+        self.split_offer.hide()
+        self.split_done = note("")  # the serving machine's answer
+        self.split_done.setObjectName("welcomeSplitDone")
+        self.split_done.hide()
+        self.serve_split.answered.connect(lambda line: say(self.split_done, line))
+        card.add(self.split_done)
         self.serve = ServeModel(self._bridge)
         # the options name the model; "Other model…" shows the file and id fields, and
         # the step's own button serves the choice
@@ -235,6 +252,7 @@ class Welcome(QDialog):
         card.add(self.serve)
         self.model_error = inline_error()
         card.add(self.model_error)
+        self.serve_split.refused.connect(lambda line: say(self.model_error, line))
         layout.addWidget(card, 1)
         return page
 
@@ -334,6 +352,8 @@ class Welcome(QDialog):
         more = not_offered(self._fits, options)
         say(self.left_out, f"{more} more in the catalog need more memory than this machine "
                            "gives a model; the Models page lists them all." if more else "")
+        say(self.split_offer, split_line(self._fits))
+        self.serve_split.show_offer(largest_offer(self._fits) if self._fits else None)
         self._option_shown()
 
     def _option_changed(self) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QItemSelection, Qt
+from PySide6.QtCore import QItemSelection, Qt, Signal
 from PySide6.QtWidgets import QComboBox, QLabel, QPushButton, QToolButton, QWidget
 
 from app.bridge import ShoalBridge
@@ -77,6 +77,50 @@ def split_text(offer: SplitOffer, fits: FleetFits | None) -> str:
     return f"No machine holds it alone; {offer.quant} {line}"
 
 
+class SplitAsk(QPushButton):
+    """"Serve it split": asks the machines of the offer shown to serve its model split as
+    offered (``shoal.serve_split``), one ask at a time; ``answered`` says the serving
+    machine's line, ``refused`` why not. Hidden while no offer is shown."""
+
+    answered = Signal(str)
+    refused = Signal(str)
+
+    def __init__(self, bridge: ShoalBridge, parent: QWidget | None = None) -> None:
+        super().__init__("Serve it split", parent)
+        self.setObjectName("serveSplit")
+        self.setToolTip("Serve this model on the first machine named, its last layers on "
+                        "the memory the others lend")
+        self._bridge = bridge
+        self.offer: SplitOffer | None = None
+        self.asking = False  # asked, not answered yet
+        self.clicked.connect(self.ask)
+        self.show_offer(None)
+
+    def show_offer(self, offer: SplitOffer | None) -> None:
+        self.offer = offer
+        self.setVisible(offer is not None)
+        self.setEnabled(offer is not None and not self.asking)
+
+    def ask(self) -> None:
+        offer = self.offer
+        if offer is None or self.asking:
+            return
+        self.asking = True
+        self.setEnabled(False)
+        run(self, self._bridge, self._bridge.shoal.serve_split(
+            offer.spec, offer.proposal.machines), done=self._answered, failed=self._refused)
+
+    def _answered(self, line: str) -> None:
+        self.asking = False
+        self.show_offer(self.offer)
+        self.answered.emit(line)
+
+    def _refused(self, line: str) -> None:
+        self.asking = False
+        self.show_offer(self.offer)
+        self.refused.emit(line)
+
+
 @dataclass(frozen=True, slots=True)
 class Shown:
     """One row: the entry with its fit on every machine, at the quantisation shown."""
@@ -95,7 +139,6 @@ class CatalogCard(Card):
         super().__init__("Choose a model", parent)
         self.serve = serve
         self._bridge = bridge
-        self._splitting = False  # a split asked for, not answered yet
         self._fits: FleetFits | None = None
         self._quant: dict[str, str] = {}  # entry id -> the quantisation the user picked
         self._rows: list[Shown] = []
@@ -125,22 +168,20 @@ class CatalogCard(Card):
         # a model no machine holds alone: how it would run split, and the button for it
         self.split_line = note("")
         self.split_line.setObjectName("splitLine")
-        self.serve_split = QPushButton("Serve it split")
-        self.serve_split.setObjectName("serveSplit")
-        self.serve_split.setToolTip("Serve this model on the first machine named, its last "
-                                    "layers on the memory the others lend")
-        self.serve_split.clicked.connect(self.split_selected)
+        self.serve_split = SplitAsk(bridge)
+        self.serve_split.clicked.connect(self._split_asked)
         self.row(self.split_line, self.serve_split).setStretch(0, 1)
         self.split_line.hide()
-        self.serve_split.hide()
         self.split_done = note("")
         self.split_done.setObjectName("splitDone")
         self.add(self.split_done)
+        self.serve_split.answered.connect(self.split_done.setText)
         self.catalog_note = note("")
         self.catalog_note.hide()
         self.add(self.catalog_note)
         self.error = inline_error()
         self.add(self.error)
+        self.serve_split.refused.connect(lambda line: say(self.error, line))
 
         self.other = QToolButton()
         self.other.setObjectName("otherModel")
@@ -246,7 +287,7 @@ class CatalogCard(Card):
         offer = self.offer()
         self.split_line.setText(split_text(offer, self._fits) if offer is not None else "")
         self.split_line.setVisible(offer is not None)
-        self.serve_split.setVisible(offer is not None)
+        self.serve_split.show_offer(offer)
         if shown is not None:
             for q in shown.fitted.quants:
                 verdict = fit_cell(q.fit).text
@@ -269,7 +310,6 @@ class CatalogCard(Card):
         shown = self.selected()
         usable = shown is not None and shown.quant.fit.fits and not shown.quant.fit.disk_short
         self.serve_here.setEnabled(usable and not self.serve.busy)
-        self.serve_split.setEnabled(self.offer() is not None and not self._splitting)
         self.quant.setEnabled(shown is not None)
 
     def serve_selected(self) -> None:
@@ -283,28 +323,10 @@ class CatalogCard(Card):
         key = self.selected_id()
         return self._fits.offer_for(key) if key is not None and self._fits else None
 
-    def split_selected(self) -> None:
-        """Ask the machines of the offer to serve the model chosen split, as offered."""
-        offer = self.offer()
-        if offer is None:
-            return
+    def _split_asked(self) -> None:
+        """The machines of the offer are asked (`SplitAsk`): their answer goes here."""
         say(self.error, "")
-        self._splitting = True
         self.split_done.setText("")
-        self._update_buttons()
-
-        def done(line: str) -> None:
-            self._splitting = False
-            self.split_done.setText(line)
-            self._update_buttons()
-
-        def failed(line: str) -> None:
-            self._splitting = False
-            say(self.error, line)
-            self._update_buttons()
-
-        run(self, self._bridge, self._bridge.shoal.serve_split(
-            offer.spec, offer.proposal.machines), done=done, failed=failed)
 
     def _other_toggled(self, on: bool) -> None:
         self.other.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)

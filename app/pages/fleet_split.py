@@ -29,6 +29,7 @@ from engine.models.speed import AUTOCOMPLETE_TPS, CHAT_TPS
 from engine.snapshot import FleetSnapshot
 
 if TYPE_CHECKING:
+    from engine.models.choice import SplitOffer
     from engine.models.commands import FleetFits
     from engine.models.fit import Suggestion
 
@@ -46,18 +47,25 @@ def role_text(s: Suggestion) -> str:
     return ", ".join(ROLE.get(r, r) for r in (s.role, *s.also))
 
 
-def offer_text(fits: FleetFits) -> str:
+def largest_offer(fits: FleetFits) -> SplitOffer | None:
+    """The largest catalog model no machine holds alone that the machines lending memory
+    hold together (None: no such model)."""
+    params = {e.id: e.params_b for e in fits.catalog.entries}
+    return max(fits.offers, key=lambda o: params.get(o.entry_id, 0.0), default=None)
+
+
+def offer_text(fits: FleetFits, then: str = "; choose it above to serve it so") -> str:
     """The largest catalog model no machine holds alone, split across machines that lend
     memory: ``Larger than any one machine: Qwen2.5 Coder 32B Q4_K_M, split across This
-    machine + desk (30 + 34 of 64 layers), about 2 tokens/s; choose it above to serve it
-    so`` ("" when none is offered)."""
-    params = {e.id: (e.params_b, e.name) for e in fits.catalog.entries}
-    offer = max(fits.offers, key=lambda o: params.get(o.entry_id, (0.0, ""))[0], default=None)
+    machine + desk (30 + 34 of 64 layers), about 2 tokens/s`` and ``then``, what to do
+    about it ("" when none is offered)."""
+    offer = largest_offer(fits)
     if offer is None:
         return ""
-    name = params.get(offer.entry_id, (0.0, offer.entry_id))[1]
+    name = next((e.name for e in fits.catalog.entries if e.id == offer.entry_id),
+                offer.entry_id)
     return (f"Larger than any one machine: {name} {offer.quant}, "
-            f"{offer.proposal.line_for(fits.label_of())}; choose it above to serve it so")
+            f"{offer.proposal.line_for(fits.label_of())}{then}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
 """The first-run welcome's "which model" choices: the catalog's models that fit this machine
 (each at its best quantisation, the one suggested for it first; never an embeddings model,
 which makes vectors and cannot chat), the embedded default that starts with no download,
-and "Other model…" for a file or a hub id; and the line naming the models suggested
-beside the suggested one (an editor's autocomplete and embeddings models).
+and "Other model…" for a file or a hub id; the line naming the models suggested
+beside the suggested one (an editor's autocomplete and embeddings models); and the line
+offering the largest model no machine holds alone split across the fleet's machines.
 
 `welcome_options` is pure (the engine's fits, the models kept here and what the node serves
 in; the options out); `ModelOptions` shows them as radio rows, one chosen: the catalog's in
@@ -30,7 +31,7 @@ from PySide6.QtWidgets import (
 
 from app.pages.catalog import good_for
 from app.pages.catalog import same_model as same
-from app.pages.fleet_split import ROLE
+from app.pages.fleet_split import ROLE, offer_text
 from app.widgets import OK_TEXT, note, tone
 from engine.sizes import amount
 
@@ -143,6 +144,14 @@ def beside_line(fits: FleetFits | None) -> str:
              for s in fits.beside if s.machine == here]
     return (f"Beside the suggested model, for your editor: {'; '.join(parts)}." if parts
             else "")
+
+
+def split_line(fits: FleetFits | None) -> str:
+    """The largest catalog model no machine holds alone that the fleet's machines hold
+    together, split across those that lend memory (``FleetFits.offers``): ``Larger than
+    any one machine: Qwen2.5 Coder 32B Q4_K_M, split across laptop + This machine (30 + 34
+    of 64 layers), about 2 tokens/s.``; "" with none."""
+    return offer_text(fits, ".") if fits is not None else ""
 
 
 def default_choice(options: list[ModelOption]) -> int:

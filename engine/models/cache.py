@@ -164,8 +164,9 @@ def _from_fleet(mid: ModelId, cache: Path, progress: Progress | None,
 
 def pull_size(spec: str, *, home: Path, offline: bool) -> int:
     """The bytes the hub model ``spec`` takes on disk once pulled; 0 when it is in the cache
-    already (or offline, where nothing is pulled). Asks the hub: blocking. ModelMissing
-    (one line) when the hub cannot say."""
+    already (or offline, where nothing is pulled). Asks where the pull takes it from: a
+    machine of the fleet that keeps it (those the pull would ask, in this context), else
+    the hub. Blocking. ModelMissing (one line) when neither can say."""
     try:
         mid = parse_model_id(spec)
     except ValueError as exc:
@@ -173,6 +174,10 @@ def pull_size(spec: str, *, home: Path, offline: bool) -> int:
     cache = models_dir(home) / "hub"
     if offline or _hub_offline_env() or _from_cache(mid, cache) is not None:
         return 0
+    peers = fleet_peers.current()
+    offer = peers.offer(mid.repo, mid.quant, lambda: False) if peers is not None else None
+    if offer is not None:
+        return sum(w.size for w in offer.wanted)
     try:
         info = repo_info(mid.repo)
     except HubUnreachable as exc:

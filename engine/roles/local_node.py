@@ -119,12 +119,16 @@ class LocalNode:
         return node
 
     @staticmethod
-    def bind_listener(settings: NodeSettings, psk: bytes | None) -> socket.socket | None:
+    def bind_listener(settings: NodeSettings, psk: bytes | None, *,
+                      again: int = 0) -> socket.socket | None:
         """The listener of a node that heads dial (``--listen``), bound before the load
-        (and refused before it without a token off loopback: the link would be plaintext)."""
+        (and refused before it without a token off loopback: the link would be plaintext).
+        ``again``: the port this node listened on before its model changed, taken again
+        where the settings leave the port to the system (0): its heads dial it there."""
         if settings.listen is None:
             return None
         host, port = parse_address(settings.listen, NODE_PORT, what="--listen")
+        port = port or again
         if psk is None and not is_loopback(host) and not settings.insecure_no_auth:
             raise StartError(f"refusing to listen on {host}:{port} without a fleet token; "
                              "make one with `shoal fleet token` (or pair this machine), "

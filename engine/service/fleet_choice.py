@@ -17,6 +17,7 @@ from engine.models import bandwidth
 from engine.models import cache as model_cache
 from engine.models import store as model_store
 from engine.models.loading import Pulls, Resolved
+from engine.models.pulls import peers as fleet_peers
 from engine.models.pulls.quota import Quota
 from engine.node.machine import DiskFree, MachineFacts
 from engine.roles.fleet_models import Made, room_for
@@ -73,6 +74,7 @@ class FleetChoice:
         self._serving, self._ram_total, self._emit, self._clock = serving, ram_total, emit, clock
         self._task: asyncio.Task[None] | None = None
         self._spec = ""
+        self._lenders: tuple[str, ...] = ()  # the machines the model under way splits with
         self._failed = ""  # why the model a head chose last could not be served
         self._disk: DiskFree | None = None  # the disk free where this node keeps models
         # this machine's RAM bandwidth, measured once per machine off the loop (0 until read)
@@ -94,7 +96,7 @@ class FleetChoice:
         if answer is not None:
             return answer
         assert node is not None
-        self._spec, self._failed = spec, ""
+        self._spec, self._lenders, self._failed = spec, split_with, ""
         loop = asyncio.get_running_loop()
         room: asyncio.Future[str | None] = loop.create_future()
         self._task = loop.create_task(
@@ -111,6 +113,13 @@ class FleetChoice:
             return False, refusal
         split = f" split with {', '.join(split_with)}" if split_with else ""
         return True, f"pulling {spec}; this node serves it{split} once it is loaded"
+
+    def lenders(self) -> tuple[str, ...]:
+        """Where the machines that lend memory to the model being switched to take links:
+        machines of the fleet, which its pull asks for the model's files too (read from
+        the pull's worker thread)."""
+        running = self._task is not None and not self._task.done()
+        return self._lenders if running else ()
 
     async def close(self) -> None:
         """Stop with this Shoal: a pull under way goes on from where it stopped at the
@@ -169,9 +178,11 @@ class FleetChoice:
         home = settings.home
         try:
             try:
-                made = await asyncio.to_thread(
-                    room_for, spec, home=home, offline=settings.offline, quota=quota,
-                    runtime=runtime, serving=self._serving() or "")
+                # sized where the pull takes it from: the fleet's machines, else the hub
+                with fleet_peers.fleet_for(None if settings.offline else self._pulls.peers):
+                    made = await asyncio.to_thread(
+                        room_for, spec, home=home, offline=settings.offline, quota=quota,
+                        runtime=runtime, serving=self._serving() or "")
             except OSError as exc:
                 made = Made(refusal=f"could not look at the models kept here ({exc})")
             room.set_result(made.refusal)

@@ -296,18 +296,19 @@ class RunningRoles:
             had_fleet = self.head is not None and self.head.fleet_side is not None
             member = self.member
             heads = member.heads if member is not None else []
+            port = self.node.port if self.node is not None else 0  # where heads dial it
             await self._close_for_swap()
             head_settings = before.head
             self._conf.update(lambda _: replace(before, node=ns, head=(
                 replace(head_settings, model=None, runtime=None) if head_settings else None)))
             try:
-                await self._start_swapped(ns, model, heads, had_fleet)
+                await self._start_swapped(ns, model, heads, had_fleet, port)
             except Exception as exc:  # any failure: the machine serves what it served
                 line = f"could not serve {model.name} ({exc})"
                 log.warning("%s; serving the model it served before", line)
                 await self._close_for_swap()
                 self._conf.update(lambda _: before)
-                await self._start_swapped(before.node, old_model, heads, had_fleet)
+                await self._start_swapped(before.node, old_model, heads, had_fleet, port)
                 self.changed()
                 again = old_model.name if old_model is not None else "its model"
                 raise ShoalError(f"{line}; this machine serves {again} again",
@@ -331,15 +332,16 @@ class RunningRoles:
             self.node = None
 
     async def _start_swapped(self, ns: NodeSettings | None, model: Resolved | None,
-                             heads: list[HeadAddress], had_fleet: bool) -> None:
+                             heads: list[HeadAddress], had_fleet: bool, port: int) -> None:
         """The head and the node (``ns``) on ``model`` (None: as the settings say), linked
-        again with the fleet."""
+        again with the fleet; a node that heads dial listens at ``port`` again."""
         head_model = None
         hs = self._conf.settings.head
         if hs is not None:  # a head that names a model of its own reads that one
             head_model = await self._start_head(hs, None, model if hs.model is None else None)
         if ns is not None:
-            await self._start_node(ns, sock=LocalNode.bind_listener(ns, self._creds.token),
+            await self._start_node(ns, sock=LocalNode.bind_listener(ns, self._creds.token,
+                                                                    again=port),
                                    announced=None, head_model=head_model, resolved=model)
         if self.member is not None and self.node is not None:
             self.member.relink(self.node.agent, heads)

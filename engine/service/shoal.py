@@ -102,8 +102,11 @@ class Shoal:
                                    machine=self._choice.machine_facts,
                                    serve_model=self._choice.ask,
                                    serve_split=self.serve_split)
-        # a pull asks the fleet's machines for a model before the hub
-        self._pulls.peers = FleetPeers(self._roles.peer_addresses, lambda: self._creds.token)
+        # a pull asks the fleet's machines for a model before the hub: those this machine's
+        # roles know, and those a split being switched to names
+        self._pulls.peers = FleetPeers(
+            lambda: [*self._roles.peer_addresses(), *self._choice.lenders()],
+            lambda: self._creds.token)
         self._rejoin = Rejoin(self._conf, join=lambda head: self._roles.join(None, head))
         self.keys = KeyCommands(settings.home)
         # the catalog, the fit of its models on each machine, the models kept here

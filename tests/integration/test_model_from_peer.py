@@ -34,10 +34,12 @@ def sha256_of(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def keep_as_pulled(home: Path, gguf: Path, sha: str, *, flip_at: int | None = None) -> Path:
-    """``gguf`` in ``home``'s hub cache as a pull leaves it (a blob named by the hub's
-    sha256, a snapshot link, refs/main); ``flip_at``: one byte changed there since."""
-    repo = ids.models_dir(home) / "hub" / ("models--" + REPO.replace("/", "--"))
+def keep_as_pulled(home: Path, gguf: Path, sha: str, *, flip_at: int | None = None,
+                   hub_id: str = REPO, file: str = FILE) -> Path:
+    """``gguf`` in ``home``'s hub cache as a pull of the repo ``hub_id`` leaves it, named
+    ``file`` there (a blob named by the hub's sha256, a snapshot link, refs/main);
+    ``flip_at``: one byte changed there since."""
+    repo = ids.models_dir(home) / "hub" / ("models--" + hub_id.replace("/", "--"))
     blob = repo / "blobs" / sha
     blob.parent.mkdir(parents=True)
     shutil.copyfile(gguf, blob)
@@ -49,7 +51,7 @@ def keep_as_pulled(home: Path, gguf: Path, sha: str, *, flip_at: int | None = No
             f.write(bytes([byte[0] ^ 0xFF]))
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(COMMIT)
-    link = repo / "snapshots" / COMMIT / FILE
+    link = repo / "snapshots" / COMMIT / file
     link.parent.mkdir(parents=True)
     link.symlink_to(os.path.relpath(blob, link.parent))
     return blob

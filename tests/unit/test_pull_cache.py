@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,10 @@ import pytest
 from engine.models import cache as model_cache
 from engine.models import errors as model_errors
 from engine.models.pulls import cache
+from engine.models.pulls import peers as fleet_peers
+from engine.models.pulls.hub import HubUnreachable
+from engine.models.pulls.peers import PeerOffer
+from engine.models.pulls.transfer import Source, Wanted
 
 SHA = "ab" * 32
 COMMIT = "1" * 40
@@ -71,3 +76,44 @@ def test_a_snapshot_whose_blob_is_gone_is_not_in_the_cache(tmp_path: Path) -> No
     cache.link(hub, REPO, COMMIT, "m-Q4_K_M.gguf", SHA)  # a link to no blob
     with pytest.raises(model_errors.ModelMissing, match="not in the cache"):
         model_cache.resolve_model(f"{REPO}:Q4_K_M", home=tmp_path, offline=True)
+
+
+class Keeps:
+    """A machine of the fleet that keeps ``sizes`` (its model's shards), or none."""
+
+    def __init__(self, *sizes: int) -> None:
+        self.sizes = sizes
+        self.asked: list[tuple[str, str | None]] = []
+
+    def offer(self, repo: str, quant: str | None,
+              stopped: Callable[[], bool]) -> PeerOffer | None:
+        self.asked.append((repo, quant))
+        if not self.sizes:
+            return None
+        wanted = [Wanted(repo, COMMIT, f"m-{i}.gguf", size, SHA)
+                  for i, size in enumerate(self.sizes)]
+        return PeerOffer(wanted, Source("from desk", lambda *_: None))
+
+
+def unreachable(repo: str) -> object:
+    raise HubUnreachable("[Errno 111] Connection refused")
+
+
+def test_a_model_is_sized_by_the_machine_of_the_fleet_it_is_pulled_from(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model_cache, "repo_info", unreachable)  # the hub: never reached
+    desk = Keeps(3000, 500)
+    with fleet_peers.fleet_for(desk):
+        assert model_cache.pull_size(f"{REPO}:Q4_K_M", home=tmp_path, offline=False) == 3500
+    assert desk.asked == [(REPO, "Q4_K_M")]
+
+
+def test_without_a_machine_that_keeps_it_the_hub_sizes_it_and_says_when_it_cannot(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model_cache, "repo_info", unreachable)
+    nobody = Keeps()
+    with fleet_peers.fleet_for(nobody), \
+            pytest.raises(model_errors.ModelMissing, match="could not reach the Hugging Face "
+                                                           "hub to size"):
+        model_cache.pull_size(f"{REPO}:Q4_K_M", home=tmp_path, offline=False)
+    assert nobody.asked == [(REPO, "Q4_K_M")]
