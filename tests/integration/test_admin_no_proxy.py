@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import admin as cli_admin
+from engine.cli import http as cli_http
 
 
 class _Recorder(BaseHTTPRequestHandler):
@@ -58,6 +58,6 @@ def head_and_proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 def test_an_admin_call_to_this_machine_never_goes_through_the_proxy(
         head_and_proxy: tuple[int, list[str], list[str]]) -> None:
     port, head_seen, proxy_seen = head_and_proxy
-    assert cli_admin._call(f"127.0.0.1:{port}", "GET", "/v1/aliases") == {"aliases": {}}
-    assert cli_admin._call(f"localhost:{port}", "GET", "/v1/aliases") == {"aliases": {}}
+    assert cli_http.call(f"127.0.0.1:{port}", "GET", "/v1/aliases") == {"aliases": {}}
+    assert cli_http.call(f"localhost:{port}", "GET", "/v1/aliases") == {"aliases": {}}
     assert head_seen == ["/v1/aliases", "/v1/aliases"] and proxy_seen == []
