@@ -94,6 +94,8 @@ class NodeSnapshot:
     kept: tuple[KeptModelSnapshot, ...] = ()
     # the memory its owner lends to the fleet's split models now (0: it lends none)
     lend_bytes: int = 0
+    # a node that joined: where other machines take links to it (HOST:PORT; "": nowhere)
+    reach: str = ""
 
 
 @dataclass(frozen=True, slots=True)

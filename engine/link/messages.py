@@ -237,6 +237,9 @@ class Stats(msgspec.Struct, frozen=True, array_like=True, tag="stats", tag_field
     # the memory its owner lends to the fleet's split models now (engine.node.lending): its
     # budget less what its own model holds (0: it lends none)
     lend_bytes: _Bytes = 0
+    # the port where it takes links from the fleet's machines besides the heads it joined
+    # (a node that joined and lends memory listens so that a split reaches it; 0: none)
+    listens: Annotated[int, msgspec.Meta(ge=0, lt=65536)] = 0
 
 
 class Progress(msgspec.Struct, frozen=True, array_like=True, tag="progress", tag_field="t"):

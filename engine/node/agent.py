@@ -151,6 +151,9 @@ class NodeAgent:
         self._heads: dict[str, _HeadLinks] = {}
         self._tasks = TaskSet("the node")
         self._servers: list[asyncio.Server] = []
+        # the port where the fleet's machines reach it, for a node whose heads it joined and
+        # that listens only because it lends (its stats say it; 0: none such)
+        self.listens = 0
         self._stats_task: asyncio.Task[None] | None = None
         self._closing = False
         self.paused = False
@@ -190,11 +193,21 @@ class NodeAgent:
         sock = server.sockets[0].getsockname()
         return str(sock[0]), int(sock[1])
 
-    async def listen_on(self, sock: socket.socket) -> None:
+    async def listen_on(self, sock: socket.socket) -> asyncio.Server:
         """Serve on a socket bound earlier (bound before the model loaded)."""
         server = await serve(self._on_accept, sock=sock)
         self._servers.append(server)
         self._ensure_stats()
+        return server
+
+    async def stop_listening(self, server: asyncio.Server) -> None:
+        """Take no more links on ``server`` (those it took go on)."""
+        if server in self._servers:
+            self._servers.remove(server)
+        server.close()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2):
+                await server.wait_closed()
 
     def _ensure_stats(self) -> None:
         if self._stats_task is None:
@@ -806,7 +819,8 @@ class NodeAgent:
                        serve_failed=facts.serve_failed[:m.MAX_ANSWER],
                        mem_bandwidth=facts.mem_bandwidth,
                        kept=self.shelf.records() if self.shelf is not None else [],
-                       lend_bytes=self.lender.lend_bytes if self.lender is not None else 0)
+                       lend_bytes=self.lender.lend_bytes if self.lender is not None else 0,
+                       listens=self.listens)
 
     def facts(self) -> MachineFacts:
         """What the owner says of the machine now (nothing, without an owner's word)."""

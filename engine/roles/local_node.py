@@ -50,6 +50,8 @@ class LocalNode:
     shelf: ModelShelf | None = None  # the models it keeps besides ``model``
     # the idle time its owner set per model (seconds; inf: never), by model file
     keep_alive: dict[str, float] = field(default_factory=dict)
+    # where a node that heads do not dial takes the fleet's links while it lends
+    _lend_server: asyncio.Server | None = None
 
     @classmethod
     async def start(cls, settings: NodeSettings, model: Resolved, *, name: str,
@@ -112,6 +114,8 @@ class LocalNode:
         if home is not None:
             marks = await asyncio.to_thread(_mark_served, home, model.path)
             closers.append(lambda: asyncio.to_thread(marks.close))
+        if settings.lend:
+            await node._lend_listener(True)
         if settings.listen is not None and not is_loopback(host) and discovery != "none":
             closers.extend(await announce_node(discovery, identity=agent.identity,
                                                model=engine.info.model, psk=psk, port=port,
@@ -216,6 +220,34 @@ class LocalNode:
             lender, self.agent.lender = self.agent.lender, None
             await lender.close()
             log.info("this machine lends no memory to the fleet any more")
+        await self._lend_listener(on)
+
+    async def _lend_listener(self, on: bool) -> None:
+        """A node that heads dial takes the fleet's links already (``--listen``); one that
+        only joined heads, or serves this machine's head on loopback, listens on the node
+        port while it lends, so that a split's serving machine reaches it (its stats say
+        the port; a head names it there)."""
+        if not on:
+            server, self._lend_server = self._lend_server, None
+            if server is not None:
+                self.agent.listens = 0
+                await self.agent.stop_listening(server)
+            return
+        if self._lend_server is not None or self.settings.listen is not None:
+            return  # listening already, where its owner said
+        if self.agent.psk is None:
+            log.warning("lending memory needs a fleet token to take links from other "
+                        "machines; make one with `shoal fleet token` or pair this machine")
+            return
+        # every address, as a node that heads dial: a link there needs the fleet token
+        try:
+            sock = bind("0.0.0.0", NODE_PORT, what="the lending node's")  # noqa: S104
+        except StartError:  # another node of this machine has it: any port will do
+            sock = bind("0.0.0.0", 0, what="the lending node's")  # noqa: S104
+        self._lend_server = await self.agent.listen_on(sock)
+        self.agent.listens = bound_address(sock)[1]
+        log.info("lending memory: this node takes links from the fleet's machines on port "
+                 "%d", self.agent.listens)
 
     def set_lend_on_battery(self, on: bool) -> None:
         """Lend on battery power too from now on, or only on mains (asked at each split)."""

@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from engine.settings import NODE_PORT
 from tests.e2e.conftest import gemma_gguf  # noqa: F401  # the real GGUF, cached per machine
 from tests.netns.conftest import Pair
-from tests.netns.test_join_netns import in_ns, stop, wait_line
+from tests.netns.test_join_netns import fleet, in_ns, stop, wait_line
+from tests.waiting import until_sync
 
 pytestmark = [pytest.mark.netns, pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -28,6 +30,19 @@ CONNECT = ("import socket, sys\n"
            "    print('connected')\n"
            "except OSError as exc:\n"
            "    print(type(exc).__name__)\n")
+
+
+def machines(tmp_path: Path, token: str, *names: str) -> dict[str, Path]:
+    """A home per machine, each holding the fleet token, its GPU off."""
+    homes = {}
+    for name in names:
+        home = tmp_path / name
+        (home / "fleet").mkdir(parents=True)
+        (home / "fleet" / "token").write_text(token)
+        (home / "fleet" / "token").chmod(0o600)
+        (home / "config.toml").write_text('[node]\ngpu = "off"\n')
+        homes[name] = home
+    return homes
 
 
 def connect_from(ns: str, host: str, port: int) -> str:
@@ -52,14 +67,7 @@ def complete(ns: str, port: int, model: str) -> dict:
 def test_a_split_across_two_hosts_reaches_the_rpc_server_only_through_the_link(
         netns_pair: Pair, tmp_path: Path, gemma_gguf: Path) -> None:  # noqa: F811
     token = "cd" * 32
-    homes = {}
-    for side in ("desk", "laptop"):
-        home = tmp_path / side
-        (home / "fleet").mkdir(parents=True)
-        (home / "fleet" / "token").write_text(token)
-        (home / "fleet" / "token").chmod(0o600)
-        (home / "config.toml").write_text('[node]\ngpu = "off"\n')
-        homes[side] = home
+    homes = machines(tmp_path, token, "desk", "laptop")
     base = {**os.environ, "PYTHONUNBUFFERED": "1",
             "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}
     procs: list[subprocess.Popen[str]] = []
@@ -100,5 +108,54 @@ def test_a_split_across_two_hosts_reaches_the_rpc_server_only_through_the_link(
         assert connect_from(netns_pair.b, "127.0.0.1", rpc_port) == "ConnectionRefusedError"
         assert connect_from(netns_pair.b, netns_pair.addr_a, link_port) == "connected"
         assert token not in laptop_log + (tmp_path / "desk.log").read_text()
+    finally:
+        stop(procs)
+
+
+def test_a_node_that_joined_a_head_lends_on_the_port_it_opens(
+        netns_pair: Pair, tmp_path: Path, gemma_gguf: Path) -> None:  # noqa: F811
+    """`shoal node join --lend` (and the app's node, which joins heads): a node that heads
+    do not dial listens on the node port while it lends, its head names it there, and a
+    split on another machine reaches it."""
+    token = "ef" * 32
+    homes = machines(tmp_path, token, "desk", "laptop")
+    base = {**os.environ, "PYTHONUNBUFFERED": "1",
+            "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}
+    laptop_env = {**base, "SHOAL_HOME": str(homes["laptop"])}
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        head = in_ns(netns_pair.b, ["serve", "mock-m", "--runtime", "mock", "--http",
+                                    "127.0.0.1:0", "--fleet-listen", f"{netns_pair.addr_b}:0",
+                                    "--discovery", "none"], laptop_env, tmp_path / "head.log")
+        procs.append(head)
+        http_port = int(wait_line(head, r"at http://127\.0\.0\.1:(\d+)/v1").group(1))
+        joins = until_sync(lambda: re.search(r"taking nodes that join on [\d.]+:(\d+)",
+                                             (tmp_path / "head.log").read_text()),
+                           "the head's join port")
+        desk = in_ns(netns_pair.a, ["node", "join", f"{netns_pair.addr_b}:{joins.group(1)}",
+                                    "--runtime", "mock", "--model", "x", "--identity", "desk",
+                                    "--discovery", "none", "--lend", "--memory-budget", "300M"],
+                     {**base, "SHOAL_HOME": str(homes["desk"])}, tmp_path / "desk.log")
+        procs.append(desk)
+
+        def lending_desk() -> dict | None:
+            return next((n for n in fleet(netns_pair.b, http_port)["nodes"]
+                         if n["identity"] == "desk" and n["lend_bytes"] > 0 and n["reach"]),
+                        None)
+
+        found = until_sync(lending_desk, "the joined desk lending, and where", timeout=60)
+        assert found["address"] == "joined:desk"
+        assert found["reach"] == f"{netns_pair.addr_a}:{NODE_PORT}"
+        split = in_ns(netns_pair.b, ["serve", str(gemma_gguf), "--runtime", "llamacpp",
+                                     "--http", "127.0.0.1:0", "--max-batch", "1",
+                                     "--discovery", "none", "--split-with", found["reach"]],
+                      laptop_env, tmp_path / "split.log")
+        procs.append(split)
+        split_port = int(wait_line(split, r"at http://127\.0\.0\.1:(\d+)/v1", timeout=180)
+                         .group(1))
+        assert f"its last layers run on memory desk ({found['reach']}) lends: " in \
+            (tmp_path / "split.log").read_text()
+        body = complete(netns_pair.b, split_port, gemma_gguf.stem)
+        assert body["usage"]["completion_tokens"] == 16, body
     finally:
         stop(procs)

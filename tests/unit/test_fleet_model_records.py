@@ -86,9 +86,11 @@ def test_the_new_figures_come_after_every_older_field() -> None:
     mem_bandwidth = gpu_bandwidth = 0  # added after those (issue 32's speed estimate)
     kept: list[object] = []  # then the models it keeps besides its first (issue 32)
     lend_bytes = 0  # then the memory it lends to split models (issue 33)
+    listens = 0  # and where a node that joined takes links while it lends
     assert msgspec.msgpack.decode(m.encode(sent)) == [*OLD_STATS, *FACTS, paused,
                                                       serve_failed, mem_bandwidth,
-                                                      gpu_bandwidth, kept, lend_bytes]
+                                                      gpu_bandwidth, kept, lend_bytes,
+                                                      listens]
 
 
 @pytest.mark.parametrize(("index", "bad"), [
@@ -235,7 +237,7 @@ def test_kept_models_travel_bounded_and_after_every_older_field() -> None:
     got_hello = m.decode(m.encode(hello))
     assert isinstance(got_hello, m.NodeHello) and got_hello.kept == kept[:2]
     # one more than a node may say, a name past the bound, a state no node has: refused
-    at = -2  # the kept models, just before the memory lent (issue 33)
+    at = -3  # the kept models, before the memory lent and the port it lends on (issue 33)
     too_many = msgspec.msgpack.decode(m.encode(stats))
     too_many[at] = [*too_many[at], too_many[at][0]]
     long_name = msgspec.msgpack.decode(m.encode(stats))

@@ -11,18 +11,26 @@ from engine.snapshot import LinkKind, NodeSnapshot
 
 
 def node(key: str, identity: str, address: str, *, lend: int = 0,
-         link: LinkKind = "dialed") -> NodeSnapshot:
+         link: LinkKind = "dialed", reach: str = "") -> NodeSnapshot:
     return NodeSnapshot(key=key, identity=identity, address=address, link=link, state="ready",
                         model="m", runtime="mock", context_window=4096, lanes=1,
                         lanes_busy=0, own_sessions=0, kv_used=0, kv_total=0, prefill_tps=0.0,
                         decode_tps=0.0, ttft_ms=0.0, last_seen=0.0, sessions_total=0,
-                        peak_busy=0, connections=1, error=None, lend_bytes=lend)
+                        peak_busy=0, connections=1, error=None, lend_bytes=lend,
+                        reach=reach)
 
 
 NODES = (node("local", "studio", "127.0.0.1:41000", lend=1 << 30, link="local"),
          node("10.0.0.2:8455", "laptop", "10.0.0.2:8455"),
          node("10.0.0.3:8455", "desk", "10.0.0.3:8455", lend=8 << 30),
          node("joined:nas", "nas", "10.0.0.4:51234", lend=4 << 30, link="joined"))
+
+
+def test_a_lender_that_joined_is_reached_where_it_says_it_listens() -> None:
+    lends = node("joined:nas", "nas", "10.0.0.4:51234", lend=4 << 30, link="joined",
+                 reach="10.0.0.4:8455")
+    got = split_targets((*NODES[:3], lends), ["laptop", "nas", "desk"])
+    assert got.lenders == ("10.0.0.4:8455", "10.0.0.3:8455")
 
 
 def test_machines_are_named_as_the_fleet_names_them_or_by_key() -> None:

@@ -138,6 +138,7 @@ class PoolReport(TypedDict):
     mem_bandwidth: int
     gpu_bandwidth: int
     lend_bytes: int
+    reach: str  # where other machines take links to a node that joined (HOST:PORT; "")
 
 
 @dataclass
@@ -430,7 +431,16 @@ class NodePool:
                           disk_free=st.disk_free, pull_model=st.pull_model,
                           pull_done=st.pull_done, pull_total=st.pull_total,
                           serve_failed=st.serve_failed, mem_bandwidth=st.mem_bandwidth,
-                          gpu_bandwidth=st.gpu_bandwidth, lend_bytes=st.lend_bytes)
+                          gpu_bandwidth=st.gpu_bandwidth, lend_bytes=st.lend_bytes,
+                          reach=self.reach(st.listens))
+
+    def reach(self, listens: int) -> str:
+        """Where the fleet's other machines take links to this node: a node that joined
+        and listens, at the address its connection came from and the port it says."""
+        if self.dialed or not listens or not self.host:
+            return ""
+        host = self.host.strip("[]")
+        return f"[{host}]:{listens}" if ":" in host else f"{host}:{listens}"
 
     def shown_state(self) -> ShownState:
         """The link's state; for a linked node, "paused" when its user paused serving and

@@ -6,8 +6,10 @@ and the Fleet page show them (a node's identity, told apart from namesakes), or 
 node's key; ``this machine`` (or ``local``) is this machine's own node. The first serves
 the model; each other one lends memory for its last layers and must say it lends
 (``NodeSnapshot.lend_bytes``), and must take links at an address the serving machine
-reaches: the address this head dials it at (a node that joined this head takes no
-links, and one this head reaches on loopback is reached so only from this machine).
+reaches: the address this head dials it at, or for a node that joined this head the
+port it says it listens on while it lends, at the address its connection came from (one
+that says none takes no links; one reached on loopback is reached so only from this
+machine).
 """
 
 from __future__ import annotations
@@ -86,14 +88,16 @@ def split_targets(nodes: Sequence[NodeSnapshot], machines: Sequence[str]) -> Spl
         if n.lend_bytes <= 0:
             raise CommandError(f"{name} lends no memory to the fleet; {LEND_FIX}",
                                code="not_lending")
-        if n.link == "joined":
+        # a node that joined takes links where it says it listens (it does while it lends)
+        address = n.reach if n.link == "joined" else n.address
+        if not address:
             raise CommandError(f"{name} joined this head and takes no links from other "
                                "machines; start its node with --listen to lend its memory",
                                code="not_listening")
-        if _loopback(n.address) and not _loopback(serving.address):
-            raise CommandError(f"{name} is reached at {n.address}, on this machine only; "
+        if _loopback(address) and not _loopback(serving.address):
+            raise CommandError(f"{name} is reached at {address}, on this machine only; "
                                "serve the model on this machine, or have another machine "
                                "lend", code="not_listening")
-        addresses.append(n.address)
+        addresses.append(address)
     return SplitTargets(serving.key, tuple(addresses),
                         tuple(n.identity or n.key for n in found))
