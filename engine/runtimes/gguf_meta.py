@@ -47,6 +47,12 @@ def _api(cdll: Any) -> Any:
             fn = getattr(cdll, name)
             fn.argtypes = [ctypes.c_void_p, ctypes.c_int64]
             fn.restype = kind
+        cdll.gguf_get_n_tensors.argtypes = [ctypes.c_void_p]
+        cdll.gguf_get_n_tensors.restype = ctypes.c_int64
+        cdll.gguf_get_tensor_name.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        cdll.gguf_get_tensor_name.restype = ctypes.c_char_p
+        cdll.gguf_get_tensor_size.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+        cdll.gguf_get_tensor_size.restype = ctypes.c_size_t
         _ready = cdll
         return cdll
 
@@ -83,3 +89,21 @@ def _read(api: Any, ctx: int, key: str, out: dict[str, str]) -> None:
         out[key] = raw.decode("utf-8", "replace") if raw is not None else ""
     elif kind in _READERS:
         out[key] = str(int(getattr(api, _READERS[kind][0])(ctx, at)))
+
+
+def block_bytes(cdll: Any, path: str) -> int:
+    """The bytes of the GGUF at ``path``'s repeating layers (its ``blk.N.`` tensors): the
+    rest (the embeddings, the output layer, their norms) is what a split keeps on the
+    serving machine whatever the layers lent. ValueError when ggml cannot read it."""
+    api = _api(cdll)
+    ctx = api.gguf_init_from_file(path.encode(), _InitParams(True, None))
+    if not ctx:
+        raise ValueError(f"{path} is not a GGUF file llama.cpp can read")
+    try:
+        total = 0
+        for i in range(int(api.gguf_get_n_tensors(ctx))):
+            if (api.gguf_get_tensor_name(ctx, i) or b"").startswith(b"blk."):
+                total += int(api.gguf_get_tensor_size(ctx, i))
+        return total
+    finally:
+        api.gguf_free(ctx)

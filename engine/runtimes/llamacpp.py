@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.runtimes import cpu_threadpool, llama_log
+from engine.runtimes import cpu_threadpool, gguf_meta, llama_log
 from engine.runtimes.base import EngineInfo, EngineStats, RuntimeUnavailable, Sampling
 from engine.runtimes.budget import (
     default_budget_bytes,
@@ -416,7 +416,7 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
             off, self.split_parts = plan_split_among(
                 n_layer=n_layer, model_bytes=model_bytes, kv_bytes_per_token=per_token,
                 want_cells=want, lends=[lend for _, lend, _ in self.split_with],
-                overhead=overhead)
+                overhead=overhead, block_bytes=gguf_meta.block_bytes(lib._lib, self.path))
             return off
         return plan_offload(device=choice.device, n_layer=n_layer, model_bytes=model_bytes,
                             kv_bytes_per_token=per_token, want_cells=want, overhead=overhead)

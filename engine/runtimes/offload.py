@@ -105,22 +105,29 @@ def plan_split(*, n_layer: int, model_bytes: int, kv_bytes_per_token: int, want_
 
 
 def plan_split_among(*, n_layer: int, model_bytes: int, kv_bytes_per_token: int,
-                     want_cells: int, lends: Sequence[int], overhead: int
-                     ) -> tuple[Offload, tuple[int, ...]]:
+                     want_cells: int, lends: Sequence[int], overhead: int,
+                     block_bytes: int = 0) -> tuple[Offload, tuple[int, ...]]:
     """:func:`plan_split` with several lending machines: each holds the layers its memory
     holds (less its own compute buffers); when together they could hold more than the
     model has, each keeps a share in proportion to what it could hold. Returns the plan and
     the layers of each lender, in order (llama.cpp gives the first lender the first of
-    the lent layers)."""
+    the lent layers). ``block_bytes``: what the repeating layers weigh together, where the
+    file says (the embeddings and output layer, which stay here, are the rest: two thirds
+    of Gemma 3 270M); else every layer and the output layer weigh alike."""
     n_layer = max(n_layer, 1)
     per_token = max(kv_bytes_per_token, 1)
-    per_layer = model_bytes / (n_layer + 1) + want_cells * per_token / n_layer
+    block: float
+    rest: float
+    if 0 < block_bytes <= model_bytes:
+        block, rest = block_bytes / n_layer, float(model_bytes - block_bytes)
+    else:
+        block = rest = model_bytes / (n_layer + 1)
+    per_layer = block + want_cells * per_token / n_layer
     room = [max(min(int(max(lend - overhead, 0) // per_layer), n_layer), 0) for lend in lends]
     parts = _within(room, n_layer)
     layers = sum(parts)
     left = n_layer - layers
-    return (Offload(layers, n_layer + 1, None,
-                    int(model_bytes * (left + 1) / (n_layer + 1)),
+    return (Offload(layers, n_layer + 1, None, int(rest + block * left),
                     max(per_token * left // n_layer, 1)), parts)
 
 

@@ -28,3 +28,17 @@ def test_the_header_says_the_architecture_and_pooling(smollm2_gguf: Path, minilm
     junk.write_bytes(b"not a model")
     with pytest.raises(ValueError, match=r"is not a GGUF file llama\.cpp can read"):
         gguf_meta.read_metadata(lib, str(junk), [])
+
+
+def test_the_repeating_layers_are_weighed_apart_from_the_embeddings(
+        gemma_gguf: Path, tmp_path: Path) -> None:
+    """What a split lends is the repeating layers; Gemma 3 270M's 262k-word embeddings (its
+    output layer too) are most of its file and stay on the serving machine."""
+    lib = llamacpp.library()
+    blocks = gguf_meta.block_bytes(lib, str(gemma_gguf))
+    size = gemma_gguf.stat().st_size
+    assert 0 < blocks < size // 2
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a model")
+    with pytest.raises(ValueError, match=r"is not a GGUF file llama\.cpp can read"):
+        gguf_meta.block_bytes(lib, str(junk))

@@ -1,7 +1,8 @@
 """A model split across two machines on a LAN (issue 33): network namespaces joined by a
 veth pair stand for them. The desk lends memory (``--lend``); the laptop serves Gemma 3
 270M with its last layers on the desk, through the fleet's encrypted link across the
-veth. The answer comes whole; the desk's RPC server is reachable on the desk's own
+veth, neither machine's budget holding the model alone. The greedy answer is the model's
+served whole; the desk's RPC server is reachable on the desk's own
 loopback only, never from the laptop, on neither the desk's veth address nor any other.
 """
 
@@ -24,6 +25,9 @@ from tests.waiting import until_sync
 
 pytestmark = [pytest.mark.netns, pytest.mark.e2e, pytest.mark.timeout(240)]
 
+BUDGET = "400M"  # the laptop's: Gemma 3 270M whole needs more; its part split fits
+ROOT = Path(__file__).resolve().parents[2]
+SHOAL = [sys.executable, "-m", "engine.cli"]
 CONNECT = ("import socket, sys\n"
            "try:\n"
            "    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).close()\n"
@@ -79,11 +83,27 @@ def test_a_split_across_two_hosts_reaches_the_rpc_server_only_through_the_link(
         procs.append(desk)
         link_port = int(wait_line(desk, rf" on {re.escape(netns_pair.addr_a)}:(\d+) \(link")
                         .group(1))
+        laptop_env = {**base, "SHOAL_HOME": str(homes["laptop"])}
+        # neither machine holds the model alone: the laptop's budget refuses it whole
+        alone = subprocess.run(["ip", "netns", "exec", netns_pair.b, *SHOAL, "serve",
+                                str(gemma_gguf), "--http", "127.0.0.1:0", "--memory-budget",
+                                BUDGET, "--discovery", "none"], env=laptop_env,
+                               capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert alone.returncode == 2 and "leaves no room" in alone.stderr, alone.stderr
         laptop = in_ns(netns_pair.b, ["serve", str(gemma_gguf), "--runtime", "llamacpp",
                                       "--http", "127.0.0.1:0", "--max-batch", "1",
+                                      "--memory-budget", BUDGET, "--discovery", "none",
                                       "--split-with", f"{netns_pair.addr_a}:{link_port}"],
-                       {**base, "SHOAL_HOME": str(homes["laptop"])}, tmp_path / "laptop.log")
+                       laptop_env, tmp_path / "laptop.log")
         procs.append(laptop)
+        # the same model whole, on a machine that holds it, with the kernels a split runs
+        whole = in_ns(netns_pair.b, ["serve", str(gemma_gguf), "--runtime", "llamacpp",
+                                     "--http", "127.0.0.1:0", "--max-batch", "1",
+                                     "--discovery", "none"],
+                      {**laptop_env, "SHOAL_LLAMA_REPACK": "0"}, tmp_path / "whole.log")
+        procs.append(whole)
+        whole_port = int(wait_line(whole, r"at http://127\.0\.0\.1:(\d+)/v1", timeout=180)
+                         .group(1))
         http_port = int(wait_line(laptop, r"at http://127\.0\.0\.1:(\d+)/v1", timeout=180)
                         .group(1))
         laptop_log = (tmp_path / "laptop.log").read_text()
@@ -95,6 +115,9 @@ def test_a_split_across_two_hosts_reaches_the_rpc_server_only_through_the_link(
         body = complete(netns_pair.b, http_port, gemma_gguf.stem)
         assert body["usage"]["completion_tokens"] == 16, body
         assert body["choices"][0]["text"].strip(), body
+        # greedy: the split answers as the model does whole
+        same = complete(netns_pair.b, whole_port, gemma_gguf.stem)
+        assert same["choices"][0]["text"] == body["choices"][0]["text"], (same, body)
 
         served = re.search(r"RPC server on 127\.0\.0\.1:(\d+)",
                            (tmp_path / "desk.log").read_text())

@@ -171,3 +171,16 @@ def test_several_lenders_each_hold_what_their_memory_holds_or_a_share_of_the_mod
     assert sum(parts) == 24 and max(parts) - min(parts) <= 1 and max(parts) <= 13
     assert plan_split_among(lends=(500 * MiB,), **kw)[0] == plan_split(lend_bytes=500 * MiB,
                                                                        **kw)
+
+
+def test_a_split_weighs_the_repeating_layers_apart_from_the_embeddings_that_stay_here() -> None:
+    # Gemma-like: 240 MiB, of which the 18 repeating layers 72 MiB (4 MiB each), the
+    # embeddings and output layer the other 168 MiB; no pool to speak of
+    model, per_token = 240 * MiB, 1
+    kw = dict(n_layer=18, model_bytes=model, kv_bytes_per_token=per_token, want_cells=1,
+              overhead=10 * MiB)
+    weighed, parts = plan_split_among(lends=(50 * MiB,), block_bytes=72 * MiB, **kw)
+    assert parts == (9,)  # 40 MiB past its buffers hold 9 layers of 4 MiB (and a byte)
+    assert weighed.ram_weights == 168 * MiB + 9 * 4 * MiB  # the embeddings stay here
+    alike, _ = plan_split_among(lends=(50 * MiB,), **kw)  # every layer 240 / 19 MiB
+    assert alike.layers == 3 and alike.ram_weights == model * 16 // 19
