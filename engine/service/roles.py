@@ -221,14 +221,19 @@ class RunningRoles:
 
     def peer_addresses(self) -> list[str]:
         """Where the fleet's other machines take links (their nodes' listeners): the
-        nodes the head was told of (--fleet) first, then those it dials now. Read from a
-        pull's worker thread: copies of what the loop last set, no awaiting."""
+        nodes the head was told of (--fleet) first, then those it dials now, then those its
+        node splits its model with. Read from a pull's worker thread: copies of what the
+        loop last set, no awaiting."""
         hs = self._conf.settings.head
         told = list(hs.fleet) if hs is not None else []
         head = self.head
         pools = list(head.head.fleet.pools.values()) if head is not None else []
         dialed = [p.address for p in pools if p.dialed and p.key != "local"]
-        return list(dict.fromkeys([*told, *dialed]))
+        # the machines this node splits its model with keep the model's layers, and often
+        # its file: `shoal serve org/repo:Q --split-with desk:8455` takes it from there
+        ns = self._conf.settings.node
+        lenders = list(ns.split_with) if ns is not None else []
+        return list(dict.fromkeys([*told, *dialed, *lenders]))
 
     @staticmethod
     def _kept_beside(ns: NodeSettings, first: Resolved,

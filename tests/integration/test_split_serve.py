@@ -94,3 +94,20 @@ def test_models_serve_split_forms_the_split_with_the_files_from_the_lender(
     assert not re.search(r"(?i)hugging face hub|hub unreachable", log), log
 
     assert greedy(head, SPEC) == whole
+
+
+def test_serve_split_with_a_lender_takes_the_model_from_it(
+        cluster: Cluster, gemma_gguf: Path) -> None:  # noqa: F811
+    """`shoal serve org/repo:Q --split-with desk`: the machine it splits with keeps the
+    model, and the pull takes it from there, the hub unreachable."""
+    desk_env = cluster.machine("desk", HF_ENDPOINT=NOWHERE)
+    keep_as_pulled(Path(desk_env["SHOAL_HOME"]), gemma_gguf, sha256_of(gemma_gguf),
+                   hub_id=HUB_ID, file="gemma-3-270m-Q4_K_M.gguf")
+    desk = cluster.node("desk", extra=("--lend", "--memory-budget", "300M"), env=desk_env)
+    laptop = cluster.head([], model=SPEC, runtime="llamacpp", ready_timeout=120,
+                          extra=("--split-with", desk.address, "--max-batch", "1"),
+                          env=cluster.machine("laptop", HF_ENDPOINT=NOWHERE))
+    log = laptop.log_text()
+    assert f"from desk ({desk.address}), a machine of the fleet" in log, log
+    assert f"its last layers run on memory desk ({desk.address}) lends: " in log, log
+    assert greedy(laptop, SPEC)
