@@ -97,7 +97,8 @@ async def test_a_model_no_machine_holds_is_offered_split_and_served_so_by_a_clic
         assert not card.serve_split.isEnabled()  # once
         await until(lambda: card.split_done.text() == laptop_answer(desk, offer.spec),
                     "the laptop's answer under the card", timeout=30)
-        assert held_pull.asked == [offer.spec]
+        # the laptop answers first, then sizes the model (asking the fleet) and pulls it
+        await until(lambda: held_pull.asked == [offer.spec], "the laptop's pull")
         assert card.serve_split.isEnabled()  # asked and answered: it may be asked again
         await pull_failed(held_pull, desk, laptop, offer.spec)
 
@@ -142,6 +143,6 @@ async def test_the_welcome_offers_the_largest_split_and_its_click_asks_the_servi
         await until(lambda: welcome.split_done.text() == laptop_answer(desk, offer.spec),
                     "the laptop's answer on the welcome", timeout=30)
         assert visible(welcome.split_done) and welcome.serve_split.isEnabled()
-        assert held_pull.asked == [offer.spec]
+        await until(lambda: held_pull.asked == [offer.spec], "the laptop's pull")
         assert welcome.step == "model"  # this machine's own model is still to choose
         await pull_failed(held_pull, desk, laptop, offer.spec)
