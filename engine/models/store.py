@@ -38,6 +38,7 @@ from engine.models.pulls.gguf_header import (
     header_extent,
 )
 from engine.models.pulls.pull import downloads_dir
+from engine.models.pulls.quota import FleetModel
 from engine.process_stamp import process_stamp, same_process
 
 IN_USE = "in-use"
@@ -277,6 +278,21 @@ def fleet_chosen(home: Path) -> dict[str, float]:
     table = _read_json(ids.models_dir(home) / FLEET_CHOSEN)
     return {k: float(v) for k, v in table.items()
             if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def fleet_models(home: Path, serving: str = "") -> list[FleetModel]:
+    """The models kept here because a head of the fleet chose them, as the quota weighs
+    them; ``serving``: the model this machine's node serves (it never goes)."""
+    kept = kept_models(home)
+    out: list[FleetModel] = []
+    for name, pulled in fleet_chosen(home).items():
+        try:
+            m = find_kept(kept, name)
+        except ModelNotKept:
+            continue  # removed by the owner meanwhile: it takes nothing
+        out.append(FleetModel(name, m.size, m.last_used or pulled,
+                              serving=bool(m.served_by) or name.lower() == serving.lower()))
+    return out
 
 
 def note_fleet_chosen(home: Path, spec: str, *, now: float | None = None) -> None:

@@ -64,8 +64,7 @@ def scan(cache: Path) -> list[Cached]:
 
 def fleet_models_bytes(home: Path) -> int:
     """What the models a head of the fleet chose take on this machine's disk now."""
-    chosen = {name.lower() for name in model_store.fleet_chosen(home)}
-    return sum(m.size for m in model_store.kept_models(home) if m.name.lower() in chosen)
+    return sum(m.size for m in model_store.fleet_models(home))
 
 
 def trim(home: Path, cache: Path, quota: Quota) -> int:

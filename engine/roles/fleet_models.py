@@ -13,7 +13,7 @@ from engine.models import errors as model_errors
 from engine.models import ids
 from engine.models import store as model_store
 from engine.models.pulls import disk
-from engine.models.pulls.quota import FleetModel, Quota, make_room, quota_bytes
+from engine.models.pulls.quota import Quota, make_room, quota_bytes
 from engine.runtimes import registry
 from engine.runtimes.base import RuntimeUnavailable
 
@@ -45,15 +45,7 @@ def room_for(spec: str, *, home: Path, offline: bool, quota: Quota, runtime: str
         return Made(refusal=str(exc))
     if need == 0:
         return Made()
-    kept = model_store.kept_models(home)
-    fleet: list[FleetModel] = []
-    for name, pulled in model_store.fleet_chosen(home).items():
-        try:
-            m = model_store.find_kept(kept, name)
-        except model_store.ModelNotKept:
-            continue  # removed by the owner meanwhile: it takes nothing
-        fleet.append(FleetModel(name, m.size, m.last_used or pulled,
-                                serving=bool(m.served_by) or name.lower() == serving.lower()))
+    fleet = model_store.fleet_models(home, serving)
     folder = ids.models_dir(home)
     room = make_room(fleet, quota_bytes(quota, disk.total_bytes(folder)), need, spec)
     if room.refusal is not None:
