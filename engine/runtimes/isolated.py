@@ -102,7 +102,6 @@ class StartFailed(msgspec.Struct, frozen=True, tag="start_failed", tag_field="t"
 class Tokens(msgspec.Struct, frozen=True, tag="tokens", tag_field="t"):
     id: int
     ids: list[int]
-    prefilled: int = 0
 
 
 class Prefilled(msgspec.Struct, frozen=True, tag="prefilled", tag_field="t"):
@@ -193,9 +192,8 @@ class IsolatedGeneration:
         self.prefilled = 0  # prompt tokens read so far, as the child last said
 
     # from the engine's reader
-    def _push(self, ids: list[int], prefilled: int) -> None:
+    def _push(self, ids: list[int]) -> None:
         self._buf.extend(ids)
-        self.prefilled = max(self.prefilled, prefilled)
         self._event.set()
 
     def _end(self, result: GenerationResult | None, failure: Exception | None) -> None:
@@ -309,7 +307,7 @@ class IsolatedEngine:
                 rec = await read_frame(child.reader, to_parent)
                 if isinstance(rec, Tokens):
                     if (gen := self._running.get(rec.id)) is not None:
-                        gen._push(rec.ids, rec.prefilled)
+                        gen._push(rec.ids)
                 elif isinstance(rec, Prefilled):
                     if (gen := self._running.get(rec.id)) is not None:
                         gen.prefilled = max(gen.prefilled, rec.prefilled)

@@ -343,7 +343,8 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
             lent = sum(lend for _, lend, _ in self.split_with)
             names = [lender.partition(" (")[0] for _, _, lender in self.split_with]
             labels = ", ".join(lender for _, _, lender in self.split_with)
-            return Choice(Device(name=" + ".join(names), description=self._lent_text(),
+            # its text names each lender's layers: written once the plan says them (_load)
+            return Choice(Device(name=" + ".join(names), description="",
                                  kind="gpu", free=lent, total=lent),
                           f"its last layers run on memory {labels} "
                           f"{'lends' if len(names) == 1 else 'lend'}")
@@ -363,9 +364,9 @@ class LlamaCppEngine(DecodeThreadEngine[_LlamaJob]):
         if len(self.split_with) == 1:
             _, lend, lender = self.split_with[0]
             return f"{lender.partition(' (')[2].rstrip(')')}, {amount(lend)} {LENT}"
-        parts = self.split_parts or (0,) * len(self.split_with)
         each = "; ".join(f"{lender}: {amount(lend)}, {n} layers"
-                         for (_, lend, lender), n in zip(self.split_with, parts, strict=True))
+                         for (_, lend, lender), n in zip(self.split_with, self.split_parts,
+                                                         strict=True))
         return f"{each}; {LENT}"
 
     def _device_handles(self, lib: Any, choice: Choice, off: Offload) -> list[int]:

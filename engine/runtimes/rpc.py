@@ -69,6 +69,8 @@ def _load() -> _Rpc:
         g.ggml_backend_reg_dev_get.restype = ctypes.c_void_p
         g.ggml_backend_reg_dev_count.argtypes = [ctypes.c_void_p]
         g.ggml_backend_reg_dev_count.restype = ctypes.c_size_t
+        g.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+        g.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
         reg = g.ggml_backend_reg_by_name(b"RPC")
         if not reg:
             path = rpc_library()
@@ -129,8 +131,6 @@ def output_here() -> Any:
     """The NULL-terminated overrides that keep the output layer in this machine's RAM
     (for llama_model_params.tensor_buft_overrides; keep the array alive while loading)."""
     rpc = _load()
-    rpc.g.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
-    rpc.g.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
     cpu = rpc.g.ggml_backend_dev_by_type(0)  # GGML_BACKEND_DEVICE_TYPE_CPU
     buft = rpc.g.ggml_backend_dev_buffer_type(cpu)
     return (_Override * 2)(_Override(OUTPUT_HERE, buft), _Override(None, None))
