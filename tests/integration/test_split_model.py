@@ -46,6 +46,24 @@ def greedy(head: Proc, model: str) -> str:
     return str(body["choices"][0]["text"])
 
 
+def split_and_whole(cluster: Cluster, gguf: Path, lenders: str) -> tuple[Proc, Proc]:
+    """The model split with ``lenders`` (HOST:PORT,...) on a laptop, and whole on a machine
+    with the kernels a split runs (``SHOAL_LLAMA_REPACK=0``): their greedy answers compare."""
+    split = cluster.head([], model=str(gguf), runtime="llamacpp", ready_timeout=120,
+                         extra=("--split-with", lenders, "--max-batch", "1"),
+                         env=cluster.machine("laptop"))
+    whole = cluster.head([], model=str(gguf), runtime="llamacpp", ready_timeout=120,
+                         extra=("--max-batch", "1"),
+                         env=cluster.machine("whole", SHOAL_LLAMA_REPACK="0"))
+    return split, whole
+
+
+def fleet_node(head: Proc) -> dict:
+    """The one node a head with its own node lists in /v1/fleet."""
+    with urllib.request.urlopen(f"http://{head.address}/v1/fleet", timeout=30) as r:
+        return dict(json.loads(r.read())["nodes"][0])
+
+
 def listening(port: int) -> list[str]:
     """The local addresses of the sockets listening on ``port`` (IPv4, /proc/net/tcp)."""
     out = []
@@ -61,19 +79,13 @@ def test_a_model_split_with_a_lending_machine_answers_as_it_does_whole(
         cluster: Cluster, gemma_gguf: Path) -> None:  # noqa: F811
     lender = cluster.node("desk", extra=("--lend", "--memory-budget", "300M"),
                           env=cluster.machine("desk"))
-    split = cluster.head([], model=str(gemma_gguf), runtime="llamacpp", ready_timeout=120,
-                         extra=("--split-with", lender.address, "--max-batch", "1"),
-                         env=cluster.machine("laptop"))
-    whole = cluster.head([], model=str(gemma_gguf), runtime="llamacpp", ready_timeout=120,
-                         extra=("--max-batch", "1"),
-                         env=cluster.machine("whole", SHOAL_LLAMA_REPACK="0"))
+    split, whole = split_and_whole(cluster, gemma_gguf, lender.address)
     layers = re.search(rf"its last layers run on memory desk \({lender.address}\) lends: "
                        r"(\d+) of (\d+) layers", split.log_text())
     assert layers is not None, split.log_text()
     assert 0 < int(layers.group(1)) < int(layers.group(2))
     # the fleet shows the split node's part on the lending machine
-    with urllib.request.urlopen(f"http://{split.address}/v1/fleet", timeout=30) as r:
-        node = json.loads(r.read())["nodes"][0]
+    node = fleet_node(split)
     assert node["device"].startswith(f"desk ({lender.address}, ") and \
         node["device"].endswith(" lent over the fleet's link)"), node["device"]
     assert (node["gpu_layers"], node["model_layers"]) == (int(layers.group(1)),
@@ -102,18 +114,11 @@ def test_a_model_split_with_two_lending_machines_shares_its_layers_between_them(
                         env=cluster.machine("desk"))
     attic = cluster.node("attic", extra=("--lend", "--memory-budget", "256M"),
                          env=cluster.machine("attic"))
-    split = cluster.head([], model=str(gemma_gguf), runtime="llamacpp", ready_timeout=120,
-                         extra=("--split-with", f"{desk.address},{attic.address}",
-                                "--max-batch", "1"),
-                         env=cluster.machine("laptop"))
-    whole = cluster.head([], model=str(gemma_gguf), runtime="llamacpp", ready_timeout=120,
-                         extra=("--max-batch", "1"),
-                         env=cluster.machine("whole", SHOAL_LLAMA_REPACK="0"))
+    split, whole = split_and_whole(cluster, gemma_gguf, f"{desk.address},{attic.address}")
     layers = re.search(rf"its last layers run on memory desk \({desk.address}\), attic "
                        rf"\({attic.address}\) lend: (\d+) of (\d+) layers", split.log_text())
     assert layers is not None, split.log_text()
-    with urllib.request.urlopen(f"http://{split.address}/v1/fleet", timeout=30) as r:
-        node = json.loads(r.read())["nodes"][0]
+    node = fleet_node(split)
     # which machine holds which layers and memory
     parts = re.fullmatch(rf"desk \+ attic \(desk \({desk.address}\): [\d.]+ MiB, (\d+) layers; "
                          rf"attic \({attic.address}\): [\d.]+ MiB, (\d+) layers; lent over "
@@ -286,21 +291,18 @@ async def test_a_lending_machine_that_sleeps_takes_the_split_down_until_it_wakes
     model = gemma_gguf.stem
     assert greedy(split, model)
 
-    def node() -> dict:
-        with urllib.request.urlopen(f"http://{split.address}/v1/fleet", timeout=30) as r:
-            return json.loads(r.read())["nodes"][0]
-
-    assert node()["lanes_busy"] == 0
+    assert fleet_node(split)["lanes_busy"] == 0
     lender.signal(signal.SIGSTOP)  # asleep: its sockets stay open, nothing answers
     try:
         await until(lambda: "is down: the link to desk" in split.log_text(),
                     "the split node to see the lender asleep", timeout=60)
-        await until(lambda: node()["lanes_busy"] == node()["lanes"],
+        await until(lambda: (n := fleet_node(split))["lanes_busy"] == n["lanes"],
                     "every lane busy: heads place elsewhere meanwhile")
     finally:
         lender.signal(signal.SIGCONT)
     await until(lambda: "formed again" in split.log_text(), "the split to form again",
                 timeout=60)
-    await until(lambda: node()["lanes_busy"] == 0, "the split node to take sessions again")
+    await until(lambda: fleet_node(split)["lanes_busy"] == 0,
+                "the split node to take sessions again")
     assert greedy(split, model)
     assert split.popen.poll() is None and lender.popen.poll() is None

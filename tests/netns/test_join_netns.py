@@ -49,6 +49,21 @@ def wait_line(proc: subprocess.Popen[str], pattern: str, timeout: float = 30.0) 
     raise AssertionError(f"no {pattern!r} in {buf!r}")
 
 
+def machines(tmp_path: Path, token: str, *names: str) -> dict[str, dict[str, str]]:
+    """The environment of each machine: a home of its own holding the fleet token (its GPU
+    off), and never the developer's keychain."""
+    env = {}
+    for name in names:
+        home = tmp_path / name
+        (home / "fleet").mkdir(parents=True)
+        (home / "fleet" / "token").write_text(token)
+        (home / "fleet" / "token").chmod(0o600)
+        (home / "config.toml").write_text('[node]\ngpu = "off"\n')
+        env[name] = {**os.environ, "PYTHONUNBUFFERED": "1", "SHOAL_HOME": str(home),
+                     "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}
+    return env
+
+
 def stop(procs: list[subprocess.Popen[str]]) -> None:
     """End the processes a test started, by their ids (killed if they linger)."""
     for proc in procs:
@@ -84,27 +99,19 @@ def chat(ns: str, port: int) -> dict:
 
 def test_node_finds_head_over_mdns_across_hosts(netns_pair: Pair, tmp_path: Path) -> None:
     token = "ab" * 32
-    homes = {}
-    for side in ("a", "b"):
-        home = tmp_path / side
-        (home / "fleet").mkdir(parents=True)
-        (home / "fleet" / "token").write_text(token)
-        (home / "fleet" / "token").chmod(0o600)
-        homes[side] = home
-    base = {**os.environ, "PYTHONUNBUFFERED": "1",
-            "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}
+    env = machines(tmp_path, token, "a", "b")
     procs: list[subprocess.Popen[str]] = []
     try:
         head = in_ns(netns_pair.a, ["serve", "mock-m", "--runtime", "mock", "--http",
                                     "127.0.0.1:0", "--fleet-listen", "0.0.0.0:8454",
                                     "--discovery", "lan"],
-                     {**base, "SHOAL_HOME": str(homes["a"])}, tmp_path / "head.log")
+                     env["a"], tmp_path / "head.log")
         procs.append(head)
         http_port = int(wait_line(head, r"at http://127\.0\.0\.1:(\d+)/v1").group(1))
         started = time.monotonic()
         node = in_ns(netns_pair.b, ["node", "join", "--discovery", "lan", "--runtime", "mock",
                                     "--model", "x", "--identity", "box-b"],
-                     {**base, "SHOAL_HOME": str(homes["b"])}, tmp_path / "node.log")
+                     env["b"], tmp_path / "node.log")
         procs.append(node)
         m = wait_line(node, r"joining ([\d.]+):8454 as 'mock-m'")
         assert m.group(1) == netns_pair.addr_a

@@ -9,7 +9,6 @@ loopback only, never from the laptop, on neither the desk's veth address nor any
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import pytest
 from engine.settings import NODE_PORT
 from tests.e2e.conftest import gemma_gguf  # noqa: F401  # the real GGUF, cached per machine
 from tests.netns.conftest import Pair
-from tests.netns.test_join_netns import fleet, in_ns, stop, wait_line
+from tests.netns.test_join_netns import fleet, in_ns, machines, stop, wait_line
 from tests.waiting import until_sync
 
 pytestmark = [pytest.mark.netns, pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -34,19 +33,6 @@ CONNECT = ("import socket, sys\n"
            "    print('connected')\n"
            "except OSError as exc:\n"
            "    print(type(exc).__name__)\n")
-
-
-def machines(tmp_path: Path, token: str, *names: str) -> dict[str, Path]:
-    """A home per machine, each holding the fleet token, its GPU off."""
-    homes = {}
-    for name in names:
-        home = tmp_path / name
-        (home / "fleet").mkdir(parents=True)
-        (home / "fleet" / "token").write_text(token)
-        (home / "fleet" / "token").chmod(0o600)
-        (home / "config.toml").write_text('[node]\ngpu = "off"\n')
-        homes[name] = home
-    return homes
 
 
 def connect_from(ns: str, host: str, port: int) -> str:
@@ -71,19 +57,17 @@ def complete(ns: str, port: int, model: str) -> dict:
 def test_a_split_across_two_hosts_reaches_the_rpc_server_only_through_the_link(
         netns_pair: Pair, tmp_path: Path, gemma_gguf: Path) -> None:  # noqa: F811
     token = "cd" * 32
-    homes = machines(tmp_path, token, "desk", "laptop")
-    base = {**os.environ, "PYTHONUNBUFFERED": "1",
-            "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}
+    env = machines(tmp_path, token, "desk", "laptop")
     procs: list[subprocess.Popen[str]] = []
     try:
         desk = in_ns(netns_pair.a, ["node", "--runtime", "mock", "--model", "mock-m",
                                     "--identity", "desk", "--listen", f"{netns_pair.addr_a}:0",
                                     "--discovery", "none", "--lend", "--memory-budget", "300M"],
-                     {**base, "SHOAL_HOME": str(homes["desk"])}, tmp_path / "desk.log")
+                     env["desk"], tmp_path / "desk.log")
         procs.append(desk)
         link_port = int(wait_line(desk, rf" on {re.escape(netns_pair.addr_a)}:(\d+) \(link")
                         .group(1))
-        laptop_env = {**base, "SHOAL_HOME": str(homes["laptop"])}
+        laptop_env = env["laptop"]
         # neither machine holds the model alone: the laptop's budget refuses it whole
         alone = subprocess.run(["ip", "netns", "exec", netns_pair.b, *SHOAL, "serve",
                                 str(gemma_gguf), "--http", "127.0.0.1:0", "--memory-budget",
@@ -141,10 +125,8 @@ def test_a_node_that_joined_a_head_lends_on_the_port_it_opens(
     do not dial listens on the node port while it lends, its head names it there, and a
     split on another machine reaches it."""
     token = "ef" * 32
-    homes = machines(tmp_path, token, "desk", "laptop")
-    base = {**os.environ, "PYTHONUNBUFFERED": "1",
-            "PYTHON_KEYRING_BACKEND": "keyring.backends.null.Keyring"}
-    laptop_env = {**base, "SHOAL_HOME": str(homes["laptop"])}
+    env = machines(tmp_path, token, "desk", "laptop")
+    laptop_env = env["laptop"]
     procs: list[subprocess.Popen[str]] = []
     try:
         head = in_ns(netns_pair.b, ["serve", "mock-m", "--runtime", "mock", "--http",
@@ -158,7 +140,7 @@ def test_a_node_that_joined_a_head_lends_on_the_port_it_opens(
         desk = in_ns(netns_pair.a, ["node", "join", f"{netns_pair.addr_b}:{joins.group(1)}",
                                     "--runtime", "mock", "--model", "x", "--identity", "desk",
                                     "--discovery", "none", "--lend", "--memory-budget", "300M"],
-                     {**base, "SHOAL_HOME": str(homes["desk"])}, tmp_path / "desk.log")
+                     env["desk"], tmp_path / "desk.log")
         procs.append(desk)
 
         def lending_desk() -> dict | None:
